@@ -1,0 +1,37 @@
+"""stapo-trl: STAPO (Spurious-Token-Aware Policy Optimization) for Hugging Face TRL.
+
+The token rules and the fused statistics backends are pure tensor code and import without TRL; the trainer and its
+config are loaded on first access.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+from .fused_stats import token_logprob_entropy
+from .token_rules import linear_quantiles, logit_grad_sq_norm_lower_bound, spurious_token_mask
+
+__version__ = "0.1.0"
+
+_LAZY = {"STAPOConfig": ".config", "STAPOTrainer": ".trainer"}
+
+if TYPE_CHECKING:
+    from .config import STAPOConfig
+    from .trainer import STAPOTrainer
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "STAPOConfig",
+    "STAPOTrainer",
+    "linear_quantiles",
+    "logit_grad_sq_norm_lower_bound",
+    "spurious_token_mask",
+    "token_logprob_entropy",
+]

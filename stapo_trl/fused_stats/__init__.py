@@ -1,0 +1,108 @@
+"""Fused statistics backends: per-token log p and entropy from hidden states and the LM-head weight.
+
+None of the training backends materializes ``[N, V]`` logits. All are differentiable and return fp32 (or fp64 for
+fp64 inputs), with the temperature applied to the logits as in sampling.
+
+=========  ===============================================================  =====================================
+name       what                                                             where it is the default
+=========  ===============================================================  =====================================
+``liger``  Liger's ``LigerFusedLinearScaledCrossEntropyFunction``           CUDA, when liger-kernel is installed
+``torch``  our chunked autograd Function (:mod:`.chunked`)                  everywhere else (CPU)
+``trl``    TRL's ``ChunkedLogProbFunction`` (its fused LM head's kernel)    never chosen by ``auto``
+``naive``  full logits through autograd, for reference only                 never chosen by ``auto``
+=========  ===============================================================  =====================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .chunked import chunked_logprob_entropy
+from .liger import INSTALL_HINT as LIGER_INSTALL_HINT
+from .liger import is_liger_available, liger_logprob_entropy
+from .reference import naive_logprob_entropy
+from .trl_kernel import trl_logprob_entropy
+
+BackendFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+BACKENDS: dict[str, BackendFn] = {
+    "torch": chunked_logprob_entropy,
+    "liger": liger_logprob_entropy,
+    "trl": trl_logprob_entropy,
+    "naive": naive_logprob_entropy,
+}
+
+
+def resolve_backend(name: str, device: torch.device | str, *, has_bias: bool = False) -> str:
+    """Resolve ``"auto"`` to a concrete backend name and check that the requested one can run."""
+    device = torch.device(device)
+    if name == "auto":
+        if device.type == "cuda" and is_liger_available() and not has_bias:
+            return "liger"
+        return "torch"
+    if name not in BACKENDS:
+        raise ValueError(
+            f"Unknown statistics backend {name!r}; choose one of 'auto', {', '.join(map(repr, BACKENDS))}."
+        )
+    if name == "liger" and not is_liger_available():
+        raise ImportError(f"The 'liger' statistics backend needs liger-kernel>=0.8.5: {LIGER_INSTALL_HINT}")
+    return name
+
+
+def token_logprob_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    backend: str = "auto",
+    ignore_index: int = -100,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token ``(log_probs, entropies)`` of ``softmax((hidden @ weight.T + bias) / temperature)`` at ``targets``.
+
+    Args:
+        hidden: ``[..., H]`` hidden states at the positions that predict ``targets``.
+        weight: ``[V, H]`` LM-head weight.
+        targets: ``[...]`` token ids; positions equal to ``ignore_index`` are skipped and return 0.
+        bias: optional ``[V]`` LM-head bias.
+        temperature: the sampling temperature the logits are divided by.
+        backend: ``"auto"``, ``"torch"``, ``"liger"``, ``"trl"`` or ``"naive"``.
+
+    Returns:
+        Two tensors shaped like ``targets``: natural-log probabilities and entropies in nats.
+    """
+    if hidden.shape[:-1] != targets.shape:
+        raise ValueError(
+            f"hidden {tuple(hidden.shape)} and targets {tuple(targets.shape)} must agree on the leading dimensions."
+        )
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}.")
+    backend_fn = BACKENDS[resolve_backend(backend, hidden.device, has_bias=bias is not None)]
+    valid = targets != ignore_index
+    out_dtype = torch.promote_types(hidden.dtype, torch.float32)
+    log_probs = hidden.new_zeros(targets.shape, dtype=out_dtype)
+    entropies = hidden.new_zeros(targets.shape, dtype=out_dtype)
+    if not valid.any():
+        anchor = hidden.sum() * 0
+        return log_probs + anchor, entropies + anchor
+    valid_log_probs, valid_entropies = backend_fn(
+        hidden[valid], weight, targets[valid], bias=bias, temperature=temperature
+    )
+    log_probs = log_probs.masked_scatter(valid, valid_log_probs.to(out_dtype))
+    entropies = entropies.masked_scatter(valid, valid_entropies.to(out_dtype))
+    return log_probs, entropies
+
+
+__all__ = [
+    "BACKENDS",
+    "chunked_logprob_entropy",
+    "is_liger_available",
+    "liger_logprob_entropy",
+    "naive_logprob_entropy",
+    "resolve_backend",
+    "token_logprob_entropy",
+    "trl_logprob_entropy",
+]

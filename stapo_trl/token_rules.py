@@ -1,0 +1,157 @@
+"""Token rules: pure tensor functions that decide which completion tokens feed the policy gradient.
+
+Each rule takes per-token log-probabilities, entropies, advantages and the loss mask, and returns a boolean tensor
+plus plain-Python statistics for logging. They import nothing from TRL, so a verl or hand-written training loop can
+use them directly. Under ``torch.distributed`` they pool across ranks; every rank must then call them together.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from .distributed import all_gather_variable, all_reduce_sum
+
+ENTROPY_PERCENTILES = (0.5, 0.8, 0.99)
+
+
+def linear_quantiles(values: torch.Tensor, quantiles: Sequence[float]) -> torch.Tensor:
+    """Quantiles of a 1-D tensor with linear interpolation, as ``torch.quantile(..., interpolation="linear")``.
+
+    ``torch.quantile`` refuses inputs above 2**24 elements; this sorts once and interpolates, so it has no size
+    limit and serves several quantiles from one sort.
+    """
+    if values.dim() != 1 or values.numel() == 0:
+        raise ValueError(f"linear_quantiles needs a non-empty 1-D tensor, got shape {tuple(values.shape)}.")
+    ordered = values.sort().values
+    last = ordered.numel() - 1
+    positions = torch.tensor([q * last for q in quantiles], dtype=torch.float64, device=values.device)
+    below = positions.floor().long()
+    above = torch.clamp(below + 1, max=last)
+    weights = (positions - below).to(ordered.dtype)
+    return torch.lerp(ordered[below], ordered[above], weights)
+
+
+def logit_grad_sq_norm_lower_bound(log_probs: torch.Tensor, entropies: torch.Tensor) -> torch.Tensor:
+    """Lower bound on ``1 - 2p + sum_v pi_v**2``, the squared norm of d log p / d logits (STAPO §3).
+
+    The exact factor needs ``sum_v pi_v**2``, which fused heads do not return. Since the Rényi-2 entropy never exceeds
+    the Shannon entropy, ``sum_v pi_v**2 >= exp(-H)``, and trivially ``>= p**2``. The bound is tight for the peaked,
+    low-entropy distributions that S2T targets.
+    """
+    probs = log_probs.exp()
+    sum_sq_probs = torch.maximum(probs.square(), torch.exp(-entropies))
+    return (1 - 2 * probs + sum_sq_probs).clamp(min=0)
+
+
+def _working_dtype(tensor: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(tensor.dtype, torch.float32)
+
+
+def _validate_token_inputs(log_probs, entropies, advantages, loss_mask) -> None:
+    if log_probs.dim() != 2:
+        raise ValueError(f"log_probs must be [B, T], got shape {tuple(log_probs.shape)}.")
+    for name, tensor in (("entropies", entropies), ("loss_mask", loss_mask)):
+        if tensor.shape != log_probs.shape:
+            raise ValueError(
+                f"{name} must have the shape of log_probs {tuple(log_probs.shape)}, got {tuple(tensor.shape)}."
+            )
+    if advantages.shape not in (log_probs.shape[:1], log_probs.shape):
+        raise ValueError(
+            f"advantages must be [B] or [B, T] with B, T = {tuple(log_probs.shape)}, got {tuple(advantages.shape)}."
+        )
+
+
+def spurious_token_mask(
+    log_probs: torch.Tensor,
+    entropies: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    prob_threshold: float = 0.002,
+    entropy_quantile: float = 0.8,
+) -> tuple[torch.Tensor, dict[str, float | int]]:
+    """The S2T (silencing spurious tokens) mask of STAPO, Algorithm 1 (arXiv 2602.15620).
+
+    A token that counts in the loss is a *candidate* when its response has a positive advantage and its probability
+    is below ``prob_threshold`` (``log p < log(prob_threshold)``, strict). ``tau_h`` is the ``entropy_quantile``-th
+    quantile (linear interpolation) of the candidates' entropies, pooled over every row given here and over all
+    ranks when ``torch.distributed`` is initialized. A candidate is *spurious* when its entropy is strictly below
+    ``tau_h``: the lowest-entropy share of the low-probability positive tokens is silenced. An empty pool silences
+    nothing. Tokens whose entropy is not finite are never candidates.
+
+    Pass every micro-batch that feeds one optimizer step at once (concatenated along B): the paper pools over the
+    mini-batch, not the micro-batch.
+
+    Args:
+        log_probs: ``[B, T]`` natural-log probability of each sampled token.
+        entropies: ``[B, T]`` Shannon entropy, in nats, of each position's next-token distribution.
+        advantages: ``[B]`` or ``[B, T]`` advantages.
+        loss_mask: ``[B, T]``, bool or 0/1: the tokens that count in the loss.
+        prob_threshold: ``tau_p``, an absolute probability in (0, 1].
+        entropy_quantile: ``q`` in [0, 1]; the paper's "tau_h = 80%" is 0.8.
+
+    Returns:
+        ``(spurious, stats)``: a bool ``[B, T]`` tensor, True where the token is silenced, and global statistics:
+        ``num_tokens``, ``num_candidates``, ``num_spurious``, ``spurious_fraction``, ``entropy_threshold`` (NaN when
+        the pool is empty), ``entropy_p50``/``p80``/``p99`` over all loss tokens, and ``masked_grad_sq_share``: the
+        share of ``sum_t A_t**2 (1 - 2p_t + sum_v pi_v**2)`` (the squared logit-gradient norm at ratio 1) that the
+        silenced tokens carry, with ``sum_v pi_v**2`` estimated by :func:`logit_grad_sq_norm_lower_bound`.
+    """
+    if not 0.0 < prob_threshold <= 1.0:
+        raise ValueError(f"prob_threshold must be in (0, 1], got {prob_threshold}.")
+    if not 0.0 <= entropy_quantile <= 1.0:
+        raise ValueError(f"entropy_quantile must be in [0, 1], got {entropy_quantile}.")
+    _validate_token_inputs(log_probs, entropies, advantages, loss_mask)
+
+    log_probs = log_probs.detach().to(_working_dtype(log_probs))
+    entropies = entropies.detach().to(_working_dtype(entropies))
+    advantages = advantages.detach()
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1)
+    valid = loss_mask.bool()
+
+    candidates = valid & (advantages > 0) & (log_probs < math.log(prob_threshold)) & torch.isfinite(entropies)
+    pool = all_gather_variable(entropies[candidates])
+    if pool.numel() > 0:
+        entropy_threshold = linear_quantiles(pool, [entropy_quantile])[0]
+        spurious = candidates & (entropies < entropy_threshold)
+        threshold_value = float(entropy_threshold)
+    else:
+        spurious = torch.zeros_like(candidates)
+        threshold_value = float("nan")
+
+    grad_factor = advantages.double().square() * logit_grad_sq_norm_lower_bound(log_probs, entropies).double()
+    grad_factor = torch.where(valid, grad_factor, torch.zeros_like(grad_factor))
+    totals = all_reduce_sum(
+        torch.stack(
+            [
+                valid.sum().double(),
+                candidates.sum().double(),
+                spurious.sum().double(),
+                grad_factor.sum(),
+                grad_factor[spurious].sum(),
+            ]
+        )
+    ).tolist()
+    num_tokens, num_candidates, num_spurious = (int(count) for count in totals[:3])
+    grad_total, grad_masked = totals[3], totals[4]
+
+    token_entropies = all_gather_variable(entropies[valid & torch.isfinite(entropies)])
+    if token_entropies.numel() > 0:
+        percentiles = linear_quantiles(token_entropies, ENTROPY_PERCENTILES).tolist()
+    else:
+        percentiles = [float("nan")] * len(ENTROPY_PERCENTILES)
+
+    stats = {
+        "num_tokens": num_tokens,
+        "num_candidates": num_candidates,
+        "num_spurious": num_spurious,
+        "spurious_fraction": num_spurious / num_tokens if num_tokens else 0.0,
+        "entropy_threshold": threshold_value,
+        **{f"entropy_p{round(q * 100)}": value for q, value in zip(ENTROPY_PERCENTILES, percentiles, strict=True)},
+        "masked_grad_sq_share": grad_masked / grad_total if grad_total > 0 else 0.0,
+    }
+    return spurious, stats
