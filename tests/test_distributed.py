@@ -1,0 +1,64 @@
+"""Two processes (torchrun, gloo): the entropy pool and the kept-token count are global.
+
+The mask each rank applies equals the single-process mask over the same global batch.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from distributed_worker import global_batch
+
+from stapo_trl import spurious_token_mask
+
+pytestmark = pytest.mark.distributed
+
+WORKER = Path(__file__).with_name("distributed_worker.py")
+
+
+def torchrun(mode, out_dir, **env):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", **env}
+    result = subprocess.run(
+        [*command, str(WORKER), mode, str(out_dir)], capture_output=True, text=True, env=environment, timeout=600
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return [torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in (0, 1)]
+
+
+def test_two_process_mask_equals_single_process_mask(tmp_path):
+    ranks = torchrun("function", tmp_path)
+    reference, reference_stats = spurious_token_mask(*global_batch())
+    assert reference.sum() > 0
+    assert torch.equal(torch.cat([rank["spurious"] for rank in ranks]), reference)
+    for rank in ranks:
+        for key, value in reference_stats.items():
+            assert rank["stats"][key] == pytest.approx(value), key
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+def test_two_process_training_pools_every_micro_batch_of_the_step(tmp_path, loss_type):
+    ranks = torchrun("trainer", tmp_path, LOSS_TYPE=loss_type)
+    assert [rank["world_size"] for rank in ranks] == [2, 2]
+    steps = list(zip(ranks[0]["records"], ranks[1]["records"], strict=True))
+    assert len(steps) == 2
+    masked = 0
+    for step in steps:
+        pooled = {key: torch.cat([record[key] for record in step]) for key in ("log_probs", "entropies", "advantages")}
+        loss_mask = torch.cat([record["loss_mask"] for record in step])
+        reference, stats = spurious_token_mask(
+            pooled["log_probs"], pooled["entropies"], pooled["advantages"], loss_mask, prob_threshold=0.05
+        )
+        applied = torch.cat([record["tool_mask"] for record in step]) == 0
+        assert torch.equal(applied, reference)
+        assert step[0]["stats"]["num_spurious"] == step[1]["stats"]["num_spurious"] == stats["num_spurious"]
+        assert step[0]["stats"]["entropy_threshold"] == pytest.approx(stats["entropy_threshold"])
+        # num_items_in_batch is the global count of kept tokens of the step (one generation per step here).
+        kept = int(loss_mask.sum()) - stats["num_spurious"]
+        for record in step:
+            assert record["num_items_in_batch"] == [kept] * len(record["num_items_in_batch"])
+        masked += stats["num_spurious"]
+    assert masked > 0

@@ -1,0 +1,161 @@
+"""The loss after masking equals hand-computed values: TRL's aggregation renormalized over the kept tokens.
+
+The batches carry no old log-probabilities, so the importance ratio is exactly 1 and each token's clipped surrogate
+is -A. Known statistics make the mask known: in row 0, tokens 0 and 2 are candidates (H = 0.1 and 0.5, so
+tau_h = 0.1 + 0.8 * 0.4 = 0.42) and only token 0 is silenced. Row 1 has a negative advantage.
+"""
+
+import math
+
+import pytest
+import torch
+from tiny import tiny_config, tiny_trainer
+
+from stapo_trl import STAPOConfig, STAPOTrainer
+from stapo_trl.trainer import (
+    ENTROPIES_KEY,
+    LOG_PROBS_KEY,
+    SPURIOUS_KEY,
+    UNMASKED_NUM_ITEMS_KEY,
+    UNMASKED_TOOL_MASK_KEY,
+)
+
+LOW, HIGH = math.log(0.001), math.log(0.9)
+
+
+def make_trainer(tmp_path, **overrides):
+    values = {"per_device_train_batch_size": 2, "num_generations": 2, "max_completion_length": 3}
+    values.update(overrides)
+    trainer = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path, **values))
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps
+    trainer._generation_global_step = trainer.state.global_step
+    return trainer
+
+
+def make_batch(log_probs, entropies, advantages, completion_mask=None, num_items=None):
+    rows, tokens = log_probs.shape
+    completion_mask = torch.ones(rows, tokens, dtype=torch.long) if completion_mask is None else completion_mask
+    num_items = torch.tensor(int(completion_mask.sum())) if num_items is None else num_items
+    return {
+        "prompt_ids": torch.tensor([[5, 6]] * rows),
+        "prompt_mask": torch.ones(rows, 2, dtype=torch.long),
+        "completion_ids": torch.arange(7, 7 + rows * tokens).view(rows, tokens),
+        "completion_mask": completion_mask,
+        "advantages": torch.tensor(advantages),
+        "num_items_in_batch": num_items,
+        LOG_PROBS_KEY: log_probs,
+        ENTROPIES_KEY: entropies,
+        UNMASKED_TOOL_MASK_KEY: None,
+        UNMASKED_NUM_ITEMS_KEY: num_items,
+    }
+
+
+def known_batch():
+    log_probs = torch.tensor([[LOW, HIGH, LOW], [LOW, LOW, LOW]])
+    entropies = torch.tensor([[0.1, 0.3, 0.5], [0.0, 0.0, 0.0]])
+    return make_batch(log_probs, entropies, [1.0, -0.5])
+
+
+# Kept: row 0 tokens 1, 2 (-A = -1 each); row 1 all three (-A = +0.5 each). Five kept tokens, sum = -0.5.
+EXPECTED_MASKED_LOSS = {
+    "dapo": -0.5 / 5,
+    "bnpo": -0.5 / 5,
+    "grpo": (-1.0 + 0.5) / 2,
+    "dr_grpo": -0.5 / (2 * 3),
+}
+# Without the mask: six tokens, sum = -3 + 1.5 = -1.5.
+EXPECTED_UNMASKED_LOSS = {"dapo": -1.5 / 6, "bnpo": -1.5 / 6, "grpo": (-1.0 + 0.5) / 2, "dr_grpo": -1.5 / 6}
+
+
+@pytest.mark.parametrize("loss_type", sorted(EXPECTED_MASKED_LOSS))
+def test_masked_loss_is_renormalized_over_kept_tokens(tmp_path, loss_type):
+    trainer = make_trainer(tmp_path, loss_type=loss_type)
+    batch = known_batch()
+    stats = trainer.apply_s2t_mask([batch])
+    assert batch[SPURIOUS_KEY].tolist() == [[True, False, False], [False, False, False]]
+    assert stats["entropy_threshold"] == pytest.approx(0.42)
+    assert batch["num_items_in_batch"].item() == 5
+    loss = trainer.compute_loss(trainer.model, batch)
+    assert loss.item() == pytest.approx(EXPECTED_MASKED_LOSS[loss_type], rel=1e-6)
+
+
+@pytest.mark.parametrize("loss_type", sorted(EXPECTED_UNMASKED_LOSS))
+def test_the_same_batch_without_the_mask_gives_trl_loss(tmp_path, loss_type):
+    trainer = make_trainer(tmp_path, loss_type=loss_type)
+    batch = known_batch()
+    loss = trainer.compute_loss(trainer.model, batch)
+    assert loss.item() == pytest.approx(EXPECTED_UNMASKED_LOSS[loss_type], rel=1e-6)
+
+
+def test_cispo_is_renormalized_too(tmp_path):
+    trainer = make_trainer(tmp_path, loss_type="cispo", epsilon_high=5.0)
+    batch = known_batch()
+    trainer.apply_s2t_mask([batch])
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    with torch.no_grad():
+        log_probs, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, input_ids, attention_mask, 3)
+    keep = ~batch[SPURIOUS_KEY]
+    per_token = -batch["advantages"].unsqueeze(1) * log_probs  # ratio 1, below the epsilon_high=5 cap
+    expected = per_token[keep].sum() / keep.sum()
+    loss = trainer.compute_loss(trainer.model, batch)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_padding_stays_out_of_the_kept_count(tmp_path):
+    trainer = make_trainer(tmp_path, loss_type="dapo")
+    batch = known_batch()
+    batch["completion_mask"] = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    batch[UNMASKED_NUM_ITEMS_KEY] = torch.tensor(5)
+    trainer.apply_s2t_mask([batch])
+    assert batch["num_items_in_batch"].item() == 4
+    loss = trainer.compute_loss(trainer.model, batch)
+    assert loss.item() == pytest.approx((-2.0 + 1.0) / 4, rel=1e-6)
+
+
+def test_tool_tokens_stay_silenced_and_uncounted(tmp_path):
+    trainer = make_trainer(tmp_path, loss_type="dapo")
+    batch = known_batch()
+    tool_mask = torch.tensor([[1, 1, 1], [1, 0, 1]])
+    batch[UNMASKED_TOOL_MASK_KEY] = tool_mask
+    batch[UNMASKED_NUM_ITEMS_KEY] = torch.tensor(5)
+    trainer.apply_s2t_mask([batch])
+    assert batch["tool_mask"].tolist() == [[0, 1, 1], [1, 0, 1]]
+    loss = trainer.compute_loss(trainer.model, batch)
+    assert loss.item() == pytest.approx((-2.0 + 1.0) / 4, rel=1e-6)
+
+
+def test_silenced_tokens_scale_with_optimizer_steps_per_generation(tmp_path):
+    # Two optimizer steps per generation: TRL's dapo normalizer is num_items * GA / steps_per_generation, so the
+    # step's silenced tokens are removed at generation scale (2 per silenced token).
+    trainer = make_trainer(tmp_path, loss_type="dapo", steps_per_generation=2)
+    batch = known_batch()
+    batch[UNMASKED_NUM_ITEMS_KEY] = batch["num_items_in_batch"] = torch.tensor(12)
+    trainer.apply_s2t_mask([batch])
+    assert batch["num_items_in_batch"].item() == 12 - 2
+    loss = trainer.compute_loss(trainer.model, batch)
+    assert loss.item() == pytest.approx(-0.5 / 5, rel=1e-6)
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+def test_an_all_masked_micro_batch_gives_finite_zero_loss_and_zero_gradient(tmp_path, loss_type):
+    # One optimizer step of two micro-batches. Every token is a candidate; the first micro-batch holds the
+    # low-entropy half (H = 0), the second the high-entropy half (H = 1), so tau_h = 1 and the first is fully silenced.
+    trainer = make_trainer(tmp_path, loss_type=loss_type, gradient_accumulation_steps=2)
+    low_entropy = make_batch(torch.full((2, 3), LOW), torch.zeros(2, 3), [1.0, 0.5], num_items=torch.tensor(12))
+    high_entropy = make_batch(torch.full((2, 3), LOW), torch.ones(2, 3), [1.0, 0.5], num_items=torch.tensor(12))
+    stats = trainer.apply_s2t_mask([low_entropy, high_entropy])
+    assert stats["entropy_threshold"] == pytest.approx(1.0)
+    assert low_entropy[SPURIOUS_KEY].all() and not high_entropy[SPURIOUS_KEY].any()
+
+    trainer.model.zero_grad()
+    loss = trainer.compute_loss(trainer.model, low_entropy)
+    assert torch.isfinite(loss) and loss.item() == 0.0
+    loss.backward()
+    for name, parameter in trainer.model.named_parameters():
+        assert parameter.grad is None or torch.all(parameter.grad == 0), name
+
+    trainer.model.zero_grad()
+    trainer.compute_loss(trainer.model, high_entropy).backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in trainer.model.parameters())

@@ -1,0 +1,268 @@
+"""STAPOTrainer end to end on a tiny Qwen3: GRPO equivalence, training, LoRA, statistics sources and backends."""
+
+import logging
+import math
+
+import pytest
+import torch
+from peft import LoraConfig
+from tiny import build_char_tokenizer, build_tiny_qwen3, tiny_config, tiny_trainer
+from trl import GRPOConfig, GRPOTrainer
+
+from stapo_trl import STAPOConfig, STAPOTrainer, spurious_token_mask
+from stapo_trl.trainer import ENTROPIES_KEY, LOG_PROBS_KEY, SPURIOUS_KEY
+
+S2T_METRICS = [
+    "s2t/masked_fraction",
+    "s2t/num_masked",
+    "s2t/num_candidates",
+    "s2t/entropy_threshold",
+    "s2t/entropy_p50",
+    "s2t/entropy_p80",
+    "s2t/entropy_p99",
+    "s2t/masked_grad_sq_share",
+]
+# The tiny model spreads probabilities over ~50 tokens; this threshold makes candidates common enough to test.
+TEST_PROB_THRESHOLD = 0.05
+
+
+def run(trainer_class, config_class, tmp_path, **overrides):
+    trainer = tiny_trainer(trainer_class, tiny_config(config_class, tmp_path, **overrides))
+    trainer.train()
+    return trainer
+
+
+def parameters(trainer):
+    return {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+
+
+def train_losses(trainer):
+    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+def test_mask_off_trains_exactly_like_grpo(tmp_path, loss_type):
+    common = {"loss_type": loss_type, "epsilon_high": 0.28, "gradient_accumulation_steps": 2}
+    grpo = run(GRPOTrainer, GRPOConfig, tmp_path / "grpo", **common)
+    stapo = run(STAPOTrainer, STAPOConfig, tmp_path / "stapo", use_s2t_mask=False, **common)
+    assert train_losses(stapo) == train_losses(grpo)
+    grpo_parameters = parameters(grpo)
+    for name, value in parameters(stapo).items():
+        assert torch.equal(value, grpo_parameters[name]), name
+    assert not any(key.startswith("s2t/") for entry in stapo.state.log_history for key in entry)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_mask_on_with_nothing_to_mask_trains_exactly_like_grpo(tmp_path, loss_type):
+    common = {"loss_type": loss_type, "epsilon_high": 0.28, "gradient_accumulation_steps": 2}
+    grpo = run(GRPOTrainer, GRPOConfig, tmp_path / "grpo", **common)
+    stapo = run(STAPOTrainer, STAPOConfig, tmp_path / "stapo", prob_threshold=1e-30, **common)
+    assert [e["s2t/num_candidates"] for e in stapo.state.log_history if "loss" in e] == [0, 0]
+    assert train_losses(stapo) == train_losses(grpo)
+    grpo_parameters = parameters(grpo)
+    for name, value in parameters(stapo).items():
+        assert torch.equal(value, grpo_parameters[name]), name
+
+
+def assert_trains_and_logs(trainer, before):
+    after = parameters(trainer)
+    changed = {name: not torch.equal(before[name], after[name]) for name in before}
+    unchanged = [name for name, did_change in changed.items() if not did_change]
+    assert not unchanged, f"parameters that did not change: {unchanged}"
+    logged = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert logged
+    for entry in logged:
+        for metric in S2T_METRICS:
+            assert metric in entry, metric
+        assert 0.0 <= entry["s2t/masked_fraction"] <= 1.0
+        assert math.isfinite(entry["s2t/entropy_p50"])
+    assert sum(entry["s2t/num_masked"] for entry in logged) > 0
+
+
+def test_full_model_trains_and_logs_s2t_metrics(tmp_path):
+    trainer = tiny_trainer(
+        STAPOTrainer, tiny_config(STAPOConfig, tmp_path, max_steps=3, prob_threshold=TEST_PROB_THRESHOLD)
+    )
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters() if p.requires_grad}
+    trainer.train()
+    assert_trains_and_logs(trainer, before)
+
+
+def test_lora_adapter_trains_and_logs_s2t_metrics(tmp_path):
+    lora = LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], task_type="CAUSAL_LM"
+    )
+    config = tiny_config(STAPOConfig, tmp_path, max_steps=3, prob_threshold=TEST_PROB_THRESHOLD)
+    trainer = tiny_trainer(STAPOTrainer, config, peft_config=lora)
+    trainable = {name: p.detach().clone() for name, p in trainer.model.named_parameters() if p.requires_grad}
+    frozen = {name: p.detach().clone() for name, p in trainer.model.named_parameters() if not p.requires_grad}
+    assert trainable and all("lora_" in name for name in trainable)
+    trainer.train()
+    assert_trains_and_logs(trainer, trainable)
+    for name, value in trainer.model.named_parameters():
+        if name in frozen:
+            assert torch.equal(value, frozen[name]), name
+
+
+def test_gradient_accumulation_with_two_iterations_reuses_trls_old_logprob_pass(tmp_path, monkeypatch):
+    config = tiny_config(
+        STAPOConfig,
+        tmp_path,
+        max_steps=4,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        num_iterations=2,
+        prob_threshold=TEST_PROB_THRESHOLD,
+    )
+    trainer = tiny_trainer(STAPOTrainer, config)
+    extra_passes = []
+    original = trainer.compute_token_stats
+    monkeypatch.setattr(trainer, "compute_token_stats", lambda batch: extra_passes.append(1) or original(batch))
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert extra_passes == []  # num_iterations=2 makes TRL compute old log-probs; S2T takes p and H from that pass
+    assert_trains_and_logs(trainer, before)
+
+
+class RecordingSTAPOTrainer(STAPOTrainer):
+    """Records, for every loss computation, the applied mask and the loss-time p and H of the same forward."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.records = []
+
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        log_probs, entropies, aux = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        if torch.is_grad_enabled() and self.model.training:
+            self._loss_time_stats = (log_probs.detach(), entropies.detach())
+        return log_probs, entropies, aux
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        loss_log_probs, loss_entropies = self._loss_time_stats
+        self.records.append(
+            (
+                inputs[SPURIOUS_KEY],
+                inputs["advantages"],
+                inputs["completion_mask"],
+                loss_log_probs,
+                loss_entropies,
+                inputs[LOG_PROBS_KEY],
+                inputs[ENTROPIES_KEY],
+            )
+        )
+        return loss
+
+
+def masks_from_loss_time_statistics(trainer):
+    """Recompute each optimizer step's S2T mask from the p and H of the loss forward itself."""
+    accumulation = trainer.args.gradient_accumulation_steps
+    steps = [trainer.records[i : i + accumulation] for i in range(0, len(trainer.records), accumulation)]
+    for step in steps:
+        applied = torch.cat([record[0] for record in step])
+        recomputed, _ = spurious_token_mask(
+            torch.cat([record[3] for record in step]),
+            torch.cat([record[4] for record in step]),
+            torch.cat([record[1] for record in step]),
+            torch.cat([record[2] for record in step]),
+            prob_threshold=trainer.args.prob_threshold,
+            entropy_quantile=trainer.args.entropy_quantile,
+        )
+        yield step, applied, recomputed
+
+
+def test_generation_statistics_equal_loss_time_statistics_on_policy(tmp_path):
+    # steps_per_generation == gradient_accumulation_steps and num_iterations == 1: one generation per optimizer step.
+    config = tiny_config(
+        STAPOConfig,
+        tmp_path,
+        max_steps=3,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        prob_threshold=TEST_PROB_THRESHOLD,
+        token_stats_source="generation",
+    )
+    trainer = tiny_trainer(RecordingSTAPOTrainer, config)
+    trainer.train()
+    masked = 0
+    for step, applied, recomputed in masks_from_loss_time_statistics(trainer):
+        for record in step:
+            completion = record[2].bool()
+            assert torch.allclose(record[5][completion], record[3][completion], atol=1e-5)
+            assert torch.allclose(record[6][completion], record[4][completion], atol=1e-5)
+        assert torch.equal(applied, recomputed)
+        masked += int(applied.sum())
+    assert masked > 0
+
+
+def test_loss_source_follows_the_policy_across_optimizer_steps(tmp_path):
+    # Two optimizer steps per generation: the second step's loss-time policy has moved on since generation.
+    config = tiny_config(
+        STAPOConfig,
+        tmp_path,
+        max_steps=4,
+        per_device_train_batch_size=4,
+        steps_per_generation=4,
+        gradient_accumulation_steps=2,
+        prob_threshold=TEST_PROB_THRESHOLD,
+        token_stats_source="loss",
+    )
+    trainer = tiny_trainer(RecordingSTAPOTrainer, config)
+    trainer.train()
+    masked = 0
+    for _, applied, recomputed in masks_from_loss_time_statistics(trainer):
+        assert torch.equal(applied, recomputed)
+        masked += int(applied.sum())
+    assert masked > 0
+
+
+@pytest.mark.parametrize("backend", ["torch", "liger"])
+def test_direct_backends_agree_with_the_models_own_fused_head(tmp_path, backend):
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_qwen3(tokenizer)
+    trl_trainer = tiny_trainer(
+        STAPOTrainer, tiny_config(STAPOConfig, tmp_path, token_stats_backend="trl"), model=model
+    )
+    direct = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path, token_stats_backend=backend), model=model)
+    assert (trl_trainer.token_stats_backend, direct.token_stats_backend) == ("trl", backend)
+    trl_trainer.model.train()
+    batch = trl_trainer._generate_and_score_completions([{"prompt": f"{i}+1="} for i in range(8)])
+    completion = batch["completion_mask"].bool()
+    assert completion.sum() > 0
+    want_log_probs, want_entropies = trl_trainer.compute_token_stats(batch)
+    got_log_probs, got_entropies = direct.compute_token_stats(batch)
+    assert torch.allclose(got_log_probs[completion], want_log_probs[completion], atol=1e-5)
+    assert torch.allclose(got_entropies[completion], want_entropies[completion], atol=1e-5)
+    assert torch.all(got_log_probs[~completion] == 0)
+
+
+def test_models_with_logit_soft_capping_use_the_trl_head(tmp_path):
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_qwen3(tokenizer)
+    model.config.final_logit_softcapping = 30.0
+    trainer = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path), model=model)
+    assert trainer.token_stats_backend == "trl"
+    with pytest.raises(ValueError, match="final_logit_softcapping.*Use token_stats_backend='trl'"):
+        tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path, token_stats_backend="torch"), model=model)
+
+
+def test_a_grpo_config_is_converted_keeping_its_values(tmp_path, caplog):
+    config = tiny_config(GRPOConfig, tmp_path, loss_type="bnpo")
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.trainer"):
+        trainer = tiny_trainer(STAPOTrainer, config)
+    assert isinstance(trainer.args, STAPOConfig)
+    assert trainer.args.use_s2t_mask and trainer.args.prob_threshold == 0.002
+    assert trainer.args.loss_type == "bnpo"
+    assert trainer.args.epsilon_high is None and trainer.epsilon_high == trainer.args.epsilon
+    assert trainer.args.steps_per_generation == config.steps_per_generation
+    assert "converted to a STAPOConfig" in caplog.text
+
+
+def test_model_card_cites_stapo(tmp_path):
+    trainer = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path))
+    trainer.create_model_card(model_name="tiny-stapo")
+    card = (tmp_path / "README.md").read_text()
+    assert "STAPO" in card
+    assert "2602.15620" in card
+    assert "@article{liu2026stapo" in card
+    assert "Shiqi Liu" in card

@@ -1,0 +1,126 @@
+"""Drift guards: one test per private TRL API that STAPOTrainer relies on.
+
+A TRL upgrade that changes one of these must fail here, loudly and by name, before it silently changes training.
+"""
+
+import inspect
+
+import pytest
+import torch
+import trl
+from packaging.version import Version
+from tiny import tiny_config, tiny_trainer
+from trl import GRPOTrainer
+from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
+
+from stapo_trl import STAPOConfig, STAPOTrainer
+
+
+def test_trl_version_is_the_tested_range():
+    assert Version("1.16") <= Version(trl.__version__) < Version("1.17"), (
+        f"stapo-trl is tested with trl 1.16.x, found {trl.__version__}: rerun this suite before widening the pin."
+    )
+
+
+def test_get_per_token_logps_and_entropies_signature():
+    parameters = list(inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies).parameters)
+    assert parameters[:7] == [
+        "self",
+        "model",
+        "input_ids",
+        "attention_mask",
+        "logits_to_keep",
+        "batch_size",
+        "compute_entropy",
+    ]
+
+
+def test_compute_loss_uses_one_mask_from_completion_and_tool_masks():
+    source = inspect.getsource(GRPOTrainer._compute_loss)
+    assert 'mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]' in source
+    for aggregation in (
+        "(per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)",  # grpo
+        "(per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)",  # bnpo
+        'inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes',  # dapo, cispo, vespo
+        "normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation",
+    ):
+        assert aggregation in source, aggregation
+
+
+def test_generation_counts_loss_tokens_with_the_same_mask():
+    source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    assert "loss_mask = completion_mask if tool_mask is None else completion_mask * tool_mask" in source
+    assert "num_items_in_batch = self.accelerator.gather(loss_mask.sum()).sum()" in source
+    assert "old_per_token_logps, _, _ = self._get_per_token_logps_and_entropies(" in source
+
+
+def test_prepare_inputs_buffers_micro_batches_by_step():
+    source = inspect.getsource(GRPOTrainer._prepare_inputs)
+    assert "self._buffered_inputs[self._step % self.args.steps_per_generation]" in source
+    assert "shuffle_sequence_dict(generation_batch)" in source
+    assert "split_tensor_dict(generation_batch, self.args.steps_per_generation)" in source
+
+
+def test_shuffle_and_split_carry_extra_keys():
+    batch = {
+        "completion_ids": torch.arange(8).view(4, 2),
+        "s2t_log_probs": torch.arange(8.0).view(4, 2),
+        "s2t_unmasked_tool_mask": None,
+        "num_items_in_batch": torch.tensor(8),
+    }
+    shuffled = shuffle_sequence_dict(batch)
+    assert torch.equal(shuffled["s2t_log_probs"], shuffled["completion_ids"].float())
+    chunks = split_tensor_dict(shuffled, 2)
+    assert [chunk["s2t_log_probs"].shape[0] for chunk in chunks] == [2, 2]
+    assert all(chunk["s2t_unmasked_tool_mask"] is None for chunk in chunks)
+    assert all(chunk["num_items_in_batch"] is batch["num_items_in_batch"] for chunk in chunks)
+
+
+def test_helpers_we_import_from_trl_exist():
+    from trl.kernels import ChunkedLogProbFunction
+    from trl.models.utils import disable_gradient_checkpointing
+    from trl.trainer.utils import get_config_model_id, maybe_gather_lm_head_ctx
+
+    assert callable(disable_gradient_checkpointing) and callable(maybe_gather_lm_head_ctx)
+    assert callable(get_config_model_id)
+    forward = list(inspect.signature(ChunkedLogProbFunction.forward).parameters)
+    assert forward[1:10] == [
+        "hidden",
+        "weight",
+        "bias",
+        "targets",
+        "temperature",
+        "chunk_size",
+        "final_logit_softcapping",
+        "logit_scale",
+        "outputs",
+    ]
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory):
+    config = tiny_config(STAPOConfig, tmp_path_factory.mktemp("drift"), prob_threshold=0.05)
+    return tiny_trainer(STAPOTrainer, config)
+
+
+def test_trainer_state_we_read_exists(trainer):
+    for attribute in ("_step", "_buffered_inputs", "temperature", "_is_vlm", "_metrics", "accelerator"):
+        assert hasattr(trainer, attribute), attribute
+    assert isinstance(trainer._metrics["train"], dict)
+
+
+def test_generation_output_has_the_keys_we_fold_into(trainer):
+    trainer.model.train()
+    output = trainer._generate_and_score_completions([{"prompt": f"{i}+1="} for i in range(8)])
+    for key in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "num_items_in_batch"):
+        assert key in output, key
+    assert output["num_items_in_batch"].dim() == 0
+    assert output["advantages"].shape == output["completion_ids"].shape[:1]
+
+
+def test_log_averages_metric_lists_and_skips_nan(trainer):
+    trainer.model.train()
+    trainer._metrics["train"].clear()
+    trainer._metrics["train"]["s2t/entropy_threshold"].extend([1.0, float("nan"), 3.0])
+    trainer.log({})
+    assert trainer.state.log_history[-1]["s2t/entropy_threshold"] == 2.0

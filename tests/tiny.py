@@ -1,0 +1,90 @@
+"""Tiny models, tokenizers and datasets built in code, for fast CPU tests."""
+
+from __future__ import annotations
+
+import torch
+from datasets import Dataset
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM, set_seed
+
+CHARACTERS = list("abcdefghijklmnopqrstuvwxyz0123456789 +-=?.,:")
+
+
+def build_char_tokenizer() -> PreTrainedTokenizerFast:
+    """A character-level tokenizer with a pad and an EOS token, built without any download."""
+    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2}
+    vocab.update({character: index + len(vocab) for index, character in enumerate(CHARACTERS)})
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>", padding_side="left"
+    )
+
+
+def build_tiny_qwen3(
+    tokenizer: PreTrainedTokenizerFast, seed: int = 0, hidden_size: int = 32, lm_head_std: float = 0.5
+) -> Qwen3ForCausalLM:
+    """A 2-layer Qwen3. ``lm_head_std`` widens the logits so that probabilities and entropies spread out as in a
+    trained model (with the default init every distribution is nearly uniform)."""
+    set_seed(seed)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden_size // 4,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    model = Qwen3ForCausalLM(config)
+    torch.nn.init.normal_(model.lm_head.weight, std=lm_head_std)
+    return model
+
+
+def prompt_dataset(num_prompts: int = 8) -> Dataset:
+    return Dataset.from_dict({"prompt": [f"{i}+{i + 1}=" for i in range(num_prompts)]})
+
+
+def count_vowels_reward(completions, **kwargs) -> list[float]:
+    """A dense reward with spread inside each group, so advantages are non-zero."""
+    return [sum(character in "aeiou" for character in completion) / 4.0 for completion in completions]
+
+
+def tiny_config(config_class, output_dir, **overrides):
+    """A config for a seconds-long CPU run of the tiny Qwen3."""
+    values = {
+        "output_dir": str(output_dir),
+        "per_device_train_batch_size": 8,
+        "num_generations": 4,
+        "max_completion_length": 8,
+        "max_steps": 2,
+        "learning_rate": 1e-2,
+        "logging_steps": 1,
+        "report_to": "none",
+        "bf16": False,
+        "use_cpu": True,
+        "gradient_checkpointing": False,
+        "save_strategy": "no",
+        "seed": 0,
+        "disable_tqdm": True,
+    }
+    values.update(overrides)
+    return config_class(**values)
+
+
+def tiny_trainer(trainer_class, config, model=None, **kwargs):
+    tokenizer = build_char_tokenizer()
+    return trainer_class(
+        model=model if model is not None else build_tiny_qwen3(tokenizer),
+        reward_funcs=count_vowels_reward,
+        args=config,
+        train_dataset=prompt_dataset(),
+        processing_class=tokenizer,
+        **kwargs,
+    )
