@@ -1,0 +1,31 @@
+"""The README's offline snippet runs and prints what its comment says; its test command is the one CI runs."""
+
+import contextlib
+import io
+import re
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def python_blocks():
+    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+
+
+def test_mask_snippet_prints_its_documented_output():
+    (snippet,) = [block for block in python_blocks() if "spurious_token_mask(" in block]
+    expected = re.search(r"# (\[\[.*)$", snippet, flags=re.MULTILINE).group(1)
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+        exec(compile(snippet, "README.md", "exec"), {})
+    assert output.getvalue().strip() == expected
+
+
+def test_ci_runs_the_readme_test_command():
+    block = re.search(r"<!-- ci:test-command:start -->\n```bash\n(.*?)\n```", README.read_text(), re.DOTALL)
+    assert block is not None
+    command = block.group(1)
+    assert command.startswith("pip install torch==2.13.0")
+    assert "pytest" in command
+    ci_script = (README.parent / ".ci" / "run").read_text()
+    assert "ci:test-command:start" in ci_script
