@@ -98,7 +98,8 @@ class STAPOConfig(GRPOConfig):
             "TRL fused LM head (supports every model TRL supports). 'torch': the backbone, then our chunked torch op "
             "on the completion positions only. 'liger': the backbone, then Liger's fused linear cross-entropy "
             "(needs `pip install 'stapo-trl[liger]'`). 'auto': 'liger' on CUDA when installed, otherwise 'torch', "
-            "and 'trl' for models the direct ops do not cover (vision-language, logit soft-capping or scaling).",
+            "and 'trl' for models the direct ops do not cover (vision-language, logit soft-capping or scaling) and "
+            "under FSDP or DeepSpeed ZeRO-3.",
             "choices": list(TOKEN_STATS_BACKENDS),
         },
     )

@@ -137,6 +137,16 @@ class STAPOTrainer(GRPOTrainer):
         base = unwrapped.get_base_model() if is_peft_model(unwrapped) else unwrapped
         return base, base.base_model, base.get_output_embeddings()
 
+    def _sharded_parameters(self) -> str | None:
+        """Why the LM head may be sharded outside its module's forward (FSDP, ZeRO-3), or None."""
+        from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+        if self.is_fsdp_enabled:
+            return "FSDP"
+        if is_deepspeed_zero3_enabled():
+            return "DeepSpeed ZeRO-3"
+        return None
+
     def _resolve_token_stats_backend(self) -> str:
         requested = self.args.token_stats_backend
         if requested == "trl":
@@ -153,6 +163,16 @@ class STAPOTrainer(GRPOTrainer):
                 f"token_stats_backend={requested!r} computes statistics from the backbone's hidden states and the LM "
                 f"head alone, which does not cover this model ({', '.join(blockers)}). Use token_stats_backend='trl' "
                 "(the model's own TRL fused head) or 'auto'."
+            )
+        sharding = self._sharded_parameters()
+        if sharding is not None:
+            if requested == "auto":
+                return "trl"
+            logger.warning(
+                "token_stats_backend=%r under %s gathers the LM head outside the model's forward; this path is not "
+                "covered by stapo-trl's tests. token_stats_backend='trl' (what 'auto' picks here) is.",
+                requested,
+                sharding,
             )
         return resolve_backend(requested, self.accelerator.device, has_bias=lm_head.bias is not None)
 

@@ -246,6 +246,12 @@ def test_models_with_logit_soft_capping_use_the_trl_head(tmp_path):
         tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path, token_stats_backend="torch"), model=model)
 
 
+def test_sharded_training_uses_the_trl_head_by_default(tmp_path, monkeypatch):
+    monkeypatch.setattr(STAPOTrainer, "_sharded_parameters", lambda self: "DeepSpeed ZeRO-3")
+    trainer = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path))
+    assert trainer.token_stats_backend == "trl"
+
+
 def test_a_grpo_config_is_converted_keeping_its_values(tmp_path, caplog):
     config = tiny_config(GRPOConfig, tmp_path, loss_type="bnpo")
     with caplog.at_level(logging.WARNING, logger="stapo_trl.trainer"):
