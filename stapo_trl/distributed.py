@@ -25,7 +25,7 @@ def all_gather_variable(values: torch.Tensor) -> torch.Tensor:
     sizes = [torch.zeros_like(local_size) for _ in range(world_size())]
     dist.all_gather(sizes, local_size)
     sizes = [int(size.item()) for size in sizes]
-    longest = max(sizes)
+    longest = max(max(sizes), 1)  # some backends reject zero-size collectives
     padded = values.new_zeros(longest)
     padded[: values.numel()] = values
     gathered = [torch.empty_like(padded) for _ in sizes]
