@@ -32,8 +32,13 @@ def run(trainer_class, config_class, tmp_path, **overrides):
     return trainer
 
 
-def parameters(trainer):
-    return {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+def parameters(trainer, trainable=None):
+    """Copies of the model's parameters; only the trainable (or only the frozen) ones when `trainable` is given."""
+    return {
+        name: p.detach().clone()
+        for name, p in trainer.model.named_parameters()
+        if trainable is None or p.requires_grad == trainable
+    }
 
 
 def train_losses(trainer):
@@ -83,7 +88,7 @@ def test_full_model_trains_and_logs_s2t_metrics(tmp_path):
     trainer = tiny_trainer(
         STAPOTrainer, tiny_config(STAPOConfig, tmp_path, max_steps=3, prob_threshold=TEST_PROB_THRESHOLD)
     )
-    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters() if p.requires_grad}
+    before = parameters(trainer, trainable=True)
     trainer.train()
     assert_trains_and_logs(trainer, before)
 
@@ -94,8 +99,8 @@ def test_lora_adapter_trains_and_logs_s2t_metrics(tmp_path):
     )
     config = tiny_config(STAPOConfig, tmp_path, max_steps=3, prob_threshold=TEST_PROB_THRESHOLD)
     trainer = tiny_trainer(STAPOTrainer, config, peft_config=lora)
-    trainable = {name: p.detach().clone() for name, p in trainer.model.named_parameters() if p.requires_grad}
-    frozen = {name: p.detach().clone() for name, p in trainer.model.named_parameters() if not p.requires_grad}
+    trainable = parameters(trainer, trainable=True)
+    frozen = parameters(trainer, trainable=False)
     assert trainable and all("lora_" in name for name in trainable)
     trainer.train()
     assert_trains_and_logs(trainer, trainable)
@@ -118,7 +123,7 @@ def test_gradient_accumulation_with_two_iterations_reuses_trls_old_logprob_pass(
     extra_passes = []
     original = trainer.compute_token_stats
     monkeypatch.setattr(trainer, "compute_token_stats", lambda batch: extra_passes.append(1) or original(batch))
-    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    before = parameters(trainer)
     trainer.train()
     assert extra_passes == []  # num_iterations=2 makes TRL compute old log-probs; S2T takes p and H from that pass
     assert_trains_and_logs(trainer, before)
