@@ -1,0 +1,83 @@
+"""Verifiable math rewards for TRL, registered by name.
+
+```python
+from stapo_trl.rewards import get_reward_func
+
+reward = get_reward_func("boxed")  # or "dapo", "math_verify", "think_format", "soft_overlong_punishment", or a dotted path
+reward([r"... so the answer is \\boxed{42}"], solution=["42"])  # [1.0]
+```
+
+| name | score | rule |
+|---|---|---|
+| `dapo` | +1 / -1 | last `Answer:` line in the final 300 characters, Minerva-normalized, exact match (DAPO) |
+| `boxed` | +1 / -1 | last `\\boxed{}` in the final 100 characters, Minerva-normalized, exact match (JustRL) |
+| `math_verify` | 1 / 0 / None | symbolic equivalence with math-verify, bounded in time, thread-safe |
+| `think_format` | 1 / 0 | TRL's `think_format_reward`, also for plain-string completions |
+| `soft_overlong_punishment` | 0 to -1 | TRL's `get_soft_overlong_punishment` (DAPO's overlong shaping); needs options |
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .exact_match import BOXED_WINDOW_CHARS, DAPO_WINDOW_CHARS, boxed_reward, dapo_reward
+from .extraction import last_answer_line, last_boxed_content, normalize_final_answer
+from .math_verify import MathVerifyError, MathVerifyReward, Verdict, math_verify_reward
+from .registry import REWARD_REGISTRY, PlainTextCompletions, available_rewards, get_reward_func, register_reward
+from .text import completion_text, gold_text
+
+register_reward("dapo", description="DAPO: +1/-1 exact match of the last `Answer:` line (final 300 chars).")(
+    dapo_reward
+)
+register_reward("boxed", description="JustRL: +1/-1 exact match of the last \\boxed{} (final 100 chars).")(
+    boxed_reward
+)
+
+
+@register_reward(
+    "math_verify", factory=True, description="1/0 symbolic equivalence via math-verify; None if gold unparsable."
+)
+def _build_math_verify(**options: Any) -> MathVerifyReward:
+    return MathVerifyReward(**options) if options else math_verify_reward
+
+
+@register_reward(
+    "think_format", factory=True, description="TRL's think_format_reward: 1 if <think>...</think> wraps the reasoning."
+)
+def _build_think_format() -> PlainTextCompletions:
+    from trl.rewards import think_format_reward
+
+    return PlainTextCompletions(think_format_reward)
+
+
+@register_reward(
+    "soft_overlong_punishment",
+    factory=True,
+    description="TRL's soft overlong punishment (DAPO Eq. 13); options max_completion_len, soft_punish_cache.",
+)
+def _build_soft_overlong_punishment(*, max_completion_len: int, soft_punish_cache: int):
+    from trl.rewards import get_soft_overlong_punishment
+
+    return get_soft_overlong_punishment(max_completion_len=max_completion_len, soft_punish_cache=soft_punish_cache)
+
+
+__all__ = [
+    "BOXED_WINDOW_CHARS",
+    "DAPO_WINDOW_CHARS",
+    "REWARD_REGISTRY",
+    "MathVerifyError",
+    "MathVerifyReward",
+    "PlainTextCompletions",
+    "Verdict",
+    "available_rewards",
+    "boxed_reward",
+    "completion_text",
+    "dapo_reward",
+    "get_reward_func",
+    "gold_text",
+    "last_answer_line",
+    "last_boxed_content",
+    "math_verify_reward",
+    "normalize_final_answer",
+    "register_reward",
+]

@@ -1,0 +1,88 @@
+"""Child process that runs math-verify for `stapo_trl.rewards.math_verify`.
+
+It is started as a script (`python _math_verify_worker.py`), so it imports nothing from the parent program. It reads
+one JSON request per line on stdin and writes one JSON verdict per line on stdout. Running in its own main thread,
+it can bound each request with SIGALRM; the parent kills it if even that does not return in time.
+
+Request: {"gold": str, "prediction": str, "timeout": float}
+Verdict: {"verdict": "correct" | "incorrect" | "no_answer" | "gold_unparsable" | "timeout" | "error",
+          "stage": "gold" | "prediction" | "verify", "parsed": str | null, "detail": str | null}
+"""
+
+import json
+import logging
+import os
+import signal
+import sys
+from functools import lru_cache
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != _HERE]
+
+
+class _Deadline(BaseException):
+    """Raised by SIGALRM. A BaseException, so math-verify's `except Exception` blocks cannot swallow it."""
+
+
+def _on_alarm(signum, frame):
+    raise _Deadline()
+
+
+def _wrap_gold(gold):
+    if "\\boxed" in gold or "$" in gold:
+        return gold
+    return "\\boxed{" + gold + "}"
+
+
+def main():
+    try:
+        from math_verify import parse, verify
+    except Exception as error:  # reported to the parent, which raises it with the install hint
+        sys.stdout.write(json.dumps({"ready": False, "error": f"{type(error).__name__}: {error}"}) + "\n")
+        sys.stdout.flush()
+        return 1
+    logging.getLogger("math_verify").setLevel(logging.CRITICAL)
+    signal.signal(signal.SIGALRM, _on_alarm)
+
+    @lru_cache(maxsize=4096)
+    def parse_gold(gold):
+        return parse(_wrap_gold(gold), parsing_timeout=None, raise_on_error=True)
+
+    def judge(request):
+        stage = "gold"
+        signal.setitimer(signal.ITIMER_REAL, max(float(request["timeout"]), 1e-3))
+        try:
+            gold = parse_gold(request["gold"])
+            if not gold:
+                return {"verdict": "gold_unparsable", "stage": stage}
+            stage = "prediction"
+            prediction = parse(request["prediction"], parsing_timeout=None, raise_on_error=True)
+            if not prediction:
+                return {"verdict": "no_answer", "stage": stage}
+            stage = "verify"
+            correct = verify(gold, prediction, timeout_seconds=None, raise_on_error=True)
+            parsed = str(prediction[-1]) if prediction else None
+            return {"verdict": "correct" if correct else "incorrect", "stage": stage, "parsed": parsed}
+        except _Deadline:
+            return {"verdict": "timeout", "stage": stage}
+        except Exception as error:
+            return {"verdict": "error", "stage": stage, "detail": f"{type(error).__name__}: {error}"[:500]}
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+    sys.stdout.write(json.dumps({"ready": True}) + "\n")
+    sys.stdout.flush()
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            verdict = judge(json.loads(line))
+        except _Deadline:
+            verdict = {"verdict": "timeout", "stage": "verify"}
+        sys.stdout.write(json.dumps(verdict) + "\n")
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

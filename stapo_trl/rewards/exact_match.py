@@ -1,0 +1,85 @@
+"""Exact-match rewards: DAPO's `Answer:` rule and JustRL's `\\boxed{}` rule, both +1/-1."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .extraction import last_answer_line, last_boxed_content, normalize_final_answer
+from .text import pair_up
+
+DAPO_WINDOW_CHARS = 300
+"""DAPO grades only the final 300 characters of a response (veRL `math_dapo.compute_score`)."""
+
+BOXED_WINDOW_CHARS = 100
+"""JustRL's strict-box rule grades only the final 100 characters of a response."""
+
+
+def _grade(
+    completions: Sequence[Any],
+    solution: Sequence[Any] | None,
+    *,
+    reward_name: str,
+    window: int,
+    extract: Callable[[str], str | None],
+    log_extra: Callable[[str, list], None] | None,
+) -> list[float | None]:
+    texts, golds = pair_up(completions, solution, reward_name)
+    scores: list[float | None] = []
+    extracted: list[str | None] = []
+    for text, gold in zip(texts, golds, strict=True):
+        raw = extract(text[-window:])
+        prediction = None if raw is None else normalize_final_answer(raw)
+        extracted.append(prediction)
+        normalized_gold = None if gold is None else normalize_final_answer(gold)
+        if not normalized_gold:
+            scores.append(None)
+            continue
+        scores.append(1.0 if prediction == normalized_gold else -1.0)
+    if log_extra is not None:
+        log_extra(f"{reward_name}/extracted", extracted)
+    return scores
+
+
+def dapo_reward(
+    completions: Sequence[Any],
+    solution: Sequence[Any] | None = None,
+    log_extra: Callable[[str, list], None] | None = None,
+    **kwargs: Any,
+) -> list[float | None]:
+    """+1 when the last `Answer: ...` line in the final 300 characters matches the gold answer, else -1.
+
+    Both sides go through `normalize_final_answer` and are compared as strings, as DAPO does (arXiv 2503.14476,
+    §2.4 "Rule-based Reward Modeling"). A gold answer that is missing or normalizes to nothing gives None,
+    which TRL skips.
+    """
+    return _grade(
+        completions,
+        solution,
+        reward_name="dapo_reward",
+        window=DAPO_WINDOW_CHARS,
+        extract=last_answer_line,
+        log_extra=log_extra,
+    )
+
+
+def boxed_reward(
+    completions: Sequence[Any],
+    solution: Sequence[Any] | None = None,
+    log_extra: Callable[[str, list], None] | None = None,
+    **kwargs: Any,
+) -> list[float | None]:
+    """+1 when the last `\\boxed{...}` in the final 100 characters matches the gold answer, else -1.
+
+    The box content (nested braces allowed) and the gold answer are normalized with `normalize_final_answer` and
+    compared exactly: the strict-box rule JustRL trains with. A gold answer that is missing or normalizes to nothing
+    gives None, which TRL skips.
+    """
+    return _grade(
+        completions,
+        solution,
+        reward_name="boxed_reward",
+        window=BOXED_WINDOW_CHARS,
+        extract=last_boxed_content,
+        log_extra=log_extra,
+    )

@@ -1,0 +1,293 @@
+"""The `math_verify` reward: symbolic equivalence via Hugging Face's math-verify library, bounded in time.
+
+math-verify bounds its own work with `signal.alarm`, which only works in a process's main thread; TRL's
+`accuracy_reward` therefore turns the bound off in worker threads, where a pathological answer such as
+`\\boxed{9^{9^{9^{9}}}}` can then hang the trainer. This reward runs math-verify in child processes instead: each
+child bounds a request with its own alarm, and the parent kills a child that does not answer in time. So the same
+scores come back from any thread, in the same bounded time.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from .text import pair_up
+
+logger = logging.getLogger(__name__)
+
+_WORKER_SCRIPT = Path(__file__).with_name("_math_verify_worker.py")
+_STARTUP_TIMEOUT_S = 120.0
+
+
+class MathVerifyError(RuntimeError):
+    """math-verify raised on an input, and the reward was built with `on_error="raise"`."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What math-verify concluded for one completion.
+
+    `verdict` is one of "correct", "incorrect", "no_answer" (nothing to extract from the completion),
+    "gold_unparsable", "gold_missing", "timeout" or "error"; `stage` says where a timeout or error happened
+    ("gold", "prediction", "verify", or "worker" when the child process had to be killed).
+    """
+
+    verdict: str
+    stage: str | None = None
+    parsed: str | None = None
+    detail: str | None = None
+
+
+class _VerifierProcess:
+    """One math-verify child process, used by one thread at a time."""
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen | None = None
+        self._buffer = b""
+        self._start()
+
+    def _start(self) -> None:
+        self._process = subprocess.Popen(
+            [sys.executable, "-u", str(_WORKER_SCRIPT)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            close_fds=True,
+        )
+        self._buffer = b""
+        hello = self._read_line(_STARTUP_TIMEOUT_S)
+        if hello is None:
+            self.kill()
+            raise RuntimeError(
+                f"The math-verify worker did not start within {_STARTUP_TIMEOUT_S:.0f} s ({sys.executable} {_WORKER_SCRIPT})."
+            )
+        message = json.loads(hello)
+        if not message.get("ready"):
+            self.kill()
+            raise ImportError(
+                f"The math_verify reward needs the math-verify package, which failed to import: {message.get('error')}. "
+                "Install it with `pip install 'math-verify>=0.9,<0.10'`."
+            )
+
+    @property
+    def alive(self) -> bool:
+        return self._process.poll() is None
+
+    def kill(self) -> None:
+        if self._process.poll() is None:
+            self._process.kill()
+        self._process.wait()
+        for stream in (self._process.stdin, self._process.stdout):
+            if stream is not None:
+                stream.close()
+
+    def _read_line(self, timeout: float) -> bytes | None:
+        deadline = time.monotonic() + timeout
+        stdout = self._process.stdout
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            ready, _, _ = select.select([stdout], [], [], remaining)
+            if not ready:
+                return None
+            chunk = os.read(stdout.fileno(), 65536)
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line
+
+    def judge(self, gold: str, prediction: str, timeout: float, grace: float) -> Verdict:
+        """Verdict for one pair; restarts the child first if an earlier request had to kill it."""
+        if not self.alive:
+            self._start()
+        request = json.dumps({"gold": gold, "prediction": prediction, "timeout": timeout}).encode() + b"\n"
+        try:
+            self._process.stdin.write(request)
+            self._process.stdin.flush()
+        except (BrokenPipeError, OSError):
+            self.kill()
+            return Verdict("error", "worker", detail="the math-verify worker exited unexpectedly")
+        line = self._read_line(timeout + grace)
+        if line is None:
+            alive = self.alive
+            self.kill()
+            if alive:
+                return Verdict("timeout", "worker")
+            return Verdict("error", "worker", detail="the math-verify worker exited unexpectedly")
+        return Verdict(**json.loads(line))
+
+
+class _WorkerPool:
+    """Child processes shared by every math_verify reward in this process, at most one per concurrent caller."""
+
+    def __init__(self, max_workers: int) -> None:
+        self.pid = os.getpid()
+        self._idle: list[_VerifierProcess] = []
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(max_workers)
+        self._workers: list[_VerifierProcess] = []
+
+    @contextmanager
+    def lease(self):
+        self._slots.acquire()
+        worker = None
+        try:
+            with self._lock:
+                worker = self._idle.pop() if self._idle else None
+            if worker is None:
+                worker = _VerifierProcess()
+                with self._lock:
+                    self._workers.append(worker)
+            yield worker
+        finally:
+            if worker is not None:
+                with self._lock:
+                    self._idle.append(worker)
+            self._slots.release()
+
+    def close(self) -> None:
+        with self._lock:
+            workers, self._workers, self._idle = self._workers, [], []
+        for worker in workers:
+            worker.kill()
+
+
+_pool: _WorkerPool | None = None
+_pool_lock = threading.Lock()
+
+
+def _shared_pool() -> _WorkerPool:
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool.pid != os.getpid():
+            _pool = _WorkerPool(max_workers=min(8, os.cpu_count() or 1))
+        return _pool
+
+
+@atexit.register
+def _close_shared_pool() -> None:
+    if _pool is not None and _pool.pid == os.getpid():
+        _pool.close()
+
+
+_SCORES = {"correct": 1.0, "incorrect": 0.0, "no_answer": 0.0}
+
+
+class MathVerifyReward:
+    """1.0 when math-verify finds the completion's answer equivalent to the gold answer, else 0.0.
+
+    The gold answer is parsed first (wrapped in `\\boxed{}` unless it already has `$` or `\\boxed`), as TRL's
+    `accuracy_reward` does. What each outcome scores:
+
+    - equivalent: 1.0; not equivalent, or no answer in the completion: 0.0;
+    - gold answer missing or unparsable: None, so TRL leaves the sample out of this reward;
+    - the completion takes longer than `timeout_seconds` to parse or verify: 0.0, counted and logged;
+    - math-verify raises on the completion: None with a warning (or `MathVerifyError` with `on_error="raise"`),
+      never a silent 0.0.
+
+    Inside a trainer the counts are logged as `math_verify/timeout_fraction` and `math_verify/error_fraction`, and
+    the answer math-verify extracted goes to the completions table as `math_verify_reward/extracted`.
+    """
+
+    def __init__(self, timeout_seconds: float = 5.0, *, on_error: Literal["skip", "raise"] = "skip") -> None:
+        if not timeout_seconds > 0:
+            raise ValueError(f"timeout_seconds must be positive, got {timeout_seconds}.")
+        if on_error not in ("skip", "raise"):
+            raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}.")
+        self.timeout_seconds = float(timeout_seconds)
+        self.on_error = on_error
+        self.__name__ = "math_verify_reward"
+
+    def __repr__(self) -> str:
+        return f"MathVerifyReward(timeout_seconds={self.timeout_seconds}, on_error={self.on_error!r})"
+
+    @property
+    def hard_timeout_seconds(self) -> float:
+        """Longest wait for one completion before its child process is killed: the soft bound plus a grace period."""
+        return self.timeout_seconds + max(2.0, self.timeout_seconds)
+
+    def judge(self, completions: Sequence[Any], solution: Sequence[Any] | None) -> list[Verdict]:
+        """The verdict for each completion, without turning it into a score."""
+        texts, golds = pair_up(completions, solution, self.__name__)
+        verdicts: list[Verdict] = []
+        grace = self.hard_timeout_seconds - self.timeout_seconds
+        with _shared_pool().lease() as worker:
+            for text, gold in zip(texts, golds, strict=True):
+                if gold is None:
+                    verdicts.append(Verdict("gold_missing", "gold"))
+                    continue
+                verdicts.append(worker.judge(gold, text, self.timeout_seconds, grace))
+        return verdicts
+
+    def __call__(
+        self,
+        completions: Sequence[Any],
+        solution: Sequence[Any] | None = None,
+        log_extra: Callable[[str, list], None] | None = None,
+        log_metric: Callable[[str, float], None] | None = None,
+        **kwargs: Any,
+    ) -> list[float | None]:
+        verdicts = self.judge(completions, solution)
+        scores: list[float | None] = []
+        for index, verdict in enumerate(verdicts):
+            if verdict.verdict in _SCORES:
+                scores.append(_SCORES[verdict.verdict])
+            elif verdict.verdict == "timeout":
+                scores.append(None if verdict.stage == "gold" else 0.0)
+            elif verdict.verdict == "error" and verdict.stage != "gold" and self.on_error == "raise":
+                raise MathVerifyError(
+                    f"math-verify failed on completion {index} at stage {verdict.stage}: {verdict.detail}"
+                )
+            else:
+                scores.append(None)
+        counts = Counter(verdict.verdict for verdict in verdicts)
+        if counts["timeout"]:
+            logger.warning(
+                "math_verify_reward: %d of %d completions hit the %.1f s bound and scored 0.0 (or None for a gold "
+                "answer).",
+                counts["timeout"],
+                len(verdicts),
+                self.timeout_seconds,
+            )
+        errors = [v for v in verdicts if v.verdict == "error"]
+        if errors:
+            logger.warning(
+                "math_verify_reward: math-verify raised on %d of %d completions; they score None. First: stage %s, %s",
+                len(errors),
+                len(verdicts),
+                errors[0].stage,
+                errors[0].detail,
+            )
+        gold_problems = counts["gold_unparsable"] + counts["gold_missing"]
+        if gold_problems:
+            logger.warning(
+                "math_verify_reward: %d of %d completions have a missing or unparsable gold answer and score None.",
+                gold_problems,
+                len(verdicts),
+            )
+        if log_metric is not None and verdicts:
+            log_metric("math_verify/timeout_fraction", counts["timeout"] / len(verdicts))
+            log_metric("math_verify/error_fraction", counts["error"] / len(verdicts))
+        if log_extra is not None:
+            log_extra(f"{self.__name__}/extracted", [verdict.parsed for verdict in verdicts])
+        return scores
+
+
+math_verify_reward = MathVerifyReward()
+"""The registered `math_verify` reward: `MathVerifyReward` with a 5 s bound per completion."""

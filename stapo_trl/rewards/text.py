@@ -1,0 +1,119 @@
+"""Turn TRL's completion and gold-answer values into plain text.
+
+TRL hands a reward function its completions either as strings (standard format) or as lists of message dicts
+(conversational format), and passes dataset columns through unchanged, so a gold answer may be a string, a number
+or a list. Every reward goes through these two functions, so the rules below hold for all of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+_warned_types: set[str] = set()
+
+
+def _warn_once(kind: str, value: Any) -> None:
+    key = f"{kind}:{type(value).__name__}"
+    if key not in _warned_types:
+        _warned_types.add(key)
+        logger.warning(
+            "A reward received a %s of type %s; it is read as str(value). Pass strings or chat messages instead.",
+            kind,
+            type(value).__name__,
+        )
+
+
+def content_text(content: Any) -> str:
+    """Text of one message's `content`: a string, a list of content blocks, or None (empty)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, (list, tuple)):
+        parts = []
+        for block in content:
+            if isinstance(block, str):
+                parts.append(block)
+            elif isinstance(block, dict):
+                if block.get("type", "text") == "text" and block.get("text") is not None:
+                    parts.append(content_text(block["text"]))
+            else:
+                _warn_once("content block", block)
+                parts.append(str(block))
+        return "".join(parts)
+    _warn_once("message content", content)
+    return str(content)
+
+
+def completion_text(completion: Any) -> str:
+    """The text a reward should grade.
+
+    - a string is used as is;
+    - a list of messages (TRL's conversational format) gives the content of its last assistant message, or of its
+      last message when no message has a role, so tool turns before the final answer are skipped;
+    - a single message dict gives its content;
+    - None or an empty list gives "".
+    """
+    if completion is None:
+        return ""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, dict):
+        return content_text(completion.get("content"))
+    if isinstance(completion, (list, tuple)):
+        messages = [message for message in completion if isinstance(message, dict)]
+        if not messages:
+            return "".join(content_text(part) for part in completion)
+        assistant = [message for message in messages if message.get("role", "assistant") == "assistant"]
+        return content_text((assistant or messages)[-1].get("content"))
+    _warn_once("completion", completion)
+    return str(completion)
+
+
+def gold_text(gold: Any) -> str | None:
+    """A gold answer as text, or None when there is no usable answer.
+
+    Integral floats lose their ".0" (AMC answers are stored as floats on the Hub), lists are joined with ", "
+    (OlympiadBench stores answers as lists), and empty or NaN values give None so that TRL skips the sample.
+    """
+    if gold is None:
+        return None
+    if isinstance(gold, bool):
+        return str(gold)
+    if isinstance(gold, float):
+        if math.isnan(gold) or math.isinf(gold):
+            return None
+        return str(int(gold)) if gold.is_integer() else repr(gold)
+    if isinstance(gold, int):
+        return str(gold)
+    if isinstance(gold, (list, tuple)):
+        parts = [gold_text(part) for part in gold]
+        parts = [part for part in parts if part]
+        return ", ".join(parts) if parts else None
+    text = gold if isinstance(gold, str) else str(gold)
+    text = text.strip()
+    return text or None
+
+
+def pair_up(completions: Sequence[Any], solution: Sequence[Any] | None, reward_name: str):
+    """Texts and gold answers of one call, checked to be one gold answer per completion."""
+    if solution is None:
+        raise ValueError(
+            f"{reward_name} needs the gold answers in a `solution` column (one per completion); none was passed. "
+            "Load data with stapo_trl.data.load_dapo_math or load_benchmark, which add that column."
+        )
+    if isinstance(solution, (str, bytes)) or not isinstance(solution, Sequence):
+        raise TypeError(
+            f"{reward_name}: `solution` must be a list with one gold answer per completion, got {type(solution).__name__}."
+        )
+    if len(solution) != len(completions):
+        raise ValueError(
+            f"{reward_name} got {len(completions)} completions but {len(solution)} gold answers in `solution`; "
+            "they must pair one to one."
+        )
+    return [completion_text(c) for c in completions], [gold_text(g) for g in solution]
