@@ -18,3 +18,31 @@ def test_trainer_and_config_load_on_first_access():
     assert stapo_trl.STAPOConfig is STAPOConfig
     assert stapo_trl.STAPOTrainer is STAPOTrainer
     assert set(stapo_trl.__all__) >= {"STAPOConfig", "STAPOTrainer", "spurious_token_mask", "token_logprob_entropy"}
+
+
+def test_rewards_import_without_trl_or_math_verify():
+    """math-verify runs in child processes, so importing the rewards loads neither it nor sympy into the trainer."""
+    code = (
+        "import sys, stapo_trl.rewards as r; r.get_reward_func('dapo'); "
+        "loaded = {'trl', 'math_verify', 'sympy'} & set(sys.modules); assert not loaded, loaded"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_wheel_ships_the_samples_and_the_math_verify_worker(tmp_path):
+    import zipfile
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(root)],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    (wheel,) = tmp_path.glob("stapo_trl-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    samples = {"dapo_math_17k", "aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench"}
+    assert {f"stapo_trl/data/samples/{name}.jsonl" for name in samples} <= names
+    assert "stapo_trl/rewards/_math_verify_worker.py" in names

@@ -1,0 +1,194 @@
+"""The six evaluation benchmarks of the STAPO paper, each normalized to `id`, `problem`, `answer`."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from datasets import Dataset
+
+from ..rewards.text import gold_text
+from .prompts import PROMPT_STYLES, build_prompt
+from .sources import ROW_FEATURES, DatasetSchemaError, load_source
+
+
+@dataclass(frozen=True)
+class BenchmarkSpec:
+    """Where a benchmark lives on the Hub and which of its fields hold the problem, answer and id.
+
+    Field lists are tried in order, so a local copy or a mirror with `question` instead of `problem` also loads.
+    `samples_per_problem` is the N of the paper's avg@N (DESIGN §1.2: 32 for AIME and AMC, 4 for the rest).
+    """
+
+    name: str
+    title: str
+    hub_id: str
+    split: str
+    problem_fields: tuple[str, ...]
+    answer_fields: tuple[str, ...]
+    id_fields: tuple[str, ...] = ("id",)
+    context_fields: tuple[str, ...] = ()
+    samples_per_problem: int = 4
+    aliases: tuple[str, ...] = ()
+
+
+_SPECS = (
+    BenchmarkSpec(
+        name="aime24",
+        title="AIME 2024",
+        hub_id="HuggingFaceH4/aime_2024",
+        split="train",
+        problem_fields=("problem",),
+        answer_fields=("answer",),
+        samples_per_problem=32,
+        aliases=("aime2024", "aime_2024"),
+    ),
+    BenchmarkSpec(
+        name="aime25",
+        title="AIME 2025",
+        hub_id="math-ai/aime25",
+        split="test",
+        problem_fields=("problem",),
+        answer_fields=("answer",),
+        samples_per_problem=32,
+        aliases=("aime2025", "aime_2025"),
+    ),
+    BenchmarkSpec(
+        name="amc23",
+        title="AMC 2023",
+        hub_id="math-ai/amc23",
+        split="test",
+        problem_fields=("question", "problem"),
+        answer_fields=("answer",),
+        samples_per_problem=32,
+        aliases=("amc", "amc2023"),
+    ),
+    BenchmarkSpec(
+        name="math500",
+        title="MATH-500",
+        hub_id="HuggingFaceH4/MATH-500",
+        split="test",
+        problem_fields=("problem",),
+        answer_fields=("answer",),
+        id_fields=("unique_id", "id"),
+        aliases=("math-500", "math_500"),
+    ),
+    BenchmarkSpec(
+        name="minerva",
+        title="Minerva Math",
+        hub_id="math-ai/minervamath",
+        split="test",
+        problem_fields=("question", "problem"),
+        answer_fields=("answer",),
+        aliases=("minervamath", "minerva_math"),
+    ),
+    BenchmarkSpec(
+        name="olympiadbench",
+        title="OlympiadBench",
+        hub_id="math-ai/olympiadbench",
+        split="test",
+        problem_fields=("question", "problem"),
+        answer_fields=("final_answer", "answer"),
+        context_fields=("context",),
+        aliases=("olympiad", "olympiad_bench"),
+    ),
+)
+BENCHMARKS: dict[str, BenchmarkSpec] = {spec.name: spec for spec in _SPECS}
+
+_ALIASES = {alias: name for name, spec in BENCHMARKS.items() for alias in (name, *spec.aliases)}
+_INLINE_MATH = re.compile(r"^\$+([^$]*)\$+$")
+_INTEGER = re.compile(r"^[+-]?\d+$")
+
+
+def benchmark_spec(name: str) -> BenchmarkSpec:
+    """The spec for a benchmark name or alias (case-insensitive)."""
+    key = _ALIASES.get(name.lower().strip())
+    if key is None:
+        raise ValueError(f"Unknown benchmark {name!r}; choose one of {sorted(BENCHMARKS)}.")
+    return BENCHMARKS[key]
+
+
+def _strip_inline_math(text: str) -> str:
+    match = _INLINE_MATH.match(text.strip())
+    return match.group(1).strip() if match else text.strip()
+
+
+def benchmark_answer(value: Any) -> str | None:
+    """A gold answer as the rewards expect it: `$...$` removed, integers without leading zeros ("033" -> "33"),
+    integral floats without ".0" (27.0 -> "27"), and lists (OlympiadBench) joined with ", "."""
+    if isinstance(value, (list, tuple)):
+        parts = [benchmark_answer(part) for part in value]
+        parts = [part for part in parts if part]
+        return ", ".join(parts) if parts else None
+    text = gold_text(value)
+    if text is None:
+        return None
+    text = _strip_inline_math(text)
+    if _INTEGER.match(text):
+        text = str(int(text))
+    return text or None
+
+
+def _first_field(spec: BenchmarkSpec, columns: list[str], candidates: tuple[str, ...], what: str, label: str) -> str:
+    for name in candidates:
+        if name in columns:
+            return name
+    raise DatasetSchemaError(
+        f"{label} has no {what} field. Expected one of {list(candidates)} (and {what} fields of {spec.hub_id}); "
+        f"found {columns}."
+    )
+
+
+def load_benchmark(
+    name: str,
+    source: str | Path | None = None,
+    *,
+    split: str | None = None,
+    config_name: str | None = None,
+    prompt_style: str = "boxed",
+    system_prompt: str | None = None,
+) -> Dataset:
+    """One of aime24, aime25, amc23, math500, minerva, olympiadbench as rows `id`, `problem`, `answer`,
+    `solution` (the gold answer again, for the rewards), a conversational `prompt`, and `data_source`.
+
+    `source` overrides the Hub id: another Hub id (for example `yentinglin/aime_2025` with `split="train"`), a local
+    file or dataset directory, or `"sample"` for the few original problems shipped with stapo-trl. Rows without a
+    usable answer are an error, not silently dropped.
+    """
+    spec = benchmark_spec(name)
+    if prompt_style not in PROMPT_STYLES:
+        raise ValueError(f"Unknown prompt_style {prompt_style!r}; choose one of {PROMPT_STYLES}.")
+    source = spec.hub_id if source is None else source
+    label = f"{spec.title} source {str(source)!r}"
+    raw = load_source(source, split=split or spec.split, label=label, config_name=config_name, sample=spec.name)
+    columns = raw.column_names
+    problem_field = _first_field(spec, columns, spec.problem_fields, "problem", label)
+    answer_field = _first_field(spec, columns, spec.answer_fields, "answer", label)
+    id_field = next((field for field in spec.id_fields if field in columns), None)
+    context_field = next((field for field in spec.context_fields if field in columns), None)
+
+    def normalize(row: dict, index: int) -> dict:
+        problem = (row[problem_field] or "").strip()
+        context = (row[context_field] or "").strip() if context_field else ""
+        if context:
+            problem = f"{context}\n\n{problem}"
+        answer = benchmark_answer(row[answer_field])
+        if answer is None:
+            raise DatasetSchemaError(
+                f"{label}: row {index} has no usable answer in {answer_field!r}: {row[answer_field]!r}."
+            )
+        row_id = row[id_field] if id_field else None
+        return {
+            "id": str(row_id) if row_id is not None else f"{spec.name}-{index}",
+            "problem": problem,
+            "answer": answer,
+            "solution": answer,
+            "prompt": build_prompt(problem, prompt_style, system_prompt),
+            "data_source": spec.name,
+        }
+
+    return raw.map(
+        normalize, with_indices=True, remove_columns=columns, features=ROW_FEATURES, desc=f"Formatting {spec.title}"
+    )

@@ -1,0 +1,219 @@
+"""DAPO-Math-17K for TRL: schema detection, problem-level dedupe, and the `dapo` or `boxed` prompt."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, overload
+
+from datasets import Dataset
+
+from ..rewards.text import gold_text
+from .prompts import PROMPT_STYLES, build_prompt, extract_problem
+from .sources import ROW_FEATURES, DatasetSchemaError, load_source
+
+logger = logging.getLogger(__name__)
+
+DAPO_MATH_HUB_ID = "BytedTsinghua-SIA/DAPO-Math-17k"
+OPEN_R1_HUB_ID = "open-r1/DAPO-Math-17k-Processed"
+
+_VERL_SCHEMA = (
+    "verl RL schema (prompt: list of chat messages, reward_model.ground_truth, data_source, extra_info.index)"
+)
+_OPEN_R1_SCHEMA = "open-r1 processed schema (prompt: str, solution: str)"
+
+
+@dataclass(frozen=True)
+class DedupReport:
+    """What deduplication did to a DAPO-Math-17K source."""
+
+    rows_before: int
+    rows_after: int
+    rows_without_answer: int = 0
+    conflicting_problems: int = 0
+
+    @property
+    def duplicate_rows(self) -> int:
+        return self.rows_before - self.rows_without_answer - self.rows_after
+
+    def __str__(self) -> str:
+        text = (
+            f"{self.rows_before:,} rows -> {self.rows_after:,} unique problems "
+            f"({self.duplicate_rows:,} duplicate rows removed"
+        )
+        if self.rows_without_answer:
+            text += f", {self.rows_without_answer:,} rows without a gold answer dropped"
+        if self.conflicting_problems:
+            text += f"; {self.conflicting_problems:,} problems had conflicting gold answers, the first was kept"
+        return text + ")"
+
+
+def _detect_schema(dataset: Dataset, label: str) -> str:
+    if len(dataset) == 0:
+        raise DatasetSchemaError(f"{label} has no rows.")
+    columns = dataset.column_names
+    prompt = dataset[0].get("prompt")
+    if "prompt" in columns and "reward_model" in columns and isinstance(prompt, list):
+        return "verl"
+    if "prompt" in columns and "solution" in columns and isinstance(prompt, str):
+        return "open-r1"
+    raise DatasetSchemaError(
+        f"{label} matches no known DAPO-Math-17K schema. Expected the {_VERL_SCHEMA} or the {_OPEN_R1_SCHEMA}; "
+        f"found fields {columns}"
+        + (f" with prompt of type {type(prompt).__name__}" if "prompt" in columns else "")
+        + "."
+    )
+
+
+def _user_text(messages: Any) -> str:
+    if not isinstance(messages, list) or not messages:
+        return ""
+    users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+    chosen = (users or messages)[-1]
+    content = chosen.get("content") if isinstance(chosen, dict) else None
+    return content if isinstance(content, str) else ""
+
+
+def _normalize_rows(batch: dict[str, list], indices: list[int], *, schema: str, style: str, system_prompt: str | None):
+    out: dict[str, list] = {name: [] for name in ROW_FEATURES}
+    for offset, index in enumerate(indices):
+        if schema == "verl":
+            original = _user_text(batch["prompt"][offset])
+            reward_model = batch["reward_model"][offset] or {}
+            gold = gold_text(reward_model.get("ground_truth"))
+        else:
+            original = batch["prompt"][offset] or ""
+            gold = gold_text(batch["solution"][offset])
+        extra_info = batch["extra_info"][offset] if "extra_info" in batch else None
+        row_id = extra_info.get("index") if isinstance(extra_info, dict) else None
+        problem = extract_problem(original)
+        out["id"].append(str(row_id) if row_id is not None else str(index))
+        out["problem"].append(problem)
+        out["answer"].append(gold)
+        out["solution"].append(gold)
+        out["prompt"].append(build_prompt(problem, style, system_prompt, original=original))
+        source = batch["data_source"][offset] if "data_source" in batch else None
+        out["data_source"].append(source or "math_dapo")
+    return out
+
+
+def dedupe_by_problem(dataset: Dataset) -> tuple[Dataset, DedupReport]:
+    """Keep the first row of each problem (whitespace-insensitive) and drop rows without a gold answer.
+
+    DAPO-Math-17K's published file repeats each of its ~17.4k problems about 100 times; a few problems appear with
+    different gold answers, which are counted in the report and resolved by keeping the first.
+    """
+    problems = list(dataset["problem"])
+    answers = list(dataset["answer"])
+    first_row: dict[str, int] = {}
+    keep: list[int] = []
+    conflicts: set[str] = set()
+    without_answer = 0
+    for row, (problem, answer) in enumerate(zip(problems, answers, strict=True)):
+        if answer is None:
+            without_answer += 1
+            continue
+        key = " ".join(problem.split())
+        seen = first_row.get(key)
+        if seen is None:
+            first_row[key] = row
+            keep.append(row)
+        elif answers[seen] != answer:
+            conflicts.add(key)
+    report = DedupReport(
+        rows_before=len(dataset),
+        rows_after=len(keep),
+        rows_without_answer=without_answer,
+        conflicting_problems=len(conflicts),
+    )
+    return dataset.select(keep), report
+
+
+@overload
+def load_dapo_math(
+    source: str | Path = ...,
+    *,
+    split: str = ...,
+    config_name: str | None = ...,
+    prompt_style: str = ...,
+    system_prompt: str | None = ...,
+    dedupe: bool = ...,
+    num_proc: int | None = ...,
+    return_report: Literal[False] = ...,
+) -> Dataset: ...
+
+
+@overload
+def load_dapo_math(
+    source: str | Path = ...,
+    *,
+    split: str = ...,
+    config_name: str | None = ...,
+    prompt_style: str = ...,
+    system_prompt: str | None = ...,
+    dedupe: bool = ...,
+    num_proc: int | None = ...,
+    return_report: Literal[True],
+) -> tuple[Dataset, DedupReport]: ...
+
+
+def load_dapo_math(
+    source: str | Path = DAPO_MATH_HUB_ID,
+    *,
+    split: str = "train",
+    config_name: str | None = None,
+    prompt_style: str = "dapo",
+    system_prompt: str | None = None,
+    dedupe: bool = True,
+    num_proc: int | None = None,
+    return_report: bool = False,
+):
+    """DAPO-Math-17K as TRL-ready rows: `id`, `problem`, `answer`, `solution` (the gold answer the rewards read),
+    a conversational `prompt`, and `data_source`.
+
+    Args:
+        source: `BytedTsinghua-SIA/DAPO-Math-17k` (default), `open-r1/DAPO-Math-17k-Processed`, a local parquet,
+            jsonl or json file or dataset directory in either schema, or `"sample"` for the copy shipped with
+            stapo-trl (original problems, duplicates included).
+        split: the split to load.
+        config_name: Hub config; `open-r1/DAPO-Math-17k-Processed` defaults to `"all"` (others: `"en"`, `"cn"`).
+        prompt_style: `"dapo"` keeps the dataset's "Answer: $Answer" instruction as is; `"boxed"` asks for the final
+            answer in `\\boxed{}` after the bare problem.
+        system_prompt: optional system message put before the user turn.
+        dedupe: keep one row per problem; the before/after counts are logged and returned with `return_report`.
+        num_proc: processes for the row conversion.
+        return_report: also return the `DedupReport`.
+    """
+    if prompt_style not in PROMPT_STYLES:
+        raise ValueError(f"Unknown prompt_style {prompt_style!r}; choose one of {PROMPT_STYLES}.")
+    if config_name is None and str(source) == OPEN_R1_HUB_ID:
+        config_name = "all"
+    label = f"DAPO-Math-17K source {str(source)!r}"
+    raw = load_source(source, split=split, label=label, config_name=config_name, sample="dapo_math_17k")
+    schema = _detect_schema(raw, label)
+    dataset = raw.map(
+        _normalize_rows,
+        batched=True,
+        with_indices=True,
+        remove_columns=raw.column_names,
+        features=ROW_FEATURES,
+        fn_kwargs={"schema": schema, "style": prompt_style, "system_prompt": system_prompt},
+        num_proc=num_proc,
+        desc="Formatting DAPO-Math-17K",
+    )
+    if dedupe:
+        dataset, report = dedupe_by_problem(dataset)
+    else:
+        missing = sum(answer is None for answer in dataset["answer"])
+        if missing:
+            dataset = dataset.filter(lambda row: row["answer"] is not None, desc="Dropping rows without an answer")
+        report = DedupReport(rows_before=len(raw), rows_after=len(dataset), rows_without_answer=missing)
+    logger.info("%s: %s", label, report)
+    if report.conflicting_problems:
+        logger.warning(
+            "%s: %d problems appear with different gold answers; the first answer of each was kept.",
+            label,
+            report.conflicting_problems,
+        )
+    return (dataset, report) if return_report else dataset

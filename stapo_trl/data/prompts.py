@@ -1,0 +1,61 @@
+"""Prompt styles for math RL: DAPO's `Answer:` instruction and the `\\boxed{}` instruction of STAPO and JustRL."""
+
+from __future__ import annotations
+
+import re
+
+DAPO_PREFIX = (
+    "Solve the following math problem step by step. The last line of your response should be of the form "
+    "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
+)
+DAPO_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
+"""DAPO-Math-17K wraps every problem as DAPO_PREFIX + problem + DAPO_SUFFIX."""
+
+BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+"""The instruction appended to the bare problem in the `boxed` style, as in STAPO's and JustRL's training prompts."""
+
+PROMPT_STYLES = ("dapo", "boxed")
+
+_DAPO_PREFIX_PATTERN = re.compile(
+    r"^\s*Solve the following math problem step by step\..*?where \$Answer is the answer to the problem\.\s*",
+    re.DOTALL,
+)
+_DAPO_SUFFIX_PATTERN = re.compile(r'\s*Remember to put your answer on its own line after "Answer:"\.?\s*$')
+
+
+def is_dapo_wrapped(text: str) -> bool:
+    """Whether `text` carries DAPO's instruction before and after the problem."""
+    return bool(_DAPO_PREFIX_PATTERN.search(text)) and bool(_DAPO_SUFFIX_PATTERN.search(text))
+
+
+def extract_problem(text: str) -> str:
+    """The bare problem inside a DAPO-wrapped prompt; text without the wrapper is returned stripped."""
+    text = _DAPO_PREFIX_PATTERN.sub("", text, count=1)
+    text = _DAPO_SUFFIX_PATTERN.sub("", text, count=1)
+    return text.strip()
+
+
+def user_message(problem: str, style: str, original: str | None = None) -> str:
+    """The user turn for `problem` in a prompt style.
+
+    `dapo` keeps `original` as is when it already carries DAPO's instruction, and wraps the problem otherwise;
+    `boxed` appends `BOXED_INSTRUCTION` to the bare problem.
+    """
+    if style == "dapo":
+        if original is not None and is_dapo_wrapped(original):
+            return original
+        return f"{DAPO_PREFIX}{problem}{DAPO_SUFFIX}"
+    if style == "boxed":
+        return f"{problem}\n\n{BOXED_INSTRUCTION}"
+    raise ValueError(f"Unknown prompt_style {style!r}; choose one of {PROMPT_STYLES}.")
+
+
+def build_prompt(
+    problem: str, style: str, system_prompt: str | None = None, original: str | None = None
+) -> list[dict]:
+    """TRL's conversational prompt: an optional system message and the user message."""
+    messages = []
+    if system_prompt:
+        messages.append({"role": "system", "content": system_prompt})
+    messages.append({"role": "user", "content": user_message(problem, style, original)})
+    return messages

@@ -1,0 +1,91 @@
+"""Loading a dataset from the Hub, from a local file or directory, or from the samples shipped with stapo-trl."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+from datasets import Dataset, DatasetDict, Features, List, Value, load_dataset, load_from_disk
+
+logger = logging.getLogger(__name__)
+
+SAMPLES_DIR = Path(__file__).with_name("samples")
+SAMPLE = "sample"
+"""Pass `source="sample"` to load the small sample shipped with stapo-trl instead of the Hub dataset."""
+
+ROW_FEATURES = Features(
+    {
+        "id": Value("string"),
+        "problem": Value("string"),
+        "answer": Value("string"),
+        "solution": Value("string"),
+        "prompt": List({"content": Value("string"), "role": Value("string")}),
+        "data_source": Value("string"),
+    }
+)
+"""The columns every stapo-trl loader returns; `solution` repeats `answer` because TRL rewards read `solution`."""
+
+_FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv", ".arrow": "arrow"}
+
+
+class DatasetSchemaError(ValueError):
+    """A dataset lacks the fields a loader needs."""
+
+
+def sample_path(name: str) -> Path:
+    """Path of a shipped sample file, for example `sample_path("dapo_math_17k")`."""
+    path = SAMPLES_DIR / f"{name}.jsonl"
+    if not path.is_file():
+        known = sorted(p.stem for p in SAMPLES_DIR.glob("*.jsonl"))
+        raise FileNotFoundError(f"No shipped sample named {name!r}; the samples are {known}.")
+    return path
+
+
+def _pick_split(loaded: Dataset | DatasetDict, split: str, label: str, *, local: bool) -> Dataset:
+    if isinstance(loaded, Dataset):
+        return loaded
+    if split in loaded:
+        return loaded[split]
+    if local and len(loaded) == 1:
+        only = next(iter(loaded))
+        logger.info("%s: the local data has only the split %r; using it for %r.", label, only, split)
+        return loaded[only]
+    raise ValueError(f"{label}: no split {split!r}; the data has splits {sorted(loaded)}. Pass split=... to choose.")
+
+
+def load_source(
+    source: str | Path, *, split: str, label: str, config_name: str | None = None, sample: str | None = None
+) -> Dataset:
+    """Load one split of `source`: a Hub id, a local parquet/jsonl/json/csv/arrow file, a directory written by
+    `save_to_disk`, a directory of data files, or `"sample"` for the shipped sample named `sample`.
+
+    Local files go through `load_dataset(builder, data_files={split: path})`, the same path as the Hub's data files.
+    """
+    if str(source) == SAMPLE:
+        if sample is None:
+            raise ValueError(f"{label} has no shipped sample.")
+        source = sample_path(sample)
+    path = Path(source).expanduser()
+    if path.is_file():
+        builder = _FILE_BUILDERS.get(path.suffix.lower())
+        if builder is None:
+            raise ValueError(f"{label}: cannot read {path}; use a {', '.join(sorted(_FILE_BUILDERS))} file.")
+        return _pick_split(load_dataset(builder, data_files={split: str(path)}), split, label, local=True)
+    if path.is_dir():
+        if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
+            return _pick_split(load_from_disk(str(path)), split, label, local=True)
+        return _pick_split(load_dataset(str(path), name=config_name), split, label, local=True)
+    if str(source).startswith((".", "/", "~")) or path.suffix.lower() in _FILE_BUILDERS:
+        raise FileNotFoundError(f"{label}: no such file or directory: {path}")
+    return _pick_split(load_dataset(str(source), name=config_name, split=split), split, label, local=False)
+
+
+def require_columns(dataset: Dataset, label: str, required: Iterable[str], expected: str | None = None) -> None:
+    """Raise `DatasetSchemaError` naming the dataset, the expected fields and the fields found."""
+    missing = [name for name in required if name not in dataset.column_names]
+    if missing:
+        raise DatasetSchemaError(
+            f"{label} is missing field(s) {missing}. Expected {expected or sorted(required)}; "
+            f"found {dataset.column_names}."
+        )
