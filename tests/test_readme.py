@@ -21,6 +21,15 @@ def test_mask_snippet_prints_its_documented_output():
     assert output.getvalue().strip() == expected
 
 
+def test_data_and_rewards_snippet_prints_its_documented_output():
+    (snippet,) = [block for block in python_blocks() if "load_dapo_math(" in block]
+    expected = [line.split("  # ", 1)[1] for line in snippet.splitlines() if line.startswith("print(")]
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+        exec(compile(snippet, "README.md", "exec"), {})
+    assert output.getvalue().strip().splitlines() == expected
+
+
 def test_ci_runs_the_readme_test_command():
     block = re.search(r"<!-- ci:test-command:start -->\n```bash\n(.*?)\n```", README.read_text(), re.DOTALL)
     assert block is not None

@@ -23,7 +23,11 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def build_tiny_qwen3(
-    tokenizer: PreTrainedTokenizerFast, seed: int = 0, hidden_size: int = 32, lm_head_std: float = 0.5
+    tokenizer: PreTrainedTokenizerFast,
+    seed: int = 0,
+    hidden_size: int = 32,
+    lm_head_std: float = 0.5,
+    max_position_embeddings: int = 128,
 ) -> Qwen3ForCausalLM:
     """A 2-layer Qwen3. ``lm_head_std`` widens the logits so that probabilities and entropies spread out as in a
     trained model (with the default init every distribution is nearly uniform)."""
@@ -36,7 +40,7 @@ def build_tiny_qwen3(
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=hidden_size // 4,
-        max_position_embeddings=128,
+        max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=False,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
