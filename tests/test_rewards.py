@@ -52,6 +52,8 @@ CASES = [
     ("dollar-wrapped-answer", r"Answer: $\frac{3}{4}$", r"\frac{3}{4}", 1, -1, 1),
     ("dollar-wrapped-box", r"so $\boxed{7}$", "7", -1, 1, 1),
     ("dollar-wrapped-gold", r"Answer: $2^{1009}$", "$2^{1009}$", 1, -1, 1),
+    ("bare-power-gold-read-whole", r"\boxed{2^{1009}}", "2^{1009}", -1, 1, 1),
+    ("bare-power-gold-is-not-its-base", r"\boxed{2}", "2^{1009}", -1, -1, 0),
     ("trailing-period-kept-by-dapo", "Answer: 42.", "42", -1, -1, 1),
     ("trailing-period-inside-math", "Answer: $42.$", "42", 1, -1, 1),
     ("trailing-period-after-box", r"\boxed{42}.", "42", -1, 1, 1),

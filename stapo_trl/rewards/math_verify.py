@@ -192,8 +192,9 @@ _SCORES = {"correct": 1.0, "incorrect": 0.0, "no_answer": 0.0}
 class MathVerifyReward:
     """1.0 when math-verify finds the completion's answer equivalent to the gold answer, else 0.0.
 
-    The gold answer is parsed first (wrapped in `\\boxed{}` unless it already has `$` or `\\boxed`), as TRL's
-    `accuracy_reward` does. What each outcome scores:
+    As in TRL's `accuracy_reward`, the gold answer is parsed first. It is wrapped in `\\boxed{}` unless it already
+    has `$` or `\\boxed`, so that a bare gold answer such as `2^{1009}` is read whole (unwrapped, math-verify reads it
+    as 2). What each outcome scores:
 
     - equivalent: 1.0; not equivalent, or no answer in the completion: 0.0;
     - gold answer missing or unparsable: None, so TRL leaves the sample out of this reward;
