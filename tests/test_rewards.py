@@ -185,6 +185,14 @@ class TestBadInput:
         with pytest.raises(ValueError, match="`solution` column"):
             RULES[rule](["Answer: 1"])
 
+    @pytest.mark.parametrize("rule", list(RULES))
+    def test_a_single_string_is_not_mistaken_for_a_list_of_gold_answers(self, rule):
+        with pytest.raises(TypeError, match="one gold answer per completion"):
+            RULES[rule](["Answer: 4"], solution="4")
+
+    def test_any_sized_sequence_of_gold_answers_works(self):
+        assert dapo_reward(("Answer: 4", "Answer: 5"), solution=("4", "4")) == [1.0, -1.0]
+
     def test_the_exact_rules_grade_a_huge_completion_in_constant_time(self):
         import time
 

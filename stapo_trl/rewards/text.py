@@ -107,10 +107,12 @@ def pair_up(completions: Sequence[Any], solution: Sequence[Any] | None, reward_n
             f"{reward_name} needs the gold answers in a `solution` column (one per completion); none was passed. "
             "Load data with stapo_trl.data.load_dapo_math or load_benchmark, which add that column."
         )
-    if isinstance(solution, (str, bytes)) or not isinstance(solution, Sequence):
+    if isinstance(solution, (str, bytes, dict)) or not hasattr(solution, "__len__"):
         raise TypeError(
-            f"{reward_name}: `solution` must be a list with one gold answer per completion, got {type(solution).__name__}."
+            f"{reward_name}: `solution` must be a list with one gold answer per completion, "
+            f"got {type(solution).__name__}."
         )
+    solution = list(solution)
     if len(solution) != len(completions):
         raise ValueError(
             f"{reward_name} got {len(completions)} completions but {len(solution)} gold answers in `solution`; "
