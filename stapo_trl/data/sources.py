@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from pathlib import Path
 
 from datasets import Dataset, DatasetDict, Features, List, Value, load_dataset, load_from_disk
@@ -79,13 +78,3 @@ def load_source(
     if str(source).startswith((".", "/", "~")) or path.suffix.lower() in _FILE_BUILDERS:
         raise FileNotFoundError(f"{label}: no such file or directory: {path}")
     return _pick_split(load_dataset(str(source), name=config_name, split=split), split, label, local=False)
-
-
-def require_columns(dataset: Dataset, label: str, required: Iterable[str], expected: str | None = None) -> None:
-    """Raise `DatasetSchemaError` naming the dataset, the expected fields and the fields found."""
-    missing = [name for name in required if name not in dataset.column_names]
-    if missing:
-        raise DatasetSchemaError(
-            f"{label} is missing field(s) {missing}. Expected {expected or sorted(required)}; "
-            f"found {dataset.column_names}."
-        )
