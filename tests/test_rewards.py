@@ -203,6 +203,21 @@ class TestBadInput:
         assert time.perf_counter() - start < 1.0
 
 
+@pytest.fixture
+def stand_in_worker(tmp_path, monkeypatch):
+    """Replace the math-verify child process with a script of the test's choosing, in a fresh pool closed after."""
+    from stapo_trl.rewards import math_verify as module
+
+    def install(source: str) -> None:
+        script = tmp_path / "stand_in_worker.py"
+        script.write_text(source)
+        monkeypatch.setattr(module, "_WORKER_SCRIPT", script)
+        monkeypatch.setattr(module, "_pool", None)
+
+    yield install
+    module._close_shared_pool()
+
+
 class TestMathVerifyBounds:
     def test_a_pathological_answer_returns_within_the_bound(self):
         import time
@@ -221,48 +236,38 @@ class TestMathVerifyBounds:
             futures = [pool.submit(reward, [r"\boxed{9^{9^{9^{9}}}}"], solution=["3"]) for _ in range(2)]
             assert [future.result(timeout=4 * reward.hard_timeout_seconds) for future in futures] == [[0.0], [0.0]]
 
-    def test_a_hung_worker_is_killed_and_replaced(self, tmp_path, monkeypatch):
+    def test_a_hung_worker_is_killed_and_replaced(self, stand_in_worker):
         """A worker that ignores its own alarm (say, stuck in C code) is killed at the hard deadline."""
         import time
 
-        from stapo_trl.rewards import math_verify as module
-
-        hung = tmp_path / "hung_worker.py"
-        hung.write_text(
+        stand_in_worker(
             "import json, signal, sys, time\n"
             "signal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
             "print(json.dumps({'ready': True}), flush=True)\n"
             "for line in sys.stdin:\n"
             "    time.sleep(3600)\n"
         )
-        monkeypatch.setattr(module, "_WORKER_SCRIPT", hung)
-        monkeypatch.setattr(module, "_pool", None)
         reward = MathVerifyReward(timeout_seconds=0.5)
         start = time.perf_counter()
         verdicts = reward.judge(["\\boxed{1}", "\\boxed{2}"], solution=["1", "2"])
         elapsed = time.perf_counter() - start
         assert [(v.verdict, v.stage) for v in verdicts] == [("timeout", "worker"), ("timeout", "worker")]
         assert elapsed < 2 * reward.hard_timeout_seconds + 5
-        module._close_shared_pool()
 
-    def test_errors_are_reported_not_scored_zero(self, tmp_path, monkeypatch):
-        from stapo_trl.rewards import math_verify as module
+    def test_errors_are_reported_not_scored_zero(self, stand_in_worker):
+        from stapo_trl.rewards.math_verify import MathVerifyError
 
-        failing = tmp_path / "failing_worker.py"
-        failing.write_text(
+        stand_in_worker(
             "import json, sys\n"
             "print(json.dumps({'ready': True}), flush=True)\n"
             "for line in sys.stdin:\n"
             "    print(json.dumps({'verdict': 'error', 'stage': 'verify', 'detail': 'RecursionError: boom'}), flush=True)\n"
         )
-        monkeypatch.setattr(module, "_WORKER_SCRIPT", failing)
-        monkeypatch.setattr(module, "_pool", None)
         metrics = {}
         assert MathVerifyReward()(["x"], solution=["1"], log_metric=metrics.__setitem__) == [None]
         assert metrics["math_verify/error_fraction"] == 1.0
-        with pytest.raises(module.MathVerifyError, match="RecursionError: boom"):
+        with pytest.raises(MathVerifyError, match="RecursionError: boom"):
             MathVerifyReward(on_error="raise")(["x"], solution=["1"])
-        module._close_shared_pool()
 
     def test_trainer_hooks_receive_metrics_and_extracted_answers(self):
         metrics, extra = {}, {}
