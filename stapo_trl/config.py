@@ -8,6 +8,8 @@ from trl import GRPOConfig
 
 TOKEN_STATS_SOURCES = ("generation", "loss")
 TOKEN_STATS_BACKENDS = ("auto", "trl", "torch", "liger")
+LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
+"""The loss aggregations of TRL 1.16's `GRPOTrainer`."""
 
 
 @dataclass
@@ -53,7 +55,8 @@ class STAPOConfig(GRPOConfig):
         default="dapo",
         metadata={
             "help": "Loss aggregation, as in `GRPOConfig.loss_type`. STAPO uses 'dapo': token-level, normalized by "
-            "the number of kept tokens in the global accumulated batch."
+            "the number of kept tokens in the global accumulated batch.",
+            "choices": list(LOSS_TYPES),
         },
     )
 
@@ -114,6 +117,9 @@ class STAPOConfig(GRPOConfig):
                 "CUDA when it is installed). For Hub layer kernels use model_init_kwargs={'use_kernels': True}."
             )
         super().__post_init__()
+
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}. STAPO uses 'dapo'.")
 
         if not 0.0 < self.prob_threshold <= 1.0:
             raise ValueError(

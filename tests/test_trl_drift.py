@@ -4,6 +4,7 @@ A TRL upgrade that changes one of these must fail here, loudly and by name, befo
 """
 
 import inspect
+import re
 
 import pytest
 import torch
@@ -20,6 +21,16 @@ def test_trl_version_is_the_tested_range():
     assert Version("1.16") <= Version(trl.__version__) < Version("1.17"), (
         f"stapo-trl is tested with trl 1.16.x, found {trl.__version__}: rerun this suite before widening the pin."
     )
+
+
+def test_our_loss_type_choices_are_exactly_trls():
+    from stapo_trl.config import LOSS_TYPES
+
+    source = inspect.getsource(GRPOTrainer._compute_loss)
+    named = set(re.findall(r'self\.loss_type == "(\w+)"', source))
+    for group in re.findall(r"self\.loss_type in \[([^\]]+)\]", source):
+        named |= set(re.findall(r'"(\w+)"', group))
+    assert named == set(LOSS_TYPES)
 
 
 def test_get_per_token_logps_and_entropies_signature():
