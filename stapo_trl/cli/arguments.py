@@ -1,0 +1,121 @@
+"""`TrainScriptArguments`: what a recipe says beyond `STAPOConfig` and TRL's `ModelConfig`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..data.dapo_math import DAPO_MATH_HUB_ID
+from ..data.prompts import PROMPT_STYLES
+from ..methods import METHOD_NAMES
+
+
+@dataclass
+class TrainScriptArguments:
+    """
+    Arguments of `stapo-trl train` that are not training or model arguments.
+
+    Parameters:
+        method (`str`, *optional*, defaults to `"stapo"`):
+            The one switch between the methods of the paper's comparison: `stapo`, `grpo`, `20-entropy` or `justrl`.
+            It sets that method's defaults; keys written in the recipe or on the command line still override them.
+        dataset_name (`str`, *optional*, defaults to `"BytedTsinghua-SIA/DAPO-Math-17k"`):
+            DAPO-Math-17K as a Hub id or a local file or directory (verl or open-r1 schema), `sample` for the rows
+            shipped with stapo-trl, or `arithmetic` for the built-in generator of arithmetic word problems.
+        dataset_config (`str`, *optional*):
+            Hub config name (`open-r1/DAPO-Math-17k-Processed` defaults to `all`).
+        dataset_train_split (`str`, *optional*, defaults to `"train"`):
+            The split to train on.
+        prompt_style (`str`, *optional*, defaults to `"boxed"`):
+            `boxed` asks for the answer in `\\boxed{}` (STAPO, JustRL); `dapo` asks for an `Answer:` line (DAPO).
+        system_prompt (`str`, *optional*):
+            A system message put before every prompt.
+        dedupe (`bool`, *optional*, defaults to `True`):
+            Keep one row per problem (the Hub file of DAPO-Math-17K repeats each problem about 100 times).
+        max_prompt_tokens (`int`, *optional*):
+            Drop problems whose chat-formatted prompt is longer than this many tokens, as verl's
+            `filter_overlong_prompts` does (TRL 1.x has no `max_prompt_length`).
+        num_train_problems (`int`, *optional*):
+            For `arithmetic`, how many problems to generate; for other datasets, keep a random subset of this size.
+        heldout_problems (`int`, *optional*, defaults to `0`):
+            Problems kept out of training and scored with greedy decoding before and after training. Scored with the
+            first reward function; 0 turns the evaluation off.
+        heldout_max_new_tokens (`int`, *optional*):
+            Token budget of the greedy evaluation; defaults to `max_completion_length`.
+        reward_funcs (`list[str]`, *optional*, defaults to `["boxed"]`):
+            Reward functions, by registered name (`dapo`, `boxed`, `math_verify`, `think_format`) or dotted path.
+        dry_run (`bool`, *optional*, defaults to `False`):
+            Resolve the recipe, print the plan and exit without loading the model or the data.
+    """
+
+    method: str = field(
+        default="stapo",
+        metadata={
+            "help": "The method: stapo, grpo, 20-entropy or justrl. Sets that method's defaults; keys in the recipe "
+            "or on the command line override them.",
+            "choices": list(METHOD_NAMES),
+        },
+    )
+    dataset_name: str = field(
+        default=DAPO_MATH_HUB_ID,
+        metadata={
+            "help": "DAPO-Math-17K as a Hub id or local path (verl or open-r1 schema), 'sample' for the rows shipped "
+            "with stapo-trl, or 'arithmetic' for the built-in generator of arithmetic word problems."
+        },
+    )
+    dataset_config: str | None = field(default=None, metadata={"help": "Hub config name of the dataset."})
+    dataset_train_split: str = field(default="train", metadata={"help": "The split to train on."})
+    prompt_style: str = field(
+        default="boxed",
+        metadata={
+            "help": "'boxed': answer in \\boxed{} (STAPO, JustRL). 'dapo': an 'Answer:' line (DAPO).",
+            "choices": list(PROMPT_STYLES),
+        },
+    )
+    system_prompt: str | None = field(default=None, metadata={"help": "A system message put before every prompt."})
+    dedupe: bool = field(default=True, metadata={"help": "Keep one row per problem of DAPO-Math-17K."})
+    max_prompt_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "Drop problems whose chat-formatted prompt is longer than this many tokens (verl's "
+            "filter_overlong_prompts; TRL 1.x has no max_prompt_length)."
+        },
+    )
+    num_train_problems: int | None = field(
+        default=None,
+        metadata={
+            "help": "For 'arithmetic': how many problems to generate. Otherwise: train on a random subset of this "
+            "size."
+        },
+    )
+    heldout_problems: int = field(
+        default=0,
+        metadata={
+            "help": "Problems kept out of training and scored with greedy decoding (first reward function) before "
+            "and after training. 0 turns this off."
+        },
+    )
+    heldout_max_new_tokens: int | None = field(
+        default=None,
+        metadata={"help": "Token budget of the held-out greedy evaluation; defaults to max_completion_length."},
+    )
+    reward_funcs: list[str] = field(
+        default_factory=lambda: ["boxed"],
+        metadata={
+            "help": "Reward functions by registered name (dapo, boxed, math_verify, think_format) or dotted path "
+            "(my_package.rewards.my_reward)."
+        },
+    )
+    dry_run: bool = field(
+        default=False,
+        metadata={"help": "Resolve the recipe, print the plan and exit without loading the model or the data."},
+    )
+
+    def __post_init__(self):
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
+            raise ValueError(f"max_prompt_tokens must be a positive number of tokens, got {self.max_prompt_tokens}.")
+        if self.num_train_problems is not None and self.num_train_problems < 1:
+            raise ValueError(f"num_train_problems must be at least 1, got {self.num_train_problems}.")
+        if self.heldout_problems < 0:
+            raise ValueError(f"heldout_problems must be 0 (off) or a positive count, got {self.heldout_problems}.")
+        if not self.reward_funcs:
+            raise ValueError("reward_funcs is empty: name at least one reward function, for example [boxed].")

@@ -1,0 +1,201 @@
+"""The batch arithmetic of a run at a given world size, and the plan that `stapo-trl train --dry_run` prints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How completions flow through one generation and its optimizer steps, across all processes.
+
+    A generation samples `completions_per_generation` completions (`num_generations` per prompt); they are split into
+    micro-batches of `per_device_train_batch_size` on each process, and every `gradient_accumulation_steps`
+    micro-batches make one optimizer step. TRL reuses a generation `num_iterations` times.
+    """
+
+    world_size: int
+    per_device_train_batch_size: int
+    gradient_accumulation_steps: int
+    steps_per_generation: int
+    num_generations: int
+    num_iterations: int
+
+    @property
+    def completions_per_step(self) -> int:
+        return self.per_device_train_batch_size * self.world_size * self.gradient_accumulation_steps
+
+    @property
+    def completions_per_generation(self) -> int:
+        return self.per_device_train_batch_size * self.world_size * self.steps_per_generation
+
+    @property
+    def prompts_per_generation(self) -> int:
+        return self.completions_per_generation // self.num_generations
+
+    @property
+    def prompts_per_step(self) -> Fraction:
+        return Fraction(self.completions_per_step, self.num_generations)
+
+    @property
+    def optimizer_steps_per_generation(self) -> Fraction:
+        return Fraction(self.steps_per_generation * self.num_iterations, self.gradient_accumulation_steps)
+
+
+def batch_plan(config: Any, *, world_size: int, generation_batch_size_given: bool) -> BatchPlan:
+    """The `BatchPlan` of a `GRPOConfig` run on `world_size` processes.
+
+    `config` may have been built in a process of another size (a dry run on a laptop for an 8-GPU node), so its
+    derived `steps_per_generation` is recomputed here: from `generation_batch_size` when the recipe gave that, and
+    taken as given otherwise. Raises `ValueError` when the sizes do not divide, naming the values to change.
+    """
+    if world_size < 1:
+        raise ValueError(f"The world size must be at least 1 process, got {world_size}.")
+    per_device = config.per_device_train_batch_size
+    global_micro_batch = per_device * world_size
+    if generation_batch_size_given:
+        generation_batch_size = config.generation_batch_size
+        if generation_batch_size % global_micro_batch != 0:
+            raise ValueError(
+                f"generation_batch_size ({generation_batch_size}) must be divisible by per_device_train_batch_size "
+                f"x world size ({per_device} x {world_size} = {global_micro_batch}). Change generation_batch_size, "
+                "or set steps_per_generation instead."
+            )
+        steps_per_generation = generation_batch_size // global_micro_batch
+    else:
+        steps_per_generation = config.steps_per_generation
+    plan = BatchPlan(
+        world_size=world_size,
+        per_device_train_batch_size=per_device,
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        steps_per_generation=steps_per_generation,
+        num_generations=config.num_generations,
+        num_iterations=config.num_iterations,
+    )
+    if plan.completions_per_generation % plan.num_generations != 0:
+        raise ValueError(
+            f"The completions per generation, per_device_train_batch_size x world size x steps_per_generation = "
+            f"{per_device} x {world_size} x {steps_per_generation} = {plan.completions_per_generation}, must be "
+            f"divisible by num_generations ({plan.num_generations}), so that every prompt's completions are "
+            "generated together. Change one of these."
+        )
+    if getattr(config, "use_s2t_mask", False) and steps_per_generation % plan.gradient_accumulation_steps != 0:
+        raise ValueError(
+            f"With the S2T mask, steps_per_generation ({steps_per_generation} at {world_size} processes) must be a "
+            f"multiple of gradient_accumulation_steps ({plan.gradient_accumulation_steps}): the entropy pool is one "
+            "optimizer step, so a step's micro-batches must come from one generation."
+        )
+    return plan
+
+
+def _number(value: Fraction | int) -> str:
+    if isinstance(value, Fraction) and value.denominator != 1:
+        return f"{value} (= {float(value):.3g}; not a whole number)"
+    return str(int(value))
+
+
+def describe_model(model_args: Any, training: Any) -> str:
+    from ..gguf import is_gguf_reference
+
+    name = model_args.model_name_or_path or "(none: set model_name_or_path)"
+    details = [f"dtype {model_args.dtype or 'auto'}"]
+    if is_gguf_reference(name):
+        details.insert(0, "GGUF, converted once to a cached safetensors checkpoint")
+    if model_args.use_peft:
+        targets = ",".join(model_args.lora_target_modules or ["PEFT defaults"])
+        details.append(f"LoRA r={model_args.lora_r} alpha={model_args.lora_alpha} on {targets}")
+    else:
+        details.append("full fine-tuning")
+    if training.gradient_checkpointing:
+        details.append("gradient checkpointing")
+    return f"{name} ({', '.join(details)})"
+
+
+def describe_token_rule(training: Any) -> str:
+    if training.use_s2t_mask:
+        return (
+            f"S2T on: prob_threshold {training.prob_threshold}, entropy_quantile {training.entropy_quantile}, "
+            f"statistics from the {training.token_stats_source} policy, backend {training.token_stats_backend}"
+        )
+    if training.top_entropy_quantile < 1.0:
+        return f"S2T off; TRL's top_entropy_quantile {training.top_entropy_quantile} (20-Entropy)"
+    return "S2T off (no token mask)"
+
+
+def format_plan(request: Any) -> str:
+    """The dry-run plan: method, model, data, rewards, token rule, loss, generation, world size and batch arithmetic."""
+    from ..methods import method_preset
+
+    script, training, model, plan = request.script, request.training, request.model, request.plan
+    preset = method_preset(script.method)
+    data = f"{script.dataset_name} (split {script.dataset_train_split}, prompt style {script.prompt_style}"
+    if script.max_prompt_tokens:
+        data += f", prompts over {script.max_prompt_tokens} tokens dropped"
+    if script.num_train_problems:
+        data += f", {script.num_train_problems} problems"
+    if script.heldout_problems:
+        data += f", {script.heldout_problems} held out for greedy accuracy before and after"
+    data += ")"
+    warmup = training.warmup_steps
+    warmup_text = f", {int(warmup) if warmup >= 1 else warmup} warm-up steps" if warmup else ""
+    scheduler = training.lr_scheduler_type
+    loss = (
+        f"{training.loss_type}, epsilon {training.epsilon}/{training.epsilon_high}, beta {training.beta}"
+        + (f", dual-clip delta {training.delta}" if training.delta is not None else "")
+        + f", lr {training.learning_rate:g} {getattr(scheduler, 'value', scheduler)}{warmup_text}, grad clip "
+        f"{training.max_grad_norm}, weight decay {training.weight_decay}"
+    )
+    if training.use_vllm:
+        engine = f"vLLM {training.vllm_mode}"
+        if training.vllm_mode == "colocate":
+            engine += (
+                f" (tensor parallel {training.vllm_tensor_parallel_size}, gpu memory "
+                f"{training.vllm_gpu_memory_utilization})"
+            )
+    else:
+        engine = "transformers generate"
+    generation = (
+        f"{engine}, temperature {training.temperature}, top_p {training.top_p}, max completion "
+        f"{training.max_completion_length} tokens"
+    )
+    precision = "bf16" if training.bf16 else "fp16" if training.fp16 else "fp32"
+    stop = f"{training.max_steps} optimizer steps" if training.max_steps > 0 else f"{training.num_train_epochs} epochs"
+    rows = [
+        ("recipe", str(request.recipe_path) if request.recipe_path else "(command line only)"),
+        ("method", f"{preset.name}: {preset.summary}"),
+        ("model", describe_model(model, training)),
+        ("dataset", data),
+        ("rewards", ", ".join(script.reward_funcs)),
+        ("token rule", describe_token_rule(training)),
+        ("loss", loss),
+        ("generation", generation),
+        ("precision", f"{precision}{', CPU' if training.use_cpu else ''}"),
+        ("world size", f"{plan.world_size} ({request.world_size_source})"),
+        ("launch", "accelerate launch " + " ".join(request.launch_args) if request.launch_args else "this process"),
+        (
+            "per step",
+            f"{plan.per_device_train_batch_size} per device x {plan.world_size} processes x "
+            f"{plan.gradient_accumulation_steps} accumulation = {plan.completions_per_step} completions per optimizer "
+            f"step ({_number(plan.prompts_per_step)} prompts x {plan.num_generations})",
+        ),
+        (
+            "per generation",
+            f"{plan.per_device_train_batch_size} x {plan.world_size} x {plan.steps_per_generation} micro-batches = "
+            f"{plan.completions_per_generation} completions per generation ({plan.prompts_per_generation} prompts x "
+            f"{plan.num_generations})",
+        ),
+        (
+            "steps/generation",
+            f"{_number(plan.optimizer_steps_per_generation)} optimizer steps per generation"
+            + (f" (num_iterations {plan.num_iterations})" if plan.num_iterations != 1 else ""),
+        ),
+        ("stop after", stop),
+        ("output", f"{training.output_dir} (report_to {', '.join(training.report_to) or 'none'})"),
+    ]
+    width = max(len(label) for label, _ in rows)
+    lines = ["stapo-trl train: dry run, nothing loaded"]
+    lines += [f"  {label:<{width}}  {value}" for label, value in rows]
+    lines += [f"  note: {note}" for note in request.notes]
+    return "\n".join(lines)

@@ -1,0 +1,361 @@
+"""Reading a `stapo-trl train` recipe: YAML plus command-line overrides, checked before anything is loaded.
+
+Precedence, lowest first: `STAPOConfig`'s defaults, the selected method's preset (`stapo_trl.methods`), the recipe's
+keys, then command-line flags. The parser is TRL's `TrlParser` over `TrainScriptArguments`, `STAPOConfig` and TRL's
+`ModelConfig`. Keys that none of them defines are accepted only when they are `accelerate launch` options (as
+`trl grpo` hands them to accelerate) or `accelerate_config`; anything else fails with the closest valid name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..methods import method_preset
+from .arguments import TrainScriptArguments
+from .plan import BatchPlan, batch_plan
+
+STALE_KEYS = {
+    "max_prompt_length": "TRL 1.x removed it: GRPOTrainer no longer truncates prompts. Use max_prompt_tokens, which "
+    "drops longer prompts when the data is loaded (verl's filter_overlong_prompts)",
+    "torch_dtype": "TRL's ModelConfig calls it dtype now",
+    "vllm_device": "TRL 1.x removed it. vllm_mode: colocate runs vLLM on every training GPU; for server mode, start "
+    "`trl vllm-serve` on separate GPUs and set vllm_mode: server",
+    "vllm_guided_decoding_regex": "TRL 1.x renamed it vllm_structured_outputs_regex",
+    "wandb_log_unique_prompts": "TRL 1.x renamed it log_unique_prompts",
+    "use_s2t": "it is called use_s2t_mask",
+}
+ACCELERATE_CONFIG_KEY = "accelerate_config"
+RESERVED_KEYS = {"env"}
+
+
+class RecipeError(ValueError):
+    """A recipe or command line that cannot be run as written; the message says what to change."""
+
+
+@dataclass
+class TrainRequest:
+    """Everything `stapo-trl train` resolved from a recipe and the command line, before loading anything."""
+
+    script: TrainScriptArguments
+    training: Any
+    model: Any
+    recipe_path: Path | None
+    recipe: dict[str, Any]
+    given_keys: set[str]
+    launch_args: list[str]
+    cli_launch_tokens: list[str]
+    world_size: int
+    world_size_source: str
+    plan: BatchPlan
+    notes: list[str] = field(default_factory=list)
+
+
+def make_train_parser(prog: str = "stapo-trl train"):
+    """TRL's `TrlParser` over the three argument dataclasses of `stapo-trl train`."""
+    from trl import ModelConfig, TrlParser
+
+    from ..config import STAPOConfig
+
+    return TrlParser((TrainScriptArguments, STAPOConfig, ModelConfig), prog=prog)
+
+
+def _launch_parser() -> argparse.ArgumentParser:
+    from accelerate.commands.launch import launch_command_parser
+
+    return launch_command_parser()
+
+
+def _option_names(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return {
+        option.lstrip("-"): action
+        for action in parser._actions
+        for option in action.option_strings
+        if option.startswith("--")
+    }
+
+
+def _suggest(name: str, candidates) -> str:
+    matches = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return f" Did you mean {matches[0]!r}?" if matches else ""
+
+
+def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeError(f"Recipe not found: {path}. Pass the path of a YAML file, for example recipes/quickstart/.")
+    try:
+        recipe = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise RecipeError(f"{path} is not valid YAML: {error}") from None
+    if recipe is None:
+        return {}
+    if not isinstance(recipe, dict):
+        raise RecipeError(f"{path} must hold a YAML mapping of keys to values, not a {type(recipe).__name__}.")
+    return recipe
+
+
+def _split_config_flag(argv: list[str]) -> tuple[str | None, list[str]]:
+    rest, config = [], None
+    iterator = iter(argv)
+    for token in iterator:
+        if token == "--config":
+            config = next(iterator, None)
+            if config is None:
+                raise RecipeError("--config needs the path of a YAML recipe.")
+        elif token.startswith("--config="):
+            config = token.split("=", 1)[1]
+        else:
+            rest.append(token)
+    return config, rest
+
+
+def _flag_value(argv: list[str], name: str) -> str | None:
+    for index, token in enumerate(argv):
+        if token == f"--{name}" and index + 1 < len(argv):
+            return argv[index + 1]
+        if token.startswith(f"--{name}="):
+            return token.split("=", 1)[1]
+    return None
+
+
+def _given_flags(argv: list[str]) -> set[str]:
+    return {token[2:].split("=", 1)[0] for token in argv if token.startswith("--")}
+
+
+def _annotation(dataclass_types, name: str) -> str:
+    for dataclass_type in dataclass_types:
+        for item in fields(dataclass_type):
+            if item.name == name:
+                return item.type.__name__ if isinstance(item.type, type) else str(item.type)
+    return ""
+
+
+def _checked_value(key: str, value: Any, action: argparse.Action, annotation: str, where: str) -> Any:
+    """`value` converted to what the parser expects for `key`, or a `RecipeError` naming the key and its type."""
+    type_function = action.type
+    type_name = getattr(type_function, "__name__", "")
+    if value is None:
+        if "None" in annotation or action.default is None:
+            return None
+        raise RecipeError(f"{where}: {key} has no value; it needs a {annotation or type_name}.")
+    if action.nargs in ("+", "*"):
+        items = value if isinstance(value, list) else [value]
+        return [_checked_scalar(key, item, action, type_function, type_name, annotation, where) for item in items]
+    if isinstance(value, dict | list):
+        # Several TrainingArguments fields typed `str` also take a list or a dict (report_to, fsdp, *_kwargs).
+        if type_function is str or "dict" in annotation or "list" in annotation:
+            return value
+        raise RecipeError(f"{where}: {key} must be a single value ({annotation}), not a {type(value).__name__}.")
+    return _checked_scalar(key, value, action, type_function, type_name, annotation, where)
+
+
+def _checked_scalar(key, value, action, type_function, type_name, annotation, where):
+    def fail(reason: str) -> RecipeError:
+        return RecipeError(f"{where}: {key}: {reason} (got {value!r}; expected {annotation or type_name}).")
+
+    if type_name == "string_to_bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return type_function(value)
+            except (ValueError, argparse.ArgumentTypeError):
+                raise fail("not a boolean") from None
+        raise fail("not a boolean; write true or false")
+    if isinstance(value, bool) and annotation.split("|")[0].strip() in ("int", "float"):
+        raise fail("a boolean where a number is needed")
+    if type_function is int and isinstance(value, float) and not value.is_integer():
+        raise fail("not a whole number")
+    converted = value
+    if callable(type_function):
+        try:
+            converted = type_function(value if isinstance(value, str) else str(value))
+        except (TypeError, ValueError, argparse.ArgumentTypeError):
+            raise fail("wrong type") from None
+    if action.choices is not None and converted not in action.choices:
+        raise RecipeError(
+            f"{where}: {key} must be one of {list(action.choices)}, got {value!r}."
+            + _suggest(str(value), [str(choice) for choice in action.choices])
+        )
+    return converted
+
+
+def resolve_accelerate_config(name: str, recipe_path: Path | None) -> Path:
+    """An accelerate config named in a recipe: a path (from the working directory or the recipe's directory), a name
+    in an `accelerate/` directory beside the recipe or above it (`recipes/accelerate/zero3.yaml` for `zero3`), or a
+    name of the configs bundled with TRL (`zero1`, `zero2`, `zero3`, `fsdp1`, `fsdp2`, `multi_gpu`)."""
+    import importlib.resources as resources
+
+    candidates = [Path(name).expanduser()]
+    if recipe_path is not None:
+        recipe_dir = recipe_path.resolve().parent
+        candidates.append(recipe_dir / name)
+        stem = name if name.endswith((".yaml", ".yml")) else f"{name}.yaml"
+        candidates.extend(directory / "accelerate" / stem for directory in (recipe_dir, *recipe_dir.parents))
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    bundled = resources.files("trl.accelerate_configs").joinpath(f"{name}.yaml")
+    if bundled.is_file():
+        return Path(str(bundled))
+    raise RecipeError(
+        f"accelerate_config {name!r} is neither a file nor a known config. Give a path to an accelerate config, or "
+        "a name from recipes/accelerate/ (zero2, zero3, fsdp2) or from TRL (zero1, zero2, zero3, fsdp1, fsdp2, "
+        "multi_gpu)."
+    )
+
+
+def _launch_tokens(key: str, value: Any, action: argparse.Action) -> list[str]:
+    if action.nargs == 0:
+        return [f"--{key}"] if value else []
+    if isinstance(value, bool):
+        value = str(value).lower()
+    return [f"--{key}", str(value)]
+
+
+def _world_size(launch_args: list[str]) -> tuple[int, str]:
+    if is_launched() and os.environ.get("WORLD_SIZE"):
+        return int(os.environ["WORLD_SIZE"]), "from WORLD_SIZE of this launch"
+    parsed, _ = _launch_parser().parse_known_args([*launch_args, "placeholder_script.py"])
+    if parsed.num_processes is not None:
+        return int(parsed.num_processes), "from --num_processes"
+    if parsed.config_file:
+        config = yaml.safe_load(Path(parsed.config_file).read_text()) or {}
+        if config.get("num_processes"):
+            return int(config["num_processes"]), f"from num_processes in {parsed.config_file}"
+    return 1, "one process: no --num_processes given"
+
+
+def is_launched() -> bool:
+    """Whether this process was started by `accelerate launch`, `torchrun` or `stapo-trl train` itself."""
+    return any(os.environ.get(name) for name in ("STAPO_TRL_LAUNCHED", "LOCAL_RANK", "WORLD_SIZE"))
+
+
+def parse_train_args(argv: list[str]) -> TrainRequest:
+    """Resolve `stapo-trl train [--config RECIPE] [--key value ...]` without loading a model or data."""
+    from trl import ModelConfig
+
+    from ..config import STAPOConfig
+
+    config_arg, cli_args = _split_config_flag(list(argv))
+    recipe_path = Path(config_arg) if config_arg is not None else None
+    recipe = load_recipe(recipe_path) if recipe_path is not None else {}
+    where = str(recipe_path) if recipe_path is not None else "command line"
+
+    parser = make_train_parser()
+    dataclass_types = (TrainScriptArguments, STAPOConfig, ModelConfig)
+    actions = {action.dest: action for action in parser._actions if action.dest != "help"}
+    launch_actions = {name: action for name, action in _option_names(_launch_parser()).items() if name not in actions}
+
+    unknown = [key for key in recipe if key not in actions and key not in launch_actions]
+    unknown = [key for key in unknown if key not in RESERVED_KEYS and key != ACCELERATE_CONFIG_KEY]
+    if unknown:
+        lines = []
+        for key in unknown:
+            reason = STALE_KEYS.get(key)
+            lines.append(f"  {key}: " + (reason + "." if reason else "not a known key." + _suggest(key, actions)))
+        raise RecipeError(f"{where} has keys that stapo-trl train does not know:\n" + "\n".join(lines))
+
+    if "method" in recipe:
+        try:
+            recipe["method"] = method_preset(recipe["method"]).name
+        except ValueError as error:
+            raise RecipeError(f"{where}: {error}") from None
+    dataclass_values: dict[str, Any] = {}
+    launch_args: list[str] = []
+    for key, value in recipe.items():
+        if key in actions:
+            dataclass_values[key] = _checked_value(key, value, actions[key], _annotation(dataclass_types, key), where)
+        elif key == ACCELERATE_CONFIG_KEY:
+            launch_args += ["--config_file", str(resolve_accelerate_config(str(value), recipe_path))]
+        elif key in launch_actions:
+            launch_args += _launch_tokens(key, value, launch_actions[key])
+    env = recipe.get("env") or {}
+    if not isinstance(env, dict):
+        raise RecipeError(f"{where}: env must be a mapping of environment variables to values.")
+    for name, value in env.items():
+        os.environ[str(name)] = str(value)
+
+    method_name = _flag_value(cli_args, "method") or recipe.get("method") or "stapo"
+    try:
+        preset = method_preset(method_name)
+    except ValueError as error:
+        raise RecipeError(str(error)) from None
+    if "method" in dataclass_values:
+        dataclass_values["method"] = preset.name
+
+    given_keys = set(recipe) | _given_flags(cli_args)
+    notes = []
+    dry_run = "--dry_run" in cli_args or bool(dataclass_values.get("dry_run"))
+    wants_half = any(dataclass_values.get(key) for key in ("bf16", "fp16")) or any(
+        f"--{key}" in cli_args for key in ("bf16", "fp16")
+    )
+    if dry_run and wants_half and "use_cpu" not in given_keys:
+        import torch
+
+        if not torch.cuda.is_available():
+            dataclass_values["use_cpu"] = True
+            notes.append("no GPU here: the plan was resolved with use_cpu=true, so bf16 and devices were not checked")
+
+    parser.set_defaults_with_config(**preset.defaults)
+    parser.set_defaults_with_config(**dataclass_values)
+    try:
+        script, training, model, remaining = parser.parse_args_into_dataclasses(
+            args=cli_args, return_remaining_strings=True
+        )
+    except ValueError as error:
+        raise RecipeError(f"{where}: {error}") from None
+
+    option_actions = _option_names(_launch_parser())
+    for token in remaining:
+        if token.startswith("-"):
+            name = token.lstrip("-").split("=", 1)[0]
+            if name != ACCELERATE_CONFIG_KEY and (name not in option_actions or name in actions):
+                hint = STALE_KEYS.get(name)
+                raise RecipeError(
+                    f"Unknown argument {token}."
+                    + (f" {hint}." if hint else _suggest(name, list(actions) + list(option_actions)))
+                )
+    cli_launch_tokens = list(remaining)
+    if "--accelerate_config" in remaining:
+        index = remaining.index("--accelerate_config")
+        if index + 1 >= len(remaining):
+            raise RecipeError("--accelerate_config needs a path or a config name, for example zero3.")
+        config_file = resolve_accelerate_config(remaining[index + 1], recipe_path)
+        remaining = [*remaining[:index], "--config_file", str(config_file), *remaining[index + 2 :]]
+    launch_args += remaining
+
+    world_size, world_size_source = _world_size(launch_args)
+    try:
+        plan = batch_plan(
+            training, world_size=world_size, generation_batch_size_given="generation_batch_size" in given_keys
+        )
+    except ValueError as error:
+        raise RecipeError(f"{where}: {error}") from None
+    tensor_parallel = training.vllm_tensor_parallel_size
+    if training.use_vllm and training.vllm_mode == "colocate" and world_size % tensor_parallel != 0:
+        raise RecipeError(
+            f"{where}: vllm_tensor_parallel_size ({tensor_parallel}) must divide the world size ({world_size}): in "
+            "colocate mode each group of that many training processes shares one vLLM engine."
+        )
+    return TrainRequest(
+        script=script,
+        training=training,
+        model=model,
+        recipe_path=recipe_path,
+        recipe=recipe,
+        given_keys=given_keys,
+        launch_args=launch_args,
+        cli_launch_tokens=cli_launch_tokens,
+        world_size=world_size,
+        world_size_source=world_size_source,
+        plan=plan,
+        notes=notes,
+    )

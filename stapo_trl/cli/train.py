@@ -1,0 +1,291 @@
+"""`stapo-trl train`: resolve a recipe, then print its plan, hand it to `accelerate launch`, or train in this process."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .recipe import RecipeError, TrainRequest, is_launched, parse_train_args
+
+logger = logging.getLogger("stapo_trl")
+
+SUMMARY_FILE = "run_summary.json"
+PLOT_FILE = "training_curves.png"
+
+
+def _subtract_subsequence(tokens: list[str], subsequence: list[str]) -> list[str]:
+    """`tokens` without the ordered `subsequence` (the launcher's flags) in it."""
+    remaining, pending = [], iter(subsequence)
+    current = next(pending, None)
+    for token in tokens:
+        if current is not None and token == current:
+            current = next(pending, None)
+        else:
+            remaining.append(token)
+    return remaining
+
+
+def launch(request: TrainRequest, argv: list[str], launch_tokens: list[str]) -> int:
+    """Run `accelerate launch <launch args> -m stapo_trl train <the rest>`, as `trl grpo` does for its scripts."""
+    from accelerate.commands.launch import launch_command, launch_command_parser
+
+    child_args = _subtract_subsequence(list(argv), launch_tokens)
+    os.environ["STAPO_TRL_LAUNCHED"] = "1"
+    arguments = launch_command_parser().parse_args([*request.launch_args, "-m", "stapo_trl", "train", *child_args])
+    launch_command(arguments)
+    return 0
+
+
+def configure_logging(main_process: bool) -> None:
+    """INFO from stapo-trl on the main process (data reports, conversions), warnings only elsewhere."""
+    level = logging.INFO if main_process else logging.WARNING
+    package_logger = logging.getLogger("stapo_trl")
+    package_logger.setLevel(level)
+    if not package_logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("[stapo-trl] %(message)s"))
+        package_logger.addHandler(handler)
+        package_logger.propagate = False
+
+
+def resolve_model_path(name: str) -> str:
+    """`name` itself, or for a `.gguf` reference the cached safetensors conversion (made once, main process first)."""
+    from accelerate import PartialState
+
+    from ..gguf import gguf_checkpoint, is_gguf_reference
+
+    if not is_gguf_reference(name):
+        return name
+    with PartialState().main_process_first():
+        return str(gguf_checkpoint(name))
+
+
+def load_datasets(script: Any, tokenizer, seed: int):
+    """(train, held-out or None) as the recipe asks, with overlong prompts dropped."""
+    from ..data import load_dapo_math
+    from ..data.arithmetic import ARITHMETIC, load_arithmetic
+    from ..data.selection import drop_long_prompts, random_subset, split_heldout
+
+    heldout = None
+    if script.dataset_name == ARITHMETIC:
+        options = {"seed": seed, "prompt_style": script.prompt_style, "system_prompt": script.system_prompt}
+        train = load_arithmetic(script.num_train_problems or 1000, split="train", **options)
+        if script.heldout_problems:
+            heldout = load_arithmetic(script.heldout_problems, split="heldout", **options)
+    else:
+        train, report = load_dapo_math(
+            script.dataset_name,
+            split=script.dataset_train_split,
+            config_name=script.dataset_config,
+            prompt_style=script.prompt_style,
+            system_prompt=script.system_prompt,
+            dedupe=script.dedupe,
+            return_report=True,
+        )
+        logger.info("%s: %s", script.dataset_name, report)
+        if script.heldout_problems:
+            train, heldout = split_heldout(train, script.heldout_problems, seed)
+        if script.num_train_problems:
+            train = random_subset(train, script.num_train_problems, seed)
+    if script.max_prompt_tokens:
+        train = drop_long_prompts(train, tokenizer, script.max_prompt_tokens)
+        if heldout is not None:
+            heldout = drop_long_prompts(heldout, tokenizer, script.max_prompt_tokens)
+    logger.info("Training on %d problems%s.", len(train), f", {len(heldout)} held out" if heldout else "")
+    return train, heldout
+
+
+@dataclass
+class RunSummary:
+    """What `stapo-trl train` prints at the end and writes to `run_summary.json`."""
+
+    method: str
+    model: str
+    steps: int
+    seconds_total: float
+    seconds_training: float
+    reward_first: float | None = None
+    reward_last: float | None = None
+    masked_fraction: float | None = None
+    masked_tokens: int | None = None
+    accuracy_before: dict | None = None
+    accuracy_after: dict | None = None
+    files: dict[str, str] = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        lines = [f"stapo-trl train: {self.method} on {self.model}, {self.steps} optimizer steps"]
+        if self.accuracy_before and self.accuracy_after:
+            before, after = self.accuracy_before, self.accuracy_after
+            lines.append(
+                f"  held-out greedy accuracy: {before['accuracy']:.3f} -> {after['accuracy']:.3f} "
+                f"(± {after['standard_error']:.3f} standard error, {after['total']} problems)"
+            )
+            if before.get("format_rate") is not None and after.get("format_rate") is not None:
+                lines.append(f"  answer format rate:       {before['format_rate']:.2f} -> {after['format_rate']:.2f}")
+        if self.reward_first is not None:
+            lines.append(
+                f"  mean reward:              {self.reward_first:+.3f} (first quarter of steps) -> "
+                f"{self.reward_last:+.3f} (last quarter)"
+            )
+        if self.masked_fraction is not None:
+            lines.append(
+                f"  S2T masked fraction:      {100 * self.masked_fraction:.3f}% of loss tokens "
+                f"({self.masked_tokens} tokens over the run)"
+            )
+        lines.append(
+            f"  time:                     {self.seconds_total:.0f} s in all, {self.seconds_training:.0f} s training"
+        )
+        lines += [f"  {label + ':':<25} {path}" for label, path in self.files.items()]
+        return lines
+
+
+def summarize_metrics(records: list[dict]) -> dict[str, Any]:
+    """Reward in the first and last quarter of the steps, and the run's masked fraction."""
+    rewards = [record["reward"] for record in records if record.get("reward") is not None]
+    summary: dict[str, Any] = {}
+    if rewards:
+        quarter = max(1, len(rewards) // 4)
+        summary["reward_first"] = sum(rewards[:quarter]) / quarter
+        summary["reward_last"] = sum(rewards[-quarter:]) / quarter
+    masked = [record for record in records if record.get("s2t/masked_fraction") is not None]
+    if masked:
+        summary["masked_tokens"] = int(sum(record.get("s2t/num_masked", 0) for record in masked))
+        summary["masked_fraction"] = sum(record["s2t/masked_fraction"] for record in masked) / len(masked)
+    return summary
+
+
+def run_training(request: TrainRequest) -> RunSummary:
+    """Load, train, save (with TRL's model card), push if asked, and summarize."""
+    from accelerate import PartialState
+    from transformers import AutoTokenizer, ProgressCallback
+    from trl import get_peft_config, get_quantization_config
+
+    from ..callbacks import METRICS_FILE, MetricsFileCallback, StepSummaryProgressCallback
+    from ..evaluation import greedy_accuracy
+    from ..plots import plot_training_curves, read_metrics
+    from ..rewards import get_reward_func
+    from ..trainer import STAPOTrainer
+
+    started = time.perf_counter()
+    script, training, model_args = request.script, request.training, request.model
+    state = PartialState()
+    configure_logging(state.is_main_process)
+    if not model_args.model_name_or_path:
+        raise RecipeError("No model: set model_name_or_path in the recipe or on the command line.")
+    if script.heldout_problems and state.num_processes > 1:
+        raise RecipeError(
+            "heldout_problems runs a greedy evaluation in one process; it is not supported with several processes. "
+            "Set heldout_problems: 0 for multi-process runs."
+        )
+
+    model_path = resolve_model_path(model_args.model_name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(
+        model_path, revision=model_args.model_revision, trust_remote_code=training.trust_remote_code
+    )
+    train_dataset, heldout = load_datasets(script, tokenizer, training.seed)
+    reward_funcs = [get_reward_func(name) for name in script.reward_funcs]
+
+    model_init_kwargs = {
+        "revision": model_args.model_revision,
+        "trust_remote_code": training.trust_remote_code,
+        "attn_implementation": model_args.attn_implementation,
+        "dtype": model_args.dtype,
+    }
+    training.model_init_kwargs = {**model_init_kwargs, **(training.model_init_kwargs or {})}
+    trainer = STAPOTrainer(
+        model=model_path,
+        reward_funcs=reward_funcs,
+        args=training,
+        train_dataset=train_dataset,
+        processing_class=tokenizer,
+        peft_config=get_peft_config(model_args),
+        quantization_config=get_quantization_config(model_args),
+    )
+    trainer.add_callback(MetricsFileCallback(Path(training.output_dir) / METRICS_FILE))
+    if not training.disable_tqdm:
+        trainer.pop_callback(ProgressCallback)
+        trainer.add_callback(StepSummaryProgressCallback)
+
+    def evaluate(label: str):
+        result = greedy_accuracy(
+            trainer.model,
+            tokenizer,
+            heldout,
+            reward_funcs[0],
+            max_new_tokens=script.heldout_max_new_tokens or training.max_completion_length,
+            description=f"held-out greedy accuracy, {label}",
+            show_progress=not training.disable_tqdm,
+        )
+        logger.info("Held-out greedy accuracy %s training: %s", label, result)
+        return result.to_dict()
+
+    accuracy_before = evaluate("before") if heldout is not None else None
+    training_started = time.perf_counter()
+    trainer.train(resume_from_checkpoint=training.resume_from_checkpoint)
+    seconds_training = time.perf_counter() - training_started
+    accuracy_after = evaluate("after") if heldout is not None else None
+
+    output_dir = Path(training.output_dir)
+    trainer.save_model(str(output_dir))
+    dataset_name = script.dataset_name
+    trainer.create_model_card(dataset_name=dataset_name, tags=[script.method])
+    if training.push_to_hub:
+        trainer.push_to_hub(dataset_name=dataset_name)
+        trainer.accelerator.print(f"Model pushed to the Hub: https://huggingface.co/{trainer.hub_model_id}")
+
+    summary = RunSummary(
+        method=script.method,
+        model=model_args.model_name_or_path,
+        steps=trainer.state.global_step,
+        seconds_total=0.0,
+        seconds_training=seconds_training,
+        accuracy_before=accuracy_before,
+        accuracy_after=accuracy_after,
+    )
+    if trainer.accelerator.is_main_process:
+        metrics_path = output_dir / METRICS_FILE
+        records = read_metrics(metrics_path) if metrics_path.is_file() else []
+        for key, value in summarize_metrics(records).items():
+            setattr(summary, key, value)
+        summary.files["checkpoint"] = str(output_dir)
+        summary.files["model card"] = str(output_dir / "README.md")
+        summary.files["metrics"] = str(metrics_path)
+        if records:
+            plot = plot_training_curves(
+                records, output_dir / PLOT_FILE, title=f"{script.method} on {model_args.model_name_or_path}"
+            )
+            summary.files["plot"] = str(plot)
+        summary.files["summary"] = str(output_dir / SUMMARY_FILE)
+        summary.seconds_total = time.perf_counter() - started
+        (output_dir / SUMMARY_FILE).write_text(json.dumps(summary.__dict__, indent=2) + "\n")
+        print("\n".join(summary.lines()), flush=True)
+    if hasattr(trainer, "end"):
+        trainer.end()
+    return summary
+
+
+def train_command(argv: list[str]) -> int:
+    from .plan import format_plan
+
+    try:
+        request = parse_train_args(argv)
+    except RecipeError as error:
+        print(f"stapo-trl train: error: {error}", file=sys.stderr)
+        return 2
+    if request.script.dry_run:
+        print(format_plan(request))
+        return 0
+    if request.launch_args and not is_launched():
+        return launch(request, argv, request.cli_launch_tokens)
+    try:
+        run_training(request)
+    except RecipeError as error:
+        print(f"stapo-trl train: error: {error}", file=sys.stderr)
+        return 2
+    return 0
