@@ -92,3 +92,9 @@ def tiny_trainer(trainer_class, config, model=None, **kwargs):
         processing_class=tokenizer,
         **kwargs,
     )
+
+
+def count_vowels_chat_reward(completions, **kwargs) -> list[float]:
+    """`count_vowels_reward` for conversational completions (lists of messages)."""
+    texts = [completion[-1]["content"] if isinstance(completion, list) else completion for completion in completions]
+    return count_vowels_reward(texts)

