@@ -1,0 +1,228 @@
+"""The pieces of the CPU quickstart: arithmetic problems, GGUF references, greedy accuracy, metrics, plots, summary."""
+
+from __future__ import annotations
+
+import json
+import re
+from types import SimpleNamespace
+
+import pytest
+from datasets import Dataset
+from tiny import build_char_tokenizer, build_tiny_qwen3
+
+from stapo_trl.callbacks import MetricsFileCallback, StepSummaryProgressCallback, step_summary
+from stapo_trl.cli.train import summarize_metrics
+from stapo_trl.data import ROW_FEATURES
+from stapo_trl.data.arithmetic import arithmetic_problems, load_arithmetic
+from stapo_trl.data.selection import drop_long_prompts, random_subset, split_heldout
+from stapo_trl.evaluation import GreedyAccuracy, greedy_accuracy
+from stapo_trl.gguf import SMOLLM2_GGUF, gguf_checkpoint, is_gguf_reference, resolve_gguf
+from stapo_trl.plots import plot_training_curves, read_metrics
+from stapo_trl.rewards import get_reward_func
+
+# --- arithmetic word problems --------------------------------------------------------------------------------------
+
+
+def solve(question: str) -> int:
+    """An independent solver for the story templates, from their wording."""
+    numbers = [int(n) for n in re.findall(r"\d+", question)]
+    if "gets" in question and "more" in question:
+        return numbers[0] + numbers[1]
+    if "gave away" in question:
+        return numbers[0] - numbers[1]
+    if "boxes with" in question:
+        return numbers[0] * numbers[1]
+    raise AssertionError(question)
+
+
+def test_every_generated_answer_is_right():
+    for question, answer in arithmetic_problems(300, seed=3):
+        assert answer == solve(question) and answer >= 0, question
+
+
+def test_problems_are_reproducible_distinct_and_held_out_ones_never_appear_in_training():
+    train = arithmetic_problems(400, seed=0)
+    assert train == arithmetic_problems(400, seed=0)
+    assert len({question for question, _ in train}) == 400
+    heldout = {question for question, _ in arithmetic_problems(100, seed=0, split="heldout")}
+    other_seed = {question for question, _ in arithmetic_problems(400, seed=1)}
+    assert not heldout & {question for question, _ in train}
+    assert not heldout & other_seed
+    assert arithmetic_problems(50, seed=1) != arithmetic_problems(50, seed=0)
+
+
+def test_arithmetic_rows_have_the_dapo_schema_and_score_with_the_dapo_reward():
+    rows = load_arithmetic(4, prompt_style="dapo", system_prompt="Be brief.")
+    assert rows.features == ROW_FEATURES
+    assert rows[0]["prompt"][0] == {"role": "system", "content": "Be brief."}
+    assert rows[0]["prompt"][1]["content"].endswith('Remember to put your answer on its own line after "Answer:".')
+    reward = get_reward_func("dapo")
+    completions = [f"Some work.\nAnswer: {answer}" for answer in rows["answer"]]
+    assert reward(completions, solution=rows["solution"]) == [1.0] * 4
+    assert reward(["Answer: -1"], solution=rows["solution"][:1]) == [-1.0]
+
+
+def test_arithmetic_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="Unknown arithmetic split"):
+        arithmetic_problems(3, split="test")
+    with pytest.raises(ValueError, match="at least 1"):
+        arithmetic_problems(0)
+    with pytest.raises(ValueError, match="Unknown prompt_style"):
+        load_arithmetic(3, prompt_style="latex")
+
+
+# --- choosing rows -------------------------------------------------------------------------------------------------
+
+
+def test_held_out_rows_are_disjoint_from_training_rows():
+    rows = load_arithmetic(20)
+    train, heldout = split_heldout(rows, 5, seed=0)
+    assert (len(train), len(heldout)) == (15, 5)
+    assert not set(train["id"]) & set(heldout["id"])
+    with pytest.raises(ValueError, match="nothing would be left to train on"):
+        split_heldout(rows, 20, seed=0)
+    assert len(random_subset(rows, 7, seed=0)) == 7
+    assert len(random_subset(rows, 50, seed=0)) == 20
+
+
+def test_overlong_prompts_are_dropped_and_dropping_all_is_an_error():
+    tokenizer = build_char_tokenizer()
+    tokenizer.chat_template = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+    rows = Dataset.from_dict(
+        {"prompt": [[{"role": "user", "content": "a" * n}] for n in (5, 10, 20)], "solution": ["1", "2", "3"]}
+    )
+    assert drop_long_prompts(rows, tokenizer, 10)["solution"] == ["1", "2"]
+    with pytest.raises(ValueError, match="shortest has 5 tokens"):
+        drop_long_prompts(rows, tokenizer, 4)
+
+
+# --- GGUF references -----------------------------------------------------------------------------------------------
+
+
+def test_gguf_references_resolve_paths_and_files_inside_installed_packages(tmp_path):
+    assert is_gguf_reference(SMOLLM2_GGUF) and not is_gguf_reference("Qwen/Qwen3-8B-Base")
+    local = tmp_path / "model.gguf"
+    local.write_bytes(b"GGUF")
+    assert resolve_gguf(local) == local.resolve()
+    with pytest.raises(FileNotFoundError, match="holds no 'missing.gguf'"):
+        resolve_gguf("pytest/missing.gguf")
+    with pytest.raises(FileNotFoundError, match="neither a file nor a file inside an installed package"):
+        resolve_gguf("no_such_package_here/model.gguf")
+
+
+def test_a_converted_gguf_checkpoint_is_reused_without_converting_again(tmp_path, monkeypatch):
+    local = tmp_path / "model.gguf"
+    local.write_bytes(b"GGUF")
+    cache = tmp_path / "cache"
+    # A finished conversion is recognized by its config.json: pre-create it where the cache key points.
+    monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", lambda *a, **k: pytest.fail("loaded"))
+    target_parent = cache / "gguf"
+    target_parent.mkdir(parents=True)
+    import hashlib
+
+    stat = local.resolve().stat()
+    digest = hashlib.sha256(f"{local.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    done = target_parent / f"model-{digest}"
+    done.mkdir()
+    (done / "config.json").write_text("{}")
+    assert gguf_checkpoint(local, cache_dir=cache) == done
+
+
+# --- greedy accuracy -----------------------------------------------------------------------------------------------
+
+
+def test_greedy_accuracy_counts_positive_scores_and_extracted_answers():
+    tokenizer = build_char_tokenizer()
+    tokenizer.chat_template = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+    model = build_tiny_qwen3(tokenizer)
+    rows = Dataset.from_dict(
+        {"prompt": [[{"role": "user", "content": f"{i}+1="}] for i in range(5)], "solution": ["a", "b", "c", "d", "e"]}
+    )
+    calls = []
+
+    def scripted_reward(completions, solution, log_extra=None, **kwargs):
+        calls.append(list(completions))
+        if log_extra is not None:
+            log_extra("scripted/extracted", ["x", None, "y", None, None])
+        return [1.0, -1.0, -1.0, None, 1.0]
+
+    model.train()
+    result = greedy_accuracy(model, tokenizer, rows, scripted_reward, max_new_tokens=3, batch_size=2)
+    assert model.training, "the model's mode is restored"
+    assert (result.correct, result.total, result.answered) == (2, 5, 2)
+    assert result.accuracy == 0.4 and result.format_rate == 0.4
+    assert result.standard_error == pytest.approx((0.4 * 0.6 / 5) ** 0.5)
+    assert len(calls[0]) == 5 and all(isinstance(text, str) for text in calls[0])
+    assert greedy_accuracy(model, tokenizer, rows, scripted_reward, max_new_tokens=3).completions == result.completions
+
+
+def test_greedy_accuracy_without_log_extra_has_no_format_rate():
+    assert GreedyAccuracy(correct=1, total=4).format_rate is None
+    assert str(GreedyAccuracy(correct=1, total=4, answered=2)) == "0.250 ± 0.217 (1/4), answer format 0.50"
+
+
+# --- metrics, the per-step line, plots and the summary -------------------------------------------------------------
+
+
+def test_the_metrics_file_starts_over_on_a_fresh_run_and_appends_on_resume(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"old": 1}\n')
+    callback = MetricsFileCallback(path)
+    args = SimpleNamespace(output_dir=str(tmp_path))
+    fresh = SimpleNamespace(is_world_process_zero=True, global_step=0, epoch=0.0)
+    callback.on_train_begin(args, fresh, None)
+    callback.on_log(args, SimpleNamespace(is_world_process_zero=True, global_step=1, epoch=0.1), None, logs={"a": 1.0})
+    callback.on_log(args, SimpleNamespace(is_world_process_zero=False, global_step=1, epoch=0.1), None, logs={"a": 9})
+    callback.on_log(
+        args, SimpleNamespace(is_world_process_zero=True, global_step=2, epoch=0.2), None, logs={"b": float("nan")}
+    )
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["step"], r.get("a"), r.get("b")) for r in records] == [(1, 1.0, None), (2, None, None)]
+    callback.on_train_begin(args, SimpleNamespace(is_world_process_zero=True, global_step=2, epoch=0.2), None)
+    assert len(path.read_text().splitlines()) == 2
+
+
+def test_the_step_line_shows_reward_entropy_mask_and_length():
+    logs = {
+        "reward": -0.25,
+        "entropy": 0.4123,
+        "s2t/masked_fraction": 0.0123,
+        "s2t/num_masked": 7.0,
+        "s2t/entropy_threshold": 0.31,
+        "completions/mean_length": 33.4,
+        "loss": 0.01,
+    }
+    assert step_summary(logs, 3, 20) == (
+        "step 3/20 | reward -0.250 | entropy 0.412 | masked 1.230% (7 tok) | tau_h 0.310 | len 33 | loss +0.0100"
+    )
+    assert step_summary({"reward": 1.0, "s2t/entropy_threshold": float("nan")}, 1, 2) == "step 1/2 | reward +1.000"
+
+
+def test_the_progress_callback_writes_one_line_per_step(capsys):
+    callback = StepSummaryProgressCallback()
+    written = []
+    callback.training_bar = SimpleNamespace(write=written.append)
+    state = SimpleNamespace(is_world_process_zero=True, global_step=4, max_steps=8)
+    callback.on_log(None, state, None, logs={"reward": 0.5})
+    callback.on_log(None, state, None, logs={"train_runtime": 80.0})
+    assert written == ["step 4/8 | reward +0.500", "trained 4 steps in 80 s (20.0 s/step)"]
+
+
+def test_training_curves_render_headless_and_note_missing_metrics(tmp_path):
+    records = [
+        {"step": 1, "reward": -0.5, "entropy": 0.4},
+        {"step": 2, "reward": 0.0, "entropy": 0.35},
+    ]
+    path = plot_training_curves(records, tmp_path / "curves.png", title="grpo")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(json.dumps(records[0]) + "\n" + json.dumps({"step": 2, "train_runtime": 3.0}) + "\n")
+    assert read_metrics(metrics) == records[:1]
+
+
+def test_the_summary_compares_the_first_and_last_quarter_of_rewards():
+    records = [{"reward": r, "s2t/masked_fraction": 0.01, "s2t/num_masked": 2.0} for r in (-1, -1, 0, 0, 0, 0, 1, 1)]
+    summary = summarize_metrics(records)
+    assert (summary["reward_first"], summary["reward_last"]) == (-1.0, 1.0)
+    assert summary["masked_tokens"] == 16 and summary["masked_fraction"] == pytest.approx(0.01)
+    assert summarize_metrics([]) == {}
