@@ -79,7 +79,7 @@ class STAPOConfig(GRPOConfig):
         metadata={
             "help": "q, in [0, 1]: tau_h is the q-quantile of the candidates' entropies over the whole optimizer step "
             "(all micro-batches and processes); candidates strictly below tau_h are silenced. The paper's "
-            "'tau_h = 80%' is 0.8 (the later revision uses 0.75)."
+            "'tau_h = 80 percent' is 0.8 (the later revision uses 0.75)."
         },
     )
     token_stats_source: str = field(

