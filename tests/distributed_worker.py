@@ -84,6 +84,11 @@ def run_trainer(out_dir):
         {"records": trainer.records, "world_size": trainer.accelerator.num_processes},
         os.path.join(out_dir, f"rank{rank}.pt"),
     )
+    # Without this, gloo's threads can abort the process at interpreter exit ("terminate called without an active
+    # exception"), failing the run after training succeeded.
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
