@@ -75,6 +75,7 @@ def test_train_runs_a_recipe_end_to_end_and_writes_every_output(tmp_path, tiny_m
 
     card = (output_dir / "README.md").read_text()
     assert "STAPO" in card and "2602.15620" in card and "stapo" in card
+    assert "# Model Card for run" in card
     assert (output_dir / "training_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     summary = json.loads((output_dir / "run_summary.json").read_text())

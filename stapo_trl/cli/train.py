@@ -235,7 +235,8 @@ def run_training(request: TrainRequest) -> RunSummary:
     # TRL's card links dataset_name to the Hub; local files and the built-in generator have no Hub page.
     is_hub_id = "/" in script.dataset_name and not Path(script.dataset_name).expanduser().exists()
     dataset_name = script.dataset_name if is_hub_id else None
-    trainer.create_model_card(dataset_name=dataset_name, tags=[script.method])
+    model_name = training.hub_model_id.split("/")[-1] if training.hub_model_id else output_dir.name
+    trainer.create_model_card(model_name=model_name, dataset_name=dataset_name, tags=[script.method])
     if training.push_to_hub:
         trainer.push_to_hub(dataset_name=dataset_name)
         trainer.accelerator.print(f"Model pushed to the Hub: https://huggingface.co/{trainer.hub_model_id}")
