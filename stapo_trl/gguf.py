@@ -56,6 +56,14 @@ def resolve_gguf(reference: str | os.PathLike) -> Path:
     raise FileNotFoundError(message)
 
 
+def converted_checkpoint_dir(source: Path, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where the conversion of the GGUF file `source` lives: keyed by its path, size and modification time."""
+    stat = source.stat()
+    digest = hashlib.sha256(f"{source}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    return root / "gguf" / f"{source.stem}-{digest}"
+
+
 def gguf_checkpoint(reference: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
     """A safetensors checkpoint directory for a GGUF file, converted on first use (about 20 s for SmolLM2-135M).
 
@@ -64,10 +72,7 @@ def gguf_checkpoint(reference: str | os.PathLike, cache_dir: str | os.PathLike |
     name and renamed, so a killed conversion never leaves a half-written checkpoint behind.
     """
     source = resolve_gguf(reference)
-    stat = source.stat()
-    digest = hashlib.sha256(f"{source}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
-    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    target = root / "gguf" / f"{source.stem}-{digest}"
+    target = converted_checkpoint_dir(source, cache_dir)
     if (target / "config.json").is_file():
         return target
 

@@ -16,7 +16,13 @@ from stapo_trl.data import ROW_FEATURES
 from stapo_trl.data.arithmetic import arithmetic_problems, load_arithmetic
 from stapo_trl.data.selection import drop_long_prompts, random_subset, split_heldout
 from stapo_trl.evaluation import GreedyAccuracy, greedy_accuracy
-from stapo_trl.gguf import SMOLLM2_GGUF, gguf_checkpoint, is_gguf_reference, resolve_gguf
+from stapo_trl.gguf import (
+    SMOLLM2_GGUF,
+    converted_checkpoint_dir,
+    gguf_checkpoint,
+    is_gguf_reference,
+    resolve_gguf,
+)
 from stapo_trl.plots import plot_training_curves, read_metrics
 from stapo_trl.rewards import get_reward_func
 
@@ -114,16 +120,11 @@ def test_a_converted_gguf_checkpoint_is_reused_without_converting_again(tmp_path
     local = tmp_path / "model.gguf"
     local.write_bytes(b"GGUF")
     cache = tmp_path / "cache"
-    # A finished conversion is recognized by its config.json: pre-create it where the cache key points.
+    # A finished conversion is recognized by its config.json in the cache directory for that file.
     monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", lambda *a, **k: pytest.fail("loaded"))
-    target_parent = cache / "gguf"
-    target_parent.mkdir(parents=True)
-    import hashlib
-
-    stat = local.resolve().stat()
-    digest = hashlib.sha256(f"{local.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
-    done = target_parent / f"model-{digest}"
-    done.mkdir()
+    done = converted_checkpoint_dir(local.resolve(), cache)
+    assert done.parent == cache / "gguf" and done.name.startswith("model-")
+    done.mkdir(parents=True)
     (done / "config.json").write_text("{}")
     assert gguf_checkpoint(local, cache_dir=cache) == done
 

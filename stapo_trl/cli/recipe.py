@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -68,7 +69,9 @@ def make_train_parser(prog: str = "stapo-trl train"):
     return TrlParser((TrainScriptArguments, STAPOConfig, ModelConfig), prog=prog)
 
 
+@functools.cache
 def _launch_parser() -> argparse.ArgumentParser:
+    """`accelerate launch`'s parser, built once: it defines over a hundred options."""
     from accelerate.commands.launch import launch_command_parser
 
     return launch_command_parser()
@@ -243,19 +246,15 @@ def is_launched() -> bool:
 
 def parse_train_args(argv: list[str]) -> TrainRequest:
     """Resolve `stapo-trl train [--config RECIPE] [--key value ...]` without loading a model or data."""
-    from trl import ModelConfig
-
-    from ..config import STAPOConfig
-
     config_arg, cli_args = _split_config_flag(list(argv))
     recipe_path = Path(config_arg) if config_arg is not None else None
     recipe = load_recipe(recipe_path) if recipe_path is not None else {}
     where = str(recipe_path) if recipe_path is not None else "command line"
 
     parser = make_train_parser()
-    dataclass_types = (TrainScriptArguments, STAPOConfig, ModelConfig)
     actions = {action.dest: action for action in parser._actions if action.dest != "help"}
-    launch_actions = {name: action for name, action in _option_names(_launch_parser()).items() if name not in actions}
+    launch_options = _option_names(_launch_parser())
+    launch_actions = {name: action for name, action in launch_options.items() if name not in actions}
 
     unknown = [key for key in recipe if key not in actions and key not in launch_actions]
     unknown = [key for key in unknown if key not in RESERVED_KEYS and key != ACCELERATE_CONFIG_KEY]
@@ -275,7 +274,9 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
     launch_args: list[str] = []
     for key, value in recipe.items():
         if key in actions:
-            dataclass_values[key] = _checked_value(key, value, actions[key], _annotation(dataclass_types, key), where)
+            dataclass_values[key] = _checked_value(
+                key, value, actions[key], _annotation(parser.dataclass_types, key), where
+            )
         elif key == ACCELERATE_CONFIG_KEY:
             launch_args += ["--config_file", str(resolve_accelerate_config(str(value), recipe_path))]
         elif key in launch_actions:
@@ -316,15 +317,14 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
     except ValueError as error:
         raise RecipeError(f"{where}: {error}") from None
 
-    option_actions = _option_names(_launch_parser())
     for token in remaining:
         if token.startswith("-"):
             name = token.lstrip("-").split("=", 1)[0]
-            if name != ACCELERATE_CONFIG_KEY and (name not in option_actions or name in actions):
+            if name != ACCELERATE_CONFIG_KEY and (name not in launch_options or name in actions):
                 hint = STALE_KEYS.get(name)
                 raise RecipeError(
                     f"Unknown argument {token}."
-                    + (f" {hint}." if hint else _suggest(name, list(actions) + list(option_actions)))
+                    + (f" {hint}." if hint else _suggest(name, list(actions) + list(launch_options)))
                 )
     cli_launch_tokens = list(remaining)
     if "--accelerate_config" in remaining:
