@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
-from tiny import build_char_tokenizer, build_tiny_qwen3
+from tiny import save_tiny_chat_model
 
 from stapo_trl.cli import main
 
@@ -21,13 +21,7 @@ QUICKSTART = REPO / "recipes" / "quickstart" / "smollm2-135m-cpu.yaml"
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A tiny Qwen3 with a character tokenizer and a plain chat template, saved like a Hub checkpoint."""
-    directory = tmp_path_factory.mktemp("tiny-qwen3")
-    tokenizer = build_char_tokenizer()
-    tokenizer.chat_template = "{% for message in messages %}{{ message['content'] | lower }}\n{% endfor %}"
-    model = build_tiny_qwen3(tokenizer, max_position_embeddings=1024)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+    return save_tiny_chat_model(tmp_path_factory.mktemp("tiny-qwen3"))
 
 
 def run_tiny(tmp_path: Path, tiny_model_dir: Path, *overrides: str, **values) -> tuple[int, Path]:

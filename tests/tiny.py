@@ -98,3 +98,18 @@ def count_vowels_chat_reward(completions, **kwargs) -> list[float]:
     """`count_vowels_reward` for conversational completions (lists of messages)."""
     texts = [completion[-1]["content"] if isinstance(completion, list) else completion for completion in completions]
     return count_vowels_reward(texts)
+
+
+TINY_CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] | lower }}\n{% endfor %}"
+
+
+def save_tiny_chat_model(directory, max_position_embeddings: int = 1024, seed: int = 0, hidden_size: int = 32):
+    """A tiny Qwen3 with the character tokenizer and a plain chat template, saved like a Hub checkpoint."""
+    tokenizer = build_char_tokenizer()
+    tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    model = build_tiny_qwen3(
+        tokenizer, seed=seed, hidden_size=hidden_size, max_position_embeddings=max_position_embeddings
+    )
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory

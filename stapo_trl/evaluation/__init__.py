@@ -1,5 +1,69 @@
-"""Evaluation: greedy accuracy on held-out problems (the quickstart's before/after measurement)."""
+"""Evaluation: avg@k on the STAPO paper's six math benchmarks (`evaluate`), and greedy held-out accuracy for the
+quickstart's before/after measurement (`greedy_accuracy`)."""
 
+from .backends import (
+    BACKENDS,
+    BackendSpec,
+    BackendUnavailableError,
+    DataParallelBackend,
+    Generation,
+    GenerationBackend,
+    GenerationRequest,
+    SamplingParameters,
+    TransformersBackend,
+    VLLMBackend,
+    build_backend,
+)
+from .config import ALL_BENCHMARKS, EvalConfig, EvalConfigError
+from .grading import DEFAULT_GRADERS, Grade, Grader
 from .greedy import GreedyAccuracy, greedy_accuracy
+from .harness import EvalResult, evaluate
+from .models import ModelNotFoundError, ResolvedModel, resolve_model
+from .paper import PAPER_BENCHMARKS, PaperRow, paper_row
+from .records import ResumeMismatchError, SampleStore
+from .sampling import DEFAULT_MAX_NEW_TOKENS, SAMPLING_PRESETS, SamplingPreset
+from .scoring import BenchmarkScore, avg_at_k, avg_at_k_standard_error, pass_at_k, score_benchmark
+from .table import load_summary, markdown_table, summary_rows
 
-__all__ = ["GreedyAccuracy", "greedy_accuracy"]
+__all__ = [
+    "ALL_BENCHMARKS",
+    "BACKENDS",
+    "DEFAULT_GRADERS",
+    "DEFAULT_MAX_NEW_TOKENS",
+    "PAPER_BENCHMARKS",
+    "SAMPLING_PRESETS",
+    "BackendSpec",
+    "BackendUnavailableError",
+    "BenchmarkScore",
+    "DataParallelBackend",
+    "EvalConfig",
+    "EvalConfigError",
+    "EvalResult",
+    "Generation",
+    "GenerationBackend",
+    "GenerationRequest",
+    "Grade",
+    "Grader",
+    "GreedyAccuracy",
+    "ModelNotFoundError",
+    "PaperRow",
+    "ResolvedModel",
+    "ResumeMismatchError",
+    "SampleStore",
+    "SamplingParameters",
+    "SamplingPreset",
+    "TransformersBackend",
+    "VLLMBackend",
+    "avg_at_k",
+    "avg_at_k_standard_error",
+    "build_backend",
+    "evaluate",
+    "greedy_accuracy",
+    "load_summary",
+    "markdown_table",
+    "pass_at_k",
+    "paper_row",
+    "resolve_model",
+    "score_benchmark",
+    "summary_rows",
+]

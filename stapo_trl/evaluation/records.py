@@ -1,0 +1,103 @@
+"""The per-sample results file: one JSON line per graded sample, appended as samples finish, so that a killed
+evaluation resumes where it stopped.
+
+Next to it, `<name>.settings.json` records the settings that shape the samples (model, sampling, prompt). Resuming
+with different settings is refused, since mixing samples from two settings would give a meaningless average.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+class ResumeMismatchError(ValueError):
+    """The results file in the output directory was made with different settings."""
+
+
+class SampleStore:
+    """Append-only JSONL of graded samples, keyed by (benchmark, problem_id, sample)."""
+
+    def __init__(self, path: str | os.PathLike, settings: Mapping[str, Any], *, overwrite: bool = False) -> None:
+        self.path = Path(path)
+        self.settings_path = self.path.with_suffix(".settings.json")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        settings = json.loads(json.dumps(dict(settings), sort_keys=True))
+        if overwrite:
+            self.path.unlink(missing_ok=True)
+            self.settings_path.unlink(missing_ok=True)
+        if self.settings_path.is_file():
+            recorded = json.loads(self.settings_path.read_text())
+            changed = sorted(key for key in set(recorded) | set(settings) if recorded.get(key) != settings.get(key))
+            if changed:
+                details = "; ".join(f"{key}: {recorded.get(key)!r} then, {settings.get(key)!r} now" for key in changed)
+                raise ResumeMismatchError(
+                    f"{self.path} holds samples made with other settings ({details}). Use another output_dir, or "
+                    "pass --overwrite to discard the old samples."
+                )
+        elif self.path.is_file() and self.path.stat().st_size:
+            raise ResumeMismatchError(
+                f"{self.path} exists but {self.settings_path.name} does not, so its settings are unknown. Use another "
+                "output_dir, or pass --overwrite to discard it."
+            )
+        self.settings_path.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+        self.records: list[dict[str, Any]] = self._load()
+        self._keys = {self.key(record) for record in self.records}
+
+    @staticmethod
+    def key(record: Mapping[str, Any]) -> tuple[str, str, int]:
+        return (str(record["benchmark"]), str(record["problem_id"]), int(record["sample"]))
+
+    def _load(self) -> list[dict[str, Any]]:
+        """Read finished records. A last line without its newline is what a kill mid-write leaves: it is dropped and
+        cut from the file, so that later appends start on a clean line. A bad line elsewhere is an error."""
+        if not self.path.is_file():
+            return []
+        data = self.path.read_bytes()
+        complete, _, tail = data.rpartition(b"\n")
+        if tail:
+            logger.warning(
+                "%s: dropping an unfinished last line (%d bytes) left by an interrupted run.", self.path, len(tail)
+            )
+            with self.path.open("r+b") as handle:
+                handle.truncate(len(complete) + 1 if complete else 0)
+        records = []
+        for number, line in enumerate(complete.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise ValueError(
+                    f"{self.path}, line {number}, is not valid JSON ({error}); the file is damaged."
+                ) from error
+        unique: dict[tuple[str, str, int], dict[str, Any]] = {}
+        for record in records:
+            unique.setdefault(self.key(record), record)
+        return list(unique.values())
+
+    def __contains__(self, key: tuple[str, str, int]) -> bool:
+        return key in self._keys
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def append(self, records: Iterable[Mapping[str, Any]]) -> None:
+        new = [dict(record) for record in records if self.key(record) not in self._keys]
+        if not new:
+            return
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write("".join(json.dumps(record, ensure_ascii=False) + "\n" for record in new))
+            handle.flush()
+            os.fsync(handle.fileno())
+        self.records.extend(new)
+        self._keys.update(self.key(record) for record in new)
+
+    def for_benchmark(self, benchmark: str) -> list[dict[str, Any]]:
+        return [record for record in self.records if record["benchmark"] == benchmark]

@@ -1,0 +1,130 @@
+"""avg@k and pass@k from graded samples: pure functions over per-problem correctness.
+
+avg@k is the paper's metric (STAPO Table 2): the mean correctness of the k samples of each problem, averaged over
+problems. It estimates the expected accuracy of one sample, so it does not grow with k the way pass@k does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+def avg_at_k(correct_by_problem: Sequence[Sequence[bool]]) -> float:
+    """Mean over problems of the fraction of that problem's samples that are correct, in [0, 1].
+
+    Each problem is weighted equally even when problems have different numbers of samples.
+    """
+    if not correct_by_problem:
+        raise ValueError("avg@k needs at least one problem.")
+    if any(len(samples) == 0 for samples in correct_by_problem):
+        raise ValueError("avg@k needs at least one sample per problem.")
+    return sum(sum(samples) / len(samples) for samples in correct_by_problem) / len(correct_by_problem)
+
+
+def avg_at_k_standard_error(correct_by_problem: Sequence[Sequence[bool]]) -> float:
+    """Standard error of `avg_at_k` over the draw of problems: the sample standard deviation of the per-problem
+    accuracies divided by the square root of the number of problems (0 for a single problem)."""
+    means = [sum(samples) / len(samples) for samples in correct_by_problem]
+    if len(means) < 2:
+        return 0.0
+    mean = sum(means) / len(means)
+    variance = sum((value - mean) ** 2 for value in means) / (len(means) - 1)
+    return math.sqrt(variance / len(means))
+
+
+def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
+    """The unbiased estimate of pass@k from `num_samples` samples of which `num_correct` are correct
+    (Chen et al., 2021, "Evaluating Large Language Models Trained on Code", Eq. 1): 1 - C(n-c, k) / C(n, k)."""
+    if not 0 <= num_correct <= num_samples:
+        raise ValueError(f"num_correct must be in [0, num_samples], got {num_correct} of {num_samples}.")
+    if not 1 <= k <= num_samples:
+        raise ValueError(f"k must be in [1, num_samples={num_samples}], got {k}.")
+    if num_samples - num_correct < k:
+        return 1.0
+    return 1.0 - math.comb(num_samples - num_correct, k) / math.comb(num_samples, k)
+
+
+@dataclass
+class BenchmarkScore:
+    """What one benchmark scored under one sampling setting; percentages are in [0, 100].
+
+    `grader_correct` counts the samples each grader accepted, and `correct` those that any grader accepted (the
+    samples that count for avg@k). `grader_answered` counts the samples from which each grader extracted an answer
+    at all (for `boxed`, the format rate), and `truncated` those that stopped at the token limit instead of at the
+    end-of-sequence token.
+    """
+
+    benchmark: str
+    problems: int
+    samples: int
+    samples_per_problem: int
+    avg_at_k: float
+    standard_error: float
+    pass_at_k: float
+    correct: int
+    grader_correct: dict[str, int]
+    grader_answered: dict[str, int]
+    truncated: int
+    mean_completion_tokens: float
+    expected_samples: int | None = None
+    partial: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return self.expected_samples is None or self.samples >= self.expected_samples
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "complete": self.complete}
+
+
+def score_benchmark(
+    benchmark: str,
+    records: Iterable[Mapping[str, Any]],
+    *,
+    graders: Sequence[str],
+    expected_samples: int | None = None,
+) -> BenchmarkScore:
+    """Aggregate graded sample records (`problem_id`, `correct`, `grades`, `extracted`, `finish_reason`,
+    `num_tokens`) of one benchmark into avg@k, pass@k and per-grader counts.
+
+    A grader accepts a sample when its score is positive (`boxed` and `dapo` score +1/-1, `math_verify` 1/0).
+    pass@k uses the smallest number of samples any problem has, so it is defined for every problem.
+    """
+    by_problem: dict[str, list[bool]] = {}
+    grader_correct = dict.fromkeys(graders, 0)
+    grader_answered = dict.fromkeys(graders, 0)
+    truncated = tokens = 0
+    records = list(records)
+    for record in records:
+        by_problem.setdefault(str(record["problem_id"]), []).append(bool(record["correct"]))
+        for grader in graders:
+            score = record["grades"].get(grader)
+            if score is not None and score > 0:
+                grader_correct[grader] += 1
+            if record.get("extracted", {}).get(grader) is not None:
+                grader_answered[grader] += 1
+        truncated += record.get("finish_reason") == "length"
+        tokens += int(record.get("num_tokens") or 0)
+    if not by_problem:
+        raise ValueError(f"{benchmark}: there are no graded samples to score.")
+    correct_by_problem = list(by_problem.values())
+    k = min(len(samples) for samples in correct_by_problem)
+    return BenchmarkScore(
+        benchmark=benchmark,
+        problems=len(correct_by_problem),
+        samples=len(records),
+        samples_per_problem=k,
+        avg_at_k=100.0 * avg_at_k(correct_by_problem),
+        standard_error=100.0 * avg_at_k_standard_error(correct_by_problem),
+        pass_at_k=100.0 * sum(pass_at_k(len(s), sum(s), k) for s in correct_by_problem) / len(correct_by_problem),
+        correct=sum(sum(samples) for samples in correct_by_problem),
+        grader_correct=grader_correct,
+        grader_answered=grader_answered,
+        truncated=truncated,
+        mean_completion_tokens=tokens / len(records),
+        expected_samples=expected_samples,
+    )
