@@ -1,18 +1,22 @@
-"""The `stapo-trl` command line: `stapo-trl train --config RECIPE.yaml [--key value ...]`."""
+"""The `stapo-trl` command line: `stapo-trl train --config RECIPE.yaml [--key value ...]` and
+`stapo-trl eval --model CHECKPOINT [--key value ...]`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-COMMANDS = {"train": "Train with a YAML recipe (STAPO, GRPO, 20-Entropy or JustRL); --dry_run prints the plan."}
+COMMANDS = {
+    "train": "Train with a YAML recipe (STAPO, GRPO, 20-Entropy or JustRL); --dry_run prints the plan.",
+    "eval": "avg@k on AIME24/25, AMC23, MATH500, Minerva and OlympiadBench, beside the paper's numbers.",
+}
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stapo-trl",
         description="STAPO (Spurious-Token-Aware Policy Optimization) for Hugging Face TRL.",
-        epilog="Run `stapo-trl train -h` for every key a recipe accepts.",
+        epilog="Run `stapo-trl train -h` or `stapo-trl eval -h` for every option.",
     )
     subcommands = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in COMMANDS.items():
@@ -33,4 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         from .train import train_command
 
         return train_command(argv[1:])
+    if command == "eval":
+        from .evaluate import eval_command
+
+        return eval_command(argv[1:])
     raise AssertionError(command)

@@ -1,0 +1,69 @@
+"""`stapo-trl eval`: avg@k of a model on the paper's benchmarks, with the paper's numbers beside ours."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+PROG = "stapo-trl eval"
+
+
+def parse_eval_args(argv: list[str]):
+    """An `EvalConfig` from the command line, with `--config FILE.yaml` read first as in `stapo-trl train`."""
+    from trl import TrlParser
+
+    from ..evaluation import EvalConfig
+
+    parser = TrlParser(dataclass_types=[EvalConfig], prog=PROG)
+    (config,) = parser.parse_args_and_config(argv)
+    return config
+
+
+def describe_setting(label: str, setting: dict[str, Any], graders: list[str]) -> list[str]:
+    """One line per benchmark: avg@k, the samples, each grader's count, answers found and truncations."""
+    lines = [f"{label} [{setting['name']}: {setting['label']}]"]
+    for name, score in setting["benchmarks"].items():
+        per_grader = ", ".join(f"{grader} {score['grader_correct'][grader]}" for grader in graders)
+        answered = ", ".join(f"{grader} {score['grader_answered'][grader]}" for grader in graders)
+        status = "" if score["complete"] else f"  (unfinished: {score['samples']}/{score['expected_samples']})"
+        lines.append(
+            f"  {name:<14} avg@{score['samples_per_problem']:<3} {score['avg_at_k']:6.2f} ± {score['standard_error']:.2f}"
+            f"  correct {score['correct']}/{score['samples']} ({per_grader})"
+            f"  answer found ({answered})  truncated {score['truncated']}"
+            f"  mean length {score['mean_completion_tokens']:.0f} tokens{status}"
+        )
+    return lines
+
+
+def eval_command(argv: list[str]) -> int:
+    from ..data.sources import DatasetSchemaError
+    from ..evaluation import (
+        BackendUnavailableError,
+        EvalConfigError,
+        ModelNotFoundError,
+        ResumeMismatchError,
+        evaluate,
+    )
+
+    expected = (
+        EvalConfigError,
+        ModelNotFoundError,
+        BackendUnavailableError,
+        DatasetSchemaError,
+        ResumeMismatchError,
+        FileNotFoundError,
+    )
+    try:
+        config = parse_eval_args(argv)
+        result = evaluate(config)
+    except expected as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    print()
+    for setting in result.summary["settings"]:
+        print("\n".join(describe_setting(result.summary["model"]["label"], setting, result.summary["graders"])))
+    print()
+    print(result.table)
+    for what, path in result.files.items():
+        print(f"{what:<28} {path}")
+    return 0
