@@ -219,10 +219,14 @@ def test_a_killed_evaluation_resumes_without_redoing_finished_samples(tiny_model
     assert samples.read_bytes().startswith(finished)
     assert len(samples.read_bytes().splitlines()) == 4 * sum(SAMPLE_SIZES.values())
     assert result.summary["settings"][0]["average"] == pytest.approx(25.0)
+    assert result.summary["settings"][0]["samples_generated_this_run"] == 4 * sum(SAMPLE_SIZES.values()) - 12
 
     again = ScriptedBackend(gold_answers)
-    evaluate(scripted_config(tiny_model_dir, output_dir), backend=again)
-    assert again.calls == []
+    rerun = evaluate(scripted_config(tiny_model_dir, output_dir), backend=again)
+    assert again.calls == [] and rerun.summary["settings"][0]["samples_generated_this_run"] == 0
+    assert rerun.summary["settings"] == [
+        {**setting, "samples_generated_this_run": 0} for setting in result.summary["settings"]
+    ]
 
 
 def test_more_samples_per_problem_tops_up_an_earlier_run(tiny_model_dir, gold_answers, tmp_path):
@@ -559,7 +563,6 @@ def test_the_vllm_backend_generates_and_grades(tmp_path):
     assert {r["backend"] for r in records} == {"vllm"} and all(0 < r["num_tokens"] <= 8 for r in records)
 
 
-@pytest.mark.slow
 def test_smollm2_generations_are_graded_for_real(tmp_path, capsys):
     """SmolLM2-135M-Instruct (offline GGUF) answers three easy problems and three AIME samples; every stored grade
     is what the reward functions give the stored completion."""

@@ -293,7 +293,8 @@ class DataParallelBackend:
             if devices_per_rank:
                 devices = ",".join(str(rank * devices_per_rank + d) for d in range(devices_per_rank))
             inbox, outbox = context.Queue(), context.Queue()
-            process = context.Process(target=_worker_main, args=(spec.to_json(), devices, inbox, outbox), daemon=True)
+            # Not a daemon: vLLM starts its own engine processes, which daemonic processes may not do.
+            process = context.Process(target=_worker_main, args=(spec.to_json(), devices, inbox, outbox))
             process.start()
             self._workers.append((process, inbox, outbox))
         for rank in range(data_parallel_size):

@@ -40,7 +40,7 @@ class EvalConfig:
     settings, 32 samples per problem on AIME24, AIME25 and AMC23 and 4 on the others, up to 20,480 new tokens.
     """
 
-    model: str = field(
+    model: str | None = field(
         default=None,
         metadata={
             "help": "The model to evaluate: a Hub id, a local checkpoint directory, a LoRA adapter directory (its "

@@ -293,6 +293,7 @@ def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) ->
                     "benchmarks": scores,
                     "average": average,
                     "samples_file": str(store.path),
+                    "samples_generated_this_run": pending,
                 }
             )
     finally:
@@ -314,7 +315,7 @@ def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) ->
         "graders": list(config.graders),
         "backend": backend_name,
         "seed": config.seed,
-        "seconds": round(time.perf_counter() - started, 1),
+        "seconds_this_run": round(time.perf_counter() - started, 1),
     }
     rows = summary_rows(summary, with_paper=config.paper_comparison)
     for other in config.compare:

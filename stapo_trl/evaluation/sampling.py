@@ -22,7 +22,8 @@ class SamplingPreset:
 
 
 def sampling_label(temperature: float, top_p: float) -> str:
-    return f"T={temperature:g}, top-p={top_p:g}"
+    """`T=1.0, top-p=1.0`, as the paper writes its settings."""
+    return f"T={float(temperature)}, top-p={float(top_p)}"
 
 
 SAMPLING_PRESETS: dict[str, SamplingPreset] = {
