@@ -48,3 +48,20 @@ def test_the_main_job_command_installs_then_runs_the_quickstart_recipe():
     recipe = command.rsplit("--config ", 1)[1]
     assert (README.parent / recipe).is_file()
     assert command.endswith(f"stapo-trl train --config {recipe}")
+
+
+def test_the_evaluation_snippet_builds_a_valid_config(monkeypatch):
+    import stapo_trl.evaluation
+
+    (snippet,) = [block for block in python_blocks() if "EvalConfig(model=" in block]
+    seen = []
+
+    class Result:
+        table = "table"
+        summary = {"settings": [{"benchmarks": {"aime24": {"avg_at_k": 1.0}}}]}
+
+    monkeypatch.setattr(stapo_trl.evaluation, "evaluate", lambda config: seen.append(config) or Result())
+    with contextlib.redirect_stdout(io.StringIO()):
+        exec(compile(snippet, "README.md", "exec"), {})
+    (config,) = seen
+    assert config.benchmarks == ["aime24", "math500"] and config.sampling_settings() == [("justrl", 0.7, 0.9)]
