@@ -453,6 +453,17 @@ def test_the_cli_reports_bad_input_in_one_line_without_a_traceback(tiny_model_di
     assert "Traceback" not in capsys.readouterr().err
 
 
+def test_an_interrupted_cli_run_says_how_to_resume(monkeypatch, capsys):
+    import stapo_trl.evaluation
+
+    def interrupted(config):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(stapo_trl.evaluation, "evaluate", interrupted)
+    assert run_cli("--model", "some/model") == 130
+    assert "run the same command again to resume" in capsys.readouterr().err
+
+
 def test_a_tokenizer_without_a_chat_template_is_an_error_unless_asked_for_plain_prompts(
     tiny_model_dir, tmp_path, capsys
 ):

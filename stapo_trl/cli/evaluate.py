@@ -59,6 +59,13 @@ def eval_command(argv: list[str]) -> int:
     except expected as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(
+            f"\n{PROG}: interrupted. Every finished batch of samples is saved in the output directory; run the same "
+            "command again to resume.",
+            file=sys.stderr,
+        )
+        return 130
     print()
     for setting in result.summary["settings"]:
         print("\n".join(describe_setting(result.summary["model"]["label"], setting, result.summary["graders"])))
