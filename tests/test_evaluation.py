@@ -22,10 +22,12 @@ from stapo_trl.evaluation import (
     SampleStore,
     avg_at_k,
     avg_at_k_standard_error,
+    chart_series,
     evaluate,
     markdown_table,
     paper_row,
     pass_at_k,
+    plot_results,
     resolve_model,
     score_benchmark,
     summary_rows,
@@ -197,6 +199,7 @@ def test_evaluate_scores_scripted_generations_on_every_shipped_benchmark(tiny_mo
     assert len(lines) == 4 * sum(SAMPLE_SIZES.values())
     assert json.loads(result.files["summary"].read_text()) == result.summary
     assert result.files["table"].read_text() == result.table
+    assert result.files["chart"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_killed_evaluation_resumes_without_redoing_finished_samples(tiny_model_dir, gold_answers, tmp_path):
@@ -306,6 +309,24 @@ def test_cells_with_another_k_or_a_partial_benchmark_are_marked():
     summary["settings"][0]["benchmarks"]["aime24"]["partial"] = True
     table = markdown_table(summary_rows(summary))
     assert "| 12.35*† |" in table and "† k differs" in table and "* on part of the benchmark" in table
+
+
+def test_the_chart_has_one_series_per_row_with_the_papers_values_beside_ours(tmp_path):
+    rows = summary_rows(_summary(size="1.7B", method="stapo"))
+    series = chart_series(rows)
+    assert list(series) == [
+        "my-run (T=1, top-p=1)",
+        "paper: Qwen3-1.7B-Base STAPO (T=1, top-p=1)",
+        "my-run (T=0.7, top-p=0.9)",
+        "paper: Qwen3-1.7B-Base STAPO (T=0.7, top-p=0.9)",
+    ]
+    assert series["my-run (T=1, top-p=1)"] == {"aime24": 12.345, "math500": 12.345, "average": 12.345}
+    assert series["paper: Qwen3-1.7B-Base STAPO (T=1, top-p=1)"]["olympiadbench"] == 38.54
+    assert series["paper: Qwen3-1.7B-Base STAPO (T=1, top-p=1)"]["average"] == 38.18
+    png = plot_results(rows, tmp_path / "chart.png", title="t")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="no result rows"):
+        plot_results([], tmp_path / "empty.png")
 
 
 def test_paper_rows_exist_only_for_the_papers_sizes_and_methods():

@@ -14,6 +14,7 @@ from .backends import (
     VLLMBackend,
     build_backend,
 )
+from .chart import chart_series, plot_results
 from .config import ALL_BENCHMARKS, EvalConfig, EvalConfigError
 from .grading import DEFAULT_GRADERS, Grade, Grader
 from .greedy import GreedyAccuracy, greedy_accuracy
@@ -57,12 +58,14 @@ __all__ = [
     "avg_at_k",
     "avg_at_k_standard_error",
     "build_backend",
+    "chart_series",
     "evaluate",
     "greedy_accuracy",
     "load_summary",
     "markdown_table",
     "pass_at_k",
     "paper_row",
+    "plot_results",
     "resolve_model",
     "score_benchmark",
     "summary_rows",

@@ -27,6 +27,7 @@ from .backends import (
     build_backend,
     require_vllm,
 )
+from .chart import plot_results
 from .config import EvalConfig, EvalConfigError
 from .grading import Grader
 from .models import ModelNotFoundError, ResolvedModel, resolve_model
@@ -40,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 SUMMARY_FILE = "summary.json"
 TABLE_FILE = "results.md"
+CHART_FILE = "results.png"
 DEFAULT_BATCH_SIZE = {"transformers": 16, "vllm": 4096}
 
 
@@ -60,6 +62,8 @@ class EvalResult:
     @property
     def files(self) -> dict[str, Path]:
         files = {"summary": self.output_dir / SUMMARY_FILE, "table": self.output_dir / TABLE_FILE}
+        if (self.output_dir / CHART_FILE).is_file():
+            files["chart"] = self.output_dir / CHART_FILE
         for setting in self.summary["settings"]:
             files[f"samples ({setting['name']})"] = Path(setting["samples_file"])
         return files
@@ -320,10 +324,13 @@ def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) ->
     rows = summary_rows(summary, with_paper=config.paper_comparison)
     for other in config.compare:
         rows += summary_rows(load_summary(other), with_paper=config.paper_comparison)
-    table = markdown_table(_unique_rows(rows))
+    rows = _unique_rows(rows)
+    table = markdown_table(rows)
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     (output_dir / TABLE_FILE).write_text(table)
+    if any(row.values for row in rows):
+        plot_results(rows, output_dir / CHART_FILE, title="avg@k by benchmark")
     return EvalResult(summary=summary, table=table, output_dir=output_dir)
 
 

@@ -27,12 +27,16 @@ SUBSET_AVERAGE_MARK = "‡"
 
 @dataclass
 class TableRow:
+    """One table row: `cells` and `average` as printed (with marks), `values` and `average_value` as numbers."""
+
     model: str
     setting: str
     cells: dict[str, str]
     average: str
     source: str = "ours"
     notes: set[str] = field(default_factory=set)
+    values: dict[str, float] = field(default_factory=dict)
+    average_value: float | None = None
 
 
 def _format(value: float) -> str:
@@ -60,7 +64,17 @@ def summary_rows(summary: dict[str, Any], *, with_paper: bool = True) -> list[Ta
             if set(setting["benchmarks"]) != set(PAPER_BENCHMARKS):
                 average += SUBSET_AVERAGE_MARK
                 notes.add(SUBSET_AVERAGE_MARK)
-        rows.append(TableRow(model["label"], setting["label"], cells, average, notes=notes))
+        rows.append(
+            TableRow(
+                model["label"],
+                setting["label"],
+                cells,
+                average,
+                notes=notes,
+                values={name: score["avg_at_k"] for name, score in setting["benchmarks"].items()},
+                average_value=setting["average"] if setting["benchmarks"] else None,
+            )
+        )
         paper = paper_row(model.get("size"), model.get("method"), setting["name"]) if with_paper else None
         if paper is not None:
             rows.append(
@@ -70,6 +84,8 @@ def summary_rows(summary: dict[str, Any], *, with_paper: bool = True) -> list[Ta
                     {name: _format(value) for name, value in paper.scores.items()},
                     _format(paper.average),
                     source="paper",
+                    values=dict(paper.scores),
+                    average_value=paper.average,
                 )
             )
     return rows
