@@ -249,6 +249,14 @@ def test_resuming_with_other_sampling_settings_is_refused_unless_overwriting(tin
     assert sum(len(indices) for _, indices in backend.calls) == 4 * sum(SAMPLE_SIZES.values())
 
 
+def test_a_missing_comparison_run_is_reported_before_any_generation(tiny_model_dir, gold_answers, tmp_path):
+    backend = ScriptedBackend(gold_answers)
+    config = scripted_config(tiny_model_dir, tmp_path / "eval", compare=[str(tmp_path / "earlier-run")])
+    with pytest.raises(FileNotFoundError, match="No evaluation summary"):
+        evaluate(config, backend=backend)
+    assert backend.calls == []
+
+
 def test_a_damaged_line_inside_the_results_file_is_an_error(tmp_path):
     path = tmp_path / "samples.jsonl"
     SampleStore(path, {"a": 1})

@@ -174,6 +174,42 @@ def _pending_requests(
     return chunks
 
 
+def _generate_and_grade(
+    generator: GenerationBackend,
+    part: list[tuple[Problem, GenerationRequest]],
+    sampling: SamplingParameters,
+    grader: Grader,
+    backend_name: str,
+) -> list[dict[str, Any]]:
+    """Generate one chunk of samples and grade them: the records to append to the results file."""
+    generations = generator.generate([request for _, request in part], sampling)
+    records = []
+    for (problem, request), outputs in zip(part, generations, strict=True):
+        if len(outputs) != len(request.sample_indices):
+            raise RuntimeError(
+                f"The {backend_name} backend returned {len(outputs)} samples for {request.key}, "
+                f"expected {len(request.sample_indices)}."
+            )
+        grades = grader.grade([output.text for output in outputs], [problem.answer] * len(outputs))
+        for index, output, grade in zip(request.sample_indices, outputs, grades, strict=True):
+            records.append(
+                {
+                    "benchmark": problem.benchmark,
+                    "problem_id": problem.problem_id,
+                    "sample": index,
+                    "answer": problem.answer,
+                    "completion": output.text,
+                    "num_tokens": output.num_tokens,
+                    "finish_reason": output.finish_reason,
+                    "grades": grade.scores,
+                    "extracted": grade.extracted,
+                    "correct": grade.correct,
+                    "backend": backend_name,
+                }
+            )
+    return records
+
+
 def _score_setting(
     config: EvalConfig, store: SampleStore, problems: dict[str, list[Problem]], partial: dict[str, bool]
 ) -> tuple[dict[str, Any], float | None]:
@@ -225,6 +261,8 @@ def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) ->
     grader = Grader(config.graders)
     chunk = config.batch_size or DEFAULT_BATCH_SIZE.get(backend_name.split()[0], 16)
     chunk *= max(1, config.data_parallel_size)
+    total_problems = sum(len(rows) for rows in problems.values())
+    compared = [load_summary(other) for other in config.compare]
 
     owned_backend = None
     settings_summary = []
@@ -251,40 +289,13 @@ def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) ->
                     disable=not config.show_progress,
                     dynamic_ncols=True,
                 )
-                problems_done = _problems_done(problems, config, store)
-                progress.set_postfix_str(f"problems {problems_done}/{sum(map(len, problems.values()))}")
+                progress.set_postfix_str(f"problems {_problems_done(problems, config, store)}/{total_problems}")
                 for part in chunks:
-                    requests = [request for _, request in part]
-                    generations = generator.generate(requests, sampling)
-                    records = []
-                    for (problem, request), outputs in zip(part, generations, strict=True):
-                        if len(outputs) != len(request.sample_indices):
-                            raise RuntimeError(
-                                f"The {backend_name} backend returned {len(outputs)} samples for {request.key}, "
-                                f"expected {len(request.sample_indices)}."
-                            )
-                        grades = grader.grade([o.text for o in outputs], [problem.answer] * len(outputs))
-                        for index, output, grade in zip(request.sample_indices, outputs, grades, strict=True):
-                            records.append(
-                                {
-                                    "benchmark": problem.benchmark,
-                                    "problem_id": problem.problem_id,
-                                    "sample": index,
-                                    "answer": problem.answer,
-                                    "completion": output.text,
-                                    "num_tokens": output.num_tokens,
-                                    "finish_reason": output.finish_reason,
-                                    "grades": grade.scores,
-                                    "extracted": grade.extracted,
-                                    "correct": grade.correct,
-                                    "backend": backend_name,
-                                }
-                            )
+                    records = _generate_and_grade(generator, part, sampling, grader, backend_name)
                     store.append(records)
                     progress.update(len(records))
                     progress.set_postfix_str(
-                        f"{part[-1][0].benchmark}, problems "
-                        f"{_problems_done(problems, config, store)}/{sum(map(len, problems.values()))}"
+                        f"{part[-1][0].benchmark}, problems {_problems_done(problems, config, store)}/{total_problems}"
                     )
                 progress.close()
             scores, average = _score_setting(config, store, problems, partial)
@@ -322,8 +333,8 @@ def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) ->
         "seconds_this_run": round(time.perf_counter() - started, 1),
     }
     rows = summary_rows(summary, with_paper=config.paper_comparison)
-    for other in config.compare:
-        rows += summary_rows(load_summary(other), with_paper=config.paper_comparison)
+    for other in compared:
+        rows += summary_rows(other, with_paper=config.paper_comparison)
     rows = _unique_rows(rows)
     table = markdown_table(rows)
     output_dir.mkdir(parents=True, exist_ok=True)
