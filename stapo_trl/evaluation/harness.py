@@ -262,6 +262,7 @@ def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) ->
     chunk = config.batch_size or DEFAULT_BATCH_SIZE.get(backend_name.split()[0], 16)
     chunk *= max(1, config.data_parallel_size)
     total_problems = sum(len(rows) for rows in problems.values())
+    expected = sum(len(rows) * config.samples_for(name) for name, rows in problems.items())
     compared = [load_summary(other) for other in config.compare]
 
     owned_backend = None
@@ -274,7 +275,6 @@ def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) ->
                 overwrite=config.overwrite,
             )
             chunks = _pending_requests(problems, config, store, chunk)
-            expected = sum(len(rows) * config.samples_for(b) for b, rows in problems.items())
             pending = sum(len(request.sample_indices) for part in chunks for _, request in part)
             if pending:
                 if backend is None and owned_backend is None:

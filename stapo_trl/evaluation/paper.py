@@ -61,10 +61,6 @@ class PaperRow:
         return f"paper: Qwen3-{self.size}-Base {METHOD_TITLES.get(self.method, self.method)}"
 
 
-def paper_methods() -> list[str]:
-    return sorted({method for _, method in _TABLE_2})
-
-
 def paper_row(size: str | None, method: str | None, setting: str) -> PaperRow | None:
     """The paper's row for a model size ("1.7B", "8B", "14B"), a method and a setting, or None if the paper has none."""
     if not size or not method:

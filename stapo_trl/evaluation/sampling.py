@@ -15,11 +15,6 @@ class SamplingPreset:
     top_p: float
     description: str
 
-    @property
-    def label(self) -> str:
-        """How tables name the setting, for example `T=1.0, top-p=1.0`."""
-        return sampling_label(self.temperature, self.top_p)
-
 
 def sampling_label(temperature: float, top_p: float) -> str:
     """`T=1.0, top-p=1.0`, as the paper writes its settings."""
