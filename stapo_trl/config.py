@@ -1,15 +1,20 @@
-"""`STAPOConfig`: `GRPOConfig` plus the S2T spurious-token mask of STAPO (arXiv 2602.15620)."""
+"""`STAPOConfig`: `GRPOConfig` plus the token rules: STAPO's S2T mask (arXiv 2602.15620), STARE and your own."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
+
+from .token_rules import GATE_MODES, STARE_VARIANTS, TOKEN_RULES
 
 TOKEN_STATS_SOURCES = ("generation", "loss")
 TOKEN_STATS_BACKENDS = ("auto", "trl", "torch", "liger")
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 """The loss aggregations of TRL 1.16's `GRPOTrainer`."""
+STARE_SELECTION_POOLS = ("micro_batch", "optimizer_step")
+BUILT_IN_RULE_SWITCHES = {"s2t": "use_s2t_mask", "stare": "use_stare"}
 
 
 @dataclass
@@ -35,6 +40,45 @@ class STAPOConfig(GRPOConfig):
         token_stats_backend (`str`, *optional*, defaults to `"auto"`):
             How a statistics pass computes `p` and `H`: `"trl"` (the model's TRL fused LM head), `"torch"` (our
             chunked op), `"liger"` (Liger's fused linear cross-entropy) or `"auto"`.
+
+        > Parameters of STARE (surprisal-guided token-level advantage reweighting, arXiv 2606.19236)
+
+        use_stare (`bool`, *optional*, defaults to `False`):
+            Multiply the advantage of the highest-surprisal tokens of each advantage sign while the target-entropy
+            gate is on.
+        stare_variant (`str`, *optional*, defaults to `"O1"`):
+            `"O1"` weights the positive-advantage selection by `W`; `"C2"` also weights the negative one by `M`.
+        stare_top_surprisal_share (`float`, *optional*, defaults to `0.1`):
+            `P`: the share of each advantage-sign subset that is selected, by highest surprisal `-log p`.
+        stare_positive_weight (`float`, *optional*, defaults to `1.1`):
+            `W` (the paper uses 1.05 for 14B and 32B models).
+        stare_negative_weight (`float`, *optional*, defaults to `0.9`):
+            `M`, C2 only (0.95 for 14B and 32B).
+        stare_target_entropy (`float`, *optional*, defaults to `0.3`):
+            The gate is on while the batch's mean token entropy (nats) under the pre-update policy is below this.
+        stare_gate (`str`, *optional*, defaults to `"entropy"`):
+            `"entropy"` (closed loop), `"on"` (always on: the no-gate ablation) or `"off"` (never: exactly GRPO).
+        stare_adaptive (`bool`, *optional*, defaults to `False`):
+            Move `W` and `M` by `stare_alpha` toward more reweighting while the entropy is below target, and back
+            while above, within `[1, stare_max_positive_weight]` and `[stare_min_negative_weight, 1]`.
+        stare_alpha (`float`, *optional*, defaults to `0.01`):
+            The adaptive step.
+        stare_max_positive_weight (`float`, *optional*, defaults to `1.5`):
+            The adaptive upper clamp of `W`.
+        stare_min_negative_weight (`float`, *optional*, defaults to `0.5`):
+            The adaptive lower clamp of `M`.
+        stare_selection_pool (`str`, *optional*, defaults to `"micro_batch"`):
+            Where the top-surprisal share is taken: `"micro_batch"` (each micro-batch of each process alone, as the
+            reference code does) or `"optimizer_step"` (all micro-batches of the step, across all processes).
+
+        > Your own token rules
+
+        token_rules (`list[str]`, *optional*, defaults to `[]`):
+            Names of rules registered with `stapo_trl.token_rules.register_token_rule`, applied in this order after
+            S2T and STARE.
+        token_rule_kwargs (`dict` or `str`, *optional*):
+            Keyword arguments per rule name, for example `{"my_rule": {"alpha": 0.5}}` (a JSON string on the command
+            line).
 
     Defaults that follow the paper where TRL's differ, or could drift: `epsilon_high=0.28`, `beta=0.0`,
     `loss_type="dapo"`.
@@ -107,6 +151,92 @@ class STAPOConfig(GRPOConfig):
         },
     )
 
+    use_stare: bool = field(
+        default=False,
+        metadata={
+            "help": "STARE: multiply the advantage of the highest-surprisal tokens of each advantage sign (W for "
+            "positive, M for negative with variant C2) while the batch entropy is below stare_target_entropy."
+        },
+    )
+    stare_variant: str = field(
+        default="O1",
+        metadata={
+            "help": "'O1': weight only the positive-advantage selection by W. 'C2': also weight the negative-"
+            "advantage selection by M.",
+            "choices": list(STARE_VARIANTS),
+        },
+    )
+    stare_top_surprisal_share: float = field(
+        default=0.1,
+        metadata={
+            "help": "P, in (0, 1]: ceil(P * n) of the n positive-advantage tokens (and, for C2, of the negative ones) "
+            "with the highest surprisal -log p are selected; ties at the boundary are all selected."
+        },
+    )
+    stare_positive_weight: float = field(
+        default=1.1,
+        metadata={
+            "help": "W > 0: the advantage multiplier of the positive selection. The paper uses 1.05 at 14B/32B."
+        },
+    )
+    stare_negative_weight: float = field(
+        default=0.9,
+        metadata={"help": "M > 0: the advantage multiplier of the negative selection (variant C2 only)."},
+    )
+    stare_target_entropy: float = field(
+        default=0.3,
+        metadata={
+            "help": "H_target in nats: the reweighting is on while the mean token entropy of the generation batch, "
+            "under the policy that generated it, is strictly below this."
+        },
+    )
+    stare_gate: str = field(
+        default="entropy",
+        metadata={
+            "help": "'entropy': the closed-loop gate. 'on': always reweight (the no-gate ablation). 'off': never "
+            "reweight, which trains exactly as GRPO (a check).",
+            "choices": list(GATE_MODES),
+        },
+    )
+    stare_adaptive: bool = field(
+        default=False,
+        metadata={
+            "help": "Adaptive schedule: at each generation, W += alpha * sign(H_target - H) clipped to "
+            "[1, stare_max_positive_weight], and M -= alpha * sign(H_target - H) clipped to "
+            "[stare_min_negative_weight, 1]."
+        },
+    )
+    stare_alpha: float = field(default=0.01, metadata={"help": "The adaptive schedule's step (stare_adaptive only)."})
+    stare_max_positive_weight: float = field(
+        default=1.5, metadata={"help": "Upper clamp of W under the adaptive schedule (stare_adaptive only)."}
+    )
+    stare_min_negative_weight: float = field(
+        default=0.5, metadata={"help": "Lower clamp of M under the adaptive schedule (stare_adaptive only)."}
+    )
+    stare_selection_pool: str = field(
+        default="micro_batch",
+        metadata={
+            "help": "Where the top-surprisal share is taken. 'micro_batch': in each micro-batch of each process "
+            "separately, as the reference verl code does (the selection then depends on per_device_train_batch_size "
+            "and the number of processes). 'optimizer_step': over every micro-batch of the optimizer step and every "
+            "process, like the S2T pool, so the selection does not depend on how the batch is split.",
+            "choices": list(STARE_SELECTION_POOLS),
+        },
+    )
+    token_rules: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Names of your own token rules, registered with stapo_trl.token_rules.register_token_rule, "
+            "applied in this order after S2T (use_s2t_mask) and STARE (use_stare)."
+        },
+    )
+    token_rule_kwargs: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": 'Keyword arguments for your token rules, by rule name, e.g. \'{"my_rule": {"alpha": 0.5}}\'.'
+        },
+    )
+
     def __post_init__(self):
         if self.use_liger_kernel:
             raise ValueError(
@@ -147,20 +277,142 @@ class STAPOConfig(GRPOConfig):
                     f"token_stats_backend='liger' needs liger-kernel>=0.8.5, which is not installed: "
                     f"{LIGER_INSTALL_HINT}. Or set token_stats_backend='auto'."
                 )
-        if not self.use_s2t_mask:
-            return
-        if self.top_entropy_quantile < 1.0:
+        if isinstance(self.stare_variant, str):
+            self.stare_variant = self.stare_variant.upper()
+        self._validate_stare()
+        self._validate_token_rules()
+
+        if self.use_s2t_mask and self.top_entropy_quantile < 1.0:
             raise ValueError(
                 f"use_s2t_mask=True conflicts with top_entropy_quantile={self.top_entropy_quantile}: both select "
                 "tokens by entropy, in opposite directions (20-Entropy keeps only the highest-entropy tokens without "
                 "renormalizing; S2T silences the lowest-entropy low-probability positive tokens). Run one method: "
                 "set top_entropy_quantile=1.0 for STAPO, or use_s2t_mask=False for 20-Entropy."
             )
-        steps, accumulation = self.steps_per_generation, self.gradient_accumulation_steps
-        if steps % accumulation != 0:
+        if self.use_stare and self.top_entropy_quantile < 1.0:
             raise ValueError(
-                f"With use_s2t_mask=True, steps_per_generation ({steps}) must be a multiple of "
-                f"gradient_accumulation_steps ({accumulation}): the S2T entropy pool is every token of an optimizer "
-                "step, so all of a step's micro-batches must come from one generation batch. Raise "
-                "steps_per_generation (or generation_batch_size), or lower gradient_accumulation_steps."
+                f"use_stare=True conflicts with top_entropy_quantile={self.top_entropy_quantile}: STARE takes its "
+                "top-surprisal share over every loss token, but 20-Entropy then drops the low-entropy "
+                f"{1 - self.top_entropy_quantile:.0%} of them inside TRL's loss, so the share and the weights would "
+                "refer to tokens that get no gradient. Run one method: top_entropy_quantile=1.0 for STARE, or "
+                "use_stare=False for 20-Entropy."
+            )
+        steps, accumulation = self.steps_per_generation, self.gradient_accumulation_steps
+        if self.active_token_rules and steps % accumulation != 0:
+            raise ValueError(
+                f"With token rules on ({', '.join(self.active_token_rules)}), steps_per_generation ({steps}) must be a "
+                f"multiple of gradient_accumulation_steps ({accumulation}): the rules run once per optimizer step "
+                "over all of its micro-batches (the S2T entropy pool is every token of the step), so all of a step's "
+                "micro-batches must come from one generation batch. Raise steps_per_generation (or "
+                "generation_batch_size), or lower gradient_accumulation_steps."
+            )
+
+    @property
+    def active_token_rules(self) -> list[str]:
+        """The rules the trainer applies, in order: S2T, STARE, then `token_rules`."""
+        built_in = [name for name, switch in BUILT_IN_RULE_SWITCHES.items() if getattr(self, switch)]
+        return built_in + list(self.token_rules)
+
+    def _validate_stare(self) -> None:
+        if self.stare_variant not in STARE_VARIANTS:
+            raise ValueError(f"stare_variant must be one of {STARE_VARIANTS}, got {self.stare_variant!r}.")
+        if self.stare_gate not in GATE_MODES:
+            raise ValueError(f"stare_gate must be one of {GATE_MODES}, got {self.stare_gate!r}.")
+        if self.stare_selection_pool not in STARE_SELECTION_POOLS:
+            raise ValueError(
+                f"stare_selection_pool must be one of {STARE_SELECTION_POOLS}, got {self.stare_selection_pool!r}."
+            )
+        if not 0.0 < self.stare_top_surprisal_share <= 1.0:
+            raise ValueError(
+                f"stare_top_surprisal_share must be in (0, 1], got {self.stare_top_surprisal_share}. It is a "
+                "fraction: the paper's P = 10% is 0.1."
+            )
+        if self.stare_positive_weight <= 0 or self.stare_negative_weight <= 0:
+            raise ValueError(
+                f"stare_positive_weight ({self.stare_positive_weight}) and stare_negative_weight "
+                f"({self.stare_negative_weight}) must be positive: they multiply advantages, and a weight of 0 or "
+                "below would drop or flip a token's update."
+            )
+        if self.stare_target_entropy < 0:
+            raise ValueError(
+                f"stare_target_entropy is an entropy in nats and must be >= 0, got {self.stare_target_entropy}."
+            )
+        if self.stare_alpha < 0:
+            raise ValueError(f"stare_alpha must be >= 0, got {self.stare_alpha}.")
+        if self.stare_max_positive_weight < 1.0 or not 0.0 < self.stare_min_negative_weight <= 1.0:
+            raise ValueError(
+                f"The adaptive clamps must satisfy stare_max_positive_weight >= 1 and 0 < stare_min_negative_weight "
+                f"<= 1, got {self.stare_max_positive_weight} and {self.stare_min_negative_weight}."
+            )
+        defaults = {name: field.default for name, field in type(self).__dataclass_fields__.items()}
+        changed = [name for name in defaults if name.startswith("stare_") and getattr(self, name) != defaults[name]]
+        if not self.use_stare:
+            if changed:
+                raise ValueError(
+                    f"{', '.join(changed)} set, but use_stare=False, so they would be ignored. Set use_stare=True "
+                    "(or method: stare), or remove them."
+                )
+            return
+        unused = []
+        if self.stare_variant == "O1" and "stare_negative_weight" in changed:
+            unused.append("stare_negative_weight applies only to stare_variant='C2'")
+        if not self.stare_adaptive:
+            unused += [
+                f"{name} applies only with stare_adaptive=True"
+                for name in ("stare_alpha", "stare_max_positive_weight", "stare_min_negative_weight")
+                if name in changed
+            ]
+        if unused:
+            raise ValueError(f"These STARE settings would be ignored: {'; '.join(unused)}.")
+        if self.stare_adaptive:
+            if not 1.0 <= self.stare_positive_weight <= self.stare_max_positive_weight:
+                raise ValueError(
+                    f"With stare_adaptive=True, stare_positive_weight ({self.stare_positive_weight}) must start inside "
+                    f"its clamp [1, stare_max_positive_weight={self.stare_max_positive_weight}]."
+                )
+            if self.stare_variant == "C2" and not self.stare_min_negative_weight <= self.stare_negative_weight <= 1.0:
+                raise ValueError(
+                    f"With stare_adaptive=True, stare_negative_weight ({self.stare_negative_weight}) must start inside "
+                    f"its clamp [stare_min_negative_weight={self.stare_min_negative_weight}, 1]."
+                )
+
+    def _validate_token_rules(self) -> None:
+        if isinstance(self.token_rules, str):
+            self.token_rules = [self.token_rules]
+        if isinstance(self.token_rule_kwargs, str):
+            try:
+                self.token_rule_kwargs = json.loads(self.token_rule_kwargs)
+            except json.JSONDecodeError as error:
+                raise ValueError(
+                    f"token_rule_kwargs is not valid JSON ({error}): {self.token_rule_kwargs!r}"
+                ) from None
+        if self.token_rule_kwargs is None:
+            self.token_rule_kwargs = {}
+        if not isinstance(self.token_rule_kwargs, dict) or not all(
+            isinstance(value, dict) for value in self.token_rule_kwargs.values()
+        ):
+            raise ValueError(
+                "token_rule_kwargs must map rule names to keyword dicts, e.g. {'my_rule': {'alpha': 0.5}}; got "
+                f"{self.token_rule_kwargs!r}."
+            )
+        for name in self.token_rules:
+            if name in BUILT_IN_RULE_SWITCHES:
+                raise ValueError(
+                    f"token_rules lists {name!r}, a built-in rule: switch it on with "
+                    f"{BUILT_IN_RULE_SWITCHES[name]}=True instead (it then runs before your rules)."
+                )
+            if name not in TOKEN_RULES:
+                raise ValueError(
+                    f"token_rules lists {name!r}, which is not registered. Registered rules: "
+                    f"{', '.join(sorted(TOKEN_RULES))}. Import the module that registers it (with "
+                    "@stapo_trl.token_rules.register_token_rule) before creating the config."
+                )
+        duplicates = sorted({name for name in self.token_rules if self.token_rules.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"token_rules lists {', '.join(duplicates)} more than once.")
+        stray = sorted(set(self.token_rule_kwargs) - set(self.token_rules))
+        if stray:
+            raise ValueError(
+                f"token_rule_kwargs has arguments for {', '.join(stray)}, which token_rules does not list "
+                f"({self.token_rules}); they would be ignored."
             )

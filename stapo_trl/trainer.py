@@ -1,29 +1,37 @@
-"""`STAPOTrainer`: `GRPOTrainer` with the S2T spurious-token mask of STAPO (arXiv 2602.15620).
+"""`STAPOTrainer`: `GRPOTrainer` with token rules: the S2T spurious-token mask of STAPO (arXiv 2602.15620), STARE
+(arXiv 2606.19236) and any rule registered in :mod:`stapo_trl.token_rules`.
 
-How the mask reaches TRL's loss without copying it: in ``GRPOTrainer._compute_loss`` the single tensor
-``completion_mask * tool_mask`` is both the multiplier of the per-token loss and every denominator, and the
-token-level losses (``dapo``, ``cispo``, ``vespo``) divide by ``num_items_in_batch``. At the start of each optimizer
-step this trainer folds the keep-mask into ``tool_mask`` of that step's micro-batches and subtracts the silenced
-tokens from ``num_items_in_batch``. Every loss type is thereby renormalized over the kept tokens, with TRL's own
-aggregation code.
+How the rules reach TRL's loss without copying it, at the start of each optimizer step:
+
+- A keep-mask is folded into ``tool_mask``. In ``GRPOTrainer._compute_loss`` the single tensor
+  ``completion_mask * tool_mask`` is both the multiplier of the per-token loss and every denominator, and the
+  token-level losses (``dapo``, ``cispo``, ``vespo``) divide by ``num_items_in_batch``, from which the silenced tokens
+  are subtracted. Every loss type is thereby renormalized over the kept tokens, with TRL's own aggregation code.
+- Weights multiply the per-token advantage (TRL accepts ``[B, T]`` advantages). Every TRL 1.16 per-token loss is
+  ``A`` times a factor that depends only on the sign of ``A``, so a positive weight scales the token's policy-gradient
+  term, clip included, and leaves every denominator alone: a token mean not divided by the weights, as STARE asks.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import textwrap
 from typing import Any
 
 import torch
 from accelerate.utils import is_peft_model
 from transformers import TrainingArguments
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import get_config_model_id, maybe_gather_lm_head_ctx
 
 from .config import STAPOConfig
+from .distributed import all_reduce_sum
 from .fused_stats import resolve_backend, token_logprob_entropy
-from .token_rules import spurious_token_mask
+from .token_rules import STAREController, apply_token_rules
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +70,11 @@ LOG_PROBS_KEY = "s2t_log_probs"
 ENTROPIES_KEY = "s2t_entropies"
 UNMASKED_TOOL_MASK_KEY = "s2t_unmasked_tool_mask"
 UNMASKED_NUM_ITEMS_KEY = "s2t_unmasked_num_items"
-SPURIOUS_KEY = "s2t_spurious"
+UNWEIGHTED_ADVANTAGES_KEY = "token_rules_unweighted_advantages"
+SILENCED_KEY = "token_rules_silenced"
+TOKEN_WEIGHTS_KEY = "token_rules_weights"
+
+STARE_STATE_FILE = "stare_controller_state.json"
 
 
 def _as_stapo_config(args: TrainingArguments) -> STAPOConfig:
@@ -94,6 +106,12 @@ class STAPOTrainer(GRPOTrainer):
     of a positive-advantage response with `p < prob_threshold` is a candidate; candidates whose entropy is below the
     `entropy_quantile`-th quantile of the candidates' entropies are silenced, and the loss is renormalized over the
     kept tokens (see the module docstring for how).
+
+    The S2T mask is the first of the token rules (`args.active_token_rules`): S2T (`use_s2t_mask`), then STARE
+    (`use_stare`), then your own registered `token_rules`, each seeing the tokens the rules before it kept. STARE's
+    gate and weights live in a [`~stapo_trl.token_rules.STAREController`] (`self.stare_controller`), updated once per
+    generation from the batch's mean token entropy under the generating policy, saved with each checkpoint
+    (`stare_controller_state.json`) and restored by `resume_from_checkpoint`.
 
     Where `p` and `H` come from (`token_stats_source`):
 
@@ -128,7 +146,22 @@ class STAPOTrainer(GRPOTrainer):
             args = _as_stapo_config(args)
         super().__init__(model, reward_funcs, args, *positional, **kwargs)
         self._generation_global_step: int | None = None
-        self.token_stats_backend = self._resolve_token_stats_backend() if args.use_s2t_mask else None
+        self.token_rules = args.active_token_rules
+        self.token_stats_backend = self._resolve_token_stats_backend() if self.token_rules else None
+        self.stare_controller = (
+            STAREController(
+                target_entropy=args.stare_target_entropy,
+                positive_weight=args.stare_positive_weight,
+                negative_weight=args.stare_negative_weight,
+                adaptive=args.stare_adaptive,
+                alpha=args.stare_alpha,
+                max_positive_weight=args.stare_max_positive_weight,
+                min_negative_weight=args.stare_min_negative_weight,
+                gate_mode=args.stare_gate,
+            )
+            if args.use_stare
+            else None
+        )
 
     # ------------------------------------------------------------------ statistics
     def _policy_parts(self):
@@ -254,7 +287,7 @@ class STAPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ generation
     def _generate_and_score_completions(self, inputs):
-        collect = self.args.use_s2t_mask and self.model.training
+        collect = bool(self.token_rules) and self.model.training
         self._captured_token_stats = [] if collect else None
         try:
             output = super()._generate_and_score_completions(inputs)
@@ -265,30 +298,78 @@ class STAPOTrainer(GRPOTrainer):
 
         old_log_probs = output.get("old_per_token_logps")
         stats = next((pair for pair in captured if old_log_probs is not None and pair[0] is old_log_probs), None)
-        if stats is None and self.args.token_stats_source == "generation":
+        # STARE's gate reads the generating policy's entropy, so it needs generation-time statistics either way.
+        if stats is None and (self.args.token_stats_source == "generation" or self.stare_controller is not None):
             stats = self.compute_token_stats(output)
         if stats is not None:
             output[LOG_PROBS_KEY], output[ENTROPIES_KEY] = stats
         output[UNMASKED_TOOL_MASK_KEY] = output.get("tool_mask")
         output[UNMASKED_NUM_ITEMS_KEY] = output["num_items_in_batch"]
+        output[UNWEIGHTED_ADVANTAGES_KEY] = output["advantages"]
         self._generation_global_step = self.state.global_step
+        if self.stare_controller is not None:
+            self.stare_controller.update(self._mean_token_entropy(output))
         return output
+
+    def _mean_token_entropy(self, batch: dict[str, Any]) -> float:
+        """Mean entropy of the loss tokens of a generation batch, over all processes."""
+        loss_mask = batch["completion_mask"]
+        if batch.get("tool_mask") is not None:
+            loss_mask = loss_mask * batch["tool_mask"]
+        loss_mask = loss_mask.bool() & torch.isfinite(batch[ENTROPIES_KEY])
+        entropies = batch[ENTROPIES_KEY].double()
+        total, count = all_reduce_sum(torch.stack([entropies[loss_mask].sum(), loss_mask.sum().double()])).tolist()
+        return total / count if count else float("nan")
 
     def _prepare_inputs(self, generation_batch):
         inputs = super()._prepare_inputs(generation_batch)
-        if self.args.use_s2t_mask and self.model.training:
+        if self.token_rules and self.model.training:
             accumulation = self.args.gradient_accumulation_steps
             index = self._step % self.args.steps_per_generation
             if index % accumulation == 0:
-                self.apply_s2t_mask(self._buffered_inputs[index : index + accumulation])
+                self.apply_token_rules(self._buffered_inputs[index : index + accumulation])
         return inputs
 
-    # ------------------------------------------------------------------ the mask
-    def apply_s2t_mask(self, step_batches: list[dict[str, Any]]) -> dict[str, float | int]:
-        """Mask the micro-batches of one optimizer step, in place, and log the S2T statistics.
+    # ------------------------------------------------------------------ the token rules
+    def token_rule_calls(self, step_batches: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+        """The ``(name, params)`` of each active rule for one optimizer step, in the order they apply."""
+        calls = []
+        for name in self.token_rules:
+            if name == "s2t":
+                params = {"prob_threshold": self.args.prob_threshold, "entropy_quantile": self.args.entropy_quantile}
+            elif name == "stare":
+                params = self._stare_params(step_batches)
+            else:
+                params = dict(self.args.token_rule_kwargs.get(name, {}))
+            calls.append((name, params))
+        return calls
 
-        Sets ``tool_mask`` (the unmasked tool mask times the keep-mask) and ``num_items_in_batch`` (TRL's count minus
-        the silenced tokens, scaled as TRL scales it) on each micro-batch, and ``s2t_spurious`` for diagnostics.
+    def _stare_params(self, step_batches: list[dict[str, Any]]) -> dict[str, Any]:
+        controller = self.stare_controller
+        params = {
+            "variant": self.args.stare_variant,
+            "top_surprisal_share": self.args.stare_top_surprisal_share,
+            "positive_weight": controller.positive_weight,
+            "negative_weight": controller.negative_weight,
+            "gate_on": controller.gate_on,
+        }
+        if self.args.stare_selection_pool == "micro_batch":
+            sizes = [batch["completion_ids"].size(0) for batch in step_batches]
+            device = step_batches[0]["completion_ids"].device
+            params["groups"] = torch.repeat_interleave(
+                torch.arange(len(sizes), device=device), torch.tensor(sizes, device=device)
+            )
+            params["across_processes"] = False
+            params["reduce_statistics"] = True
+        return params
+
+    def apply_token_rules(self, step_batches: list[dict[str, Any]]) -> dict[str, dict[str, float | int]]:
+        """Apply the active token rules to the micro-batches of one optimizer step, in place, and log their statistics.
+
+        On each micro-batch this sets ``tool_mask`` (the unmasked tool mask times the keep-mask), ``num_items_in_batch``
+        (TRL's count minus the silenced tokens, scaled as TRL scales it) and ``advantages`` (the generation's advantages
+        times the weights, ``[B, T]``, when a rule weights a token other than 1), plus ``token_rules_silenced`` and
+        ``token_rules_weights`` for diagnostics. Returns each rule's statistics by rule name.
         """
         stale = self.state.global_step != self._generation_global_step
         for batch in step_batches:
@@ -301,36 +382,88 @@ class STAPOTrainer(GRPOTrainer):
             else batch["completion_mask"] * batch[UNMASKED_TOOL_MASK_KEY]
             for batch in step_batches
         ]
-        spurious, stats = spurious_token_mask(
+        loss_mask = torch.cat(loss_masks).bool()
+        composed = apply_token_rules(
+            self.token_rule_calls(step_batches),
             torch.cat([batch[LOG_PROBS_KEY] for batch in step_batches]),
             torch.cat([batch[ENTROPIES_KEY] for batch in step_batches]),
-            torch.cat([batch["advantages"] for batch in step_batches]),
-            torch.cat(loss_masks),
-            prob_threshold=self.args.prob_threshold,
-            entropy_quantile=self.args.entropy_quantile,
+            torch.cat([batch[UNWEIGHTED_ADVANTAGES_KEY] for batch in step_batches]),
+            loss_mask,
         )
+        silenced = loss_mask & ~composed.keep
+        num_silenced = int(all_reduce_sum(silenced.sum().reshape(1))[0])
 
         # TRL's dapo normalizer is num_items_in_batch * GA / steps_per_generation: an optimizer step's share of the
         # generation's tokens. Subtracting the step's silenced tokens at that scale leaves kept tokens per step.
-        silenced_at_generation_scale = stats["num_spurious"] * (
+        silenced_at_generation_scale = num_silenced * (
             self.args.steps_per_generation // self.args.gradient_accumulation_steps
         )
         sizes = [batch["completion_ids"].size(0) for batch in step_batches]
-        for batch, batch_spurious in zip(step_batches, spurious.split(sizes), strict=True):
-            keep = (~batch_spurious).to(batch["completion_mask"].dtype)
+        weights = composed.weights
+        if weights is not None and bool((weights == 1).all()):
+            weights = None
+        weight_chunks = [None] * len(sizes) if weights is None else weights.split(sizes)
+        for batch, batch_silenced, batch_weights in zip(
+            step_batches, silenced.split(sizes), weight_chunks, strict=True
+        ):
+            keep = (~batch_silenced).to(batch["completion_mask"].dtype)
             unmasked_tool_mask = batch[UNMASKED_TOOL_MASK_KEY]
             batch["tool_mask"] = keep if unmasked_tool_mask is None else unmasked_tool_mask * keep
             batch["num_items_in_batch"] = batch[UNMASKED_NUM_ITEMS_KEY] - silenced_at_generation_scale
-            batch[SPURIOUS_KEY] = batch_spurious
-        self._log_s2t_stats(stats)
-        return stats
+            advantages = batch[UNWEIGHTED_ADVANTAGES_KEY]
+            if batch_weights is not None:
+                advantages = (advantages if advantages.dim() == 2 else advantages.unsqueeze(1)) * batch_weights
+            batch["advantages"] = advantages
+            batch[SILENCED_KEY] = batch_silenced
+            batch[TOKEN_WEIGHTS_KEY] = batch_weights
+        self._log_token_rule_stats(composed.stats)
+        return composed.stats
 
-    def _log_s2t_stats(self, stats: dict[str, float | int]) -> None:
+    def _log_token_rule_stats(self, stats: dict[str, dict[str, float | int]]) -> None:
         metrics = self._metrics["train"]
-        metrics["s2t/masked_fraction"].append(stats["spurious_fraction"])
-        metrics["s2t/num_masked"].append(stats["num_spurious"])
-        metrics["s2t/num_candidates"].append(stats["num_candidates"])
-        metrics["s2t/entropy_threshold"].append(stats["entropy_threshold"])
-        for percentile in ("p50", "p80", "p99"):
-            metrics[f"s2t/entropy_{percentile}"].append(stats[f"entropy_{percentile}"])
-        metrics["s2t/masked_grad_sq_share"].append(stats["masked_grad_sq_share"])
+        for rule, rule_stats in stats.items():
+            for key, value in rule_stats.items():
+                metrics[f"{rule}/{key}"].append(value)
+        if self.stare_controller is not None:
+            metrics["stare/positive_weight"].append(self.stare_controller.positive_weight)
+            metrics["stare/negative_weight"].append(self.stare_controller.negative_weight)
+            metrics["stare/batch_entropy"].append(self.stare_controller.batch_entropy)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self.stare_controller is not None and self.args.should_save:
+            checkpoint = os.path.join(
+                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            )
+            with open(os.path.join(checkpoint, STARE_STATE_FILE), "w") as file:
+                json.dump(self.stare_controller.state_dict(), file, indent=2)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if self.stare_controller is None or checkpoint is None:
+            return
+        path = os.path.join(checkpoint, STARE_STATE_FILE)
+        if not os.path.exists(path):
+            logger.warning(
+                "Resuming from %s, which has no %s (it was not saved by a STARE run); the STARE controller starts "
+                "from the configured W=%s, M=%s with the gate on.",
+                checkpoint,
+                STARE_STATE_FILE,
+                self.stare_controller.positive_weight,
+                self.stare_controller.negative_weight,
+            )
+            return
+        with open(path) as file:
+            state = json.load(file)
+        configured = (self.stare_controller.positive_weight, self.stare_controller.negative_weight)
+        self.stare_controller.load_state_dict(state)
+        restored = (self.stare_controller.positive_weight, self.stare_controller.negative_weight)
+        if not self.args.stare_adaptive and restored != configured:
+            logger.warning(
+                "The checkpoint's STARE weights W=%s, M=%s differ from the configured W=%s, M=%s; with "
+                "stare_adaptive=False the configured ones are used.",
+                *restored,
+                *configured,
+            )
+            self.stare_controller.positive_weight, self.stare_controller.negative_weight = configured

@@ -47,8 +47,8 @@ def run_trainer(out_dir):
     class RecordingTrainer(STAPOTrainer):
         records = []
 
-        def apply_s2t_mask(self, step_batches):
-            stats = super().apply_s2t_mask(step_batches)
+        def apply_token_rules(self, step_batches):
+            stats = super().apply_token_rules(step_batches)["s2t"]
             self.records.append(
                 {
                     "stats": stats,
@@ -66,7 +66,7 @@ def run_trainer(out_dir):
                     "num_items_in_batch": [int(b["num_items_in_batch"]) for b in step_batches],
                 }
             )
-            return stats
+            return {"s2t": stats}
 
     config = tiny_config(
         STAPOConfig,

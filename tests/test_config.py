@@ -37,6 +37,20 @@ def test_every_stapo_field_has_help():
         "entropy_quantile",
         "token_stats_source",
         "token_stats_backend",
+        "use_stare",
+        "stare_variant",
+        "stare_top_surprisal_share",
+        "stare_positive_weight",
+        "stare_negative_weight",
+        "stare_target_entropy",
+        "stare_gate",
+        "stare_adaptive",
+        "stare_alpha",
+        "stare_max_positive_weight",
+        "stare_min_negative_weight",
+        "stare_selection_pool",
+        "token_rules",
+        "token_rule_kwargs",
     }
     for field in dataclasses.fields(STAPOConfig):
         if field.name in own_fields | {"epsilon_high", "beta", "loss_type"}:
@@ -65,6 +79,81 @@ def test_every_stapo_field_has_help():
     ],
 )
 def test_bad_values_are_rejected_with_the_fix(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        make_config(**overrides)
+
+
+STARE = {"use_s2t_mask": False, "use_stare": True}
+
+
+def test_stare_defaults_follow_the_stare_paper():
+    config = make_config(**STARE)
+    assert config.stare_variant == "O1"
+    assert config.stare_top_surprisal_share == 0.1
+    assert (config.stare_positive_weight, config.stare_negative_weight) == (1.1, 0.9)
+    assert config.stare_target_entropy == 0.3
+    assert config.stare_gate == "entropy" and config.stare_adaptive is False
+    assert (config.stare_alpha, config.stare_max_positive_weight, config.stare_min_negative_weight) == (0.01, 1.5, 0.5)
+    assert config.stare_selection_pool == "micro_batch"
+    assert config.active_token_rules == ["stare"]
+
+
+def test_s2t_and_stare_compose_in_that_order():
+    config = make_config(use_stare=True, stare_variant="c2")
+    assert config.active_token_rules == ["s2t", "stare"]
+    assert config.stare_variant == "C2"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"stare_variant": "O2"}, r"stare_variant must be one of \('O1', 'C2'\)"),
+        ({"stare_gate": "auto"}, r"stare_gate must be one of \('entropy', 'on', 'off'\)"),
+        ({"stare_selection_pool": "global"}, r"stare_selection_pool must be one of"),
+        ({"stare_top_surprisal_share": 10}, r"the paper's P = 10% is 0.1"),
+        ({"stare_top_surprisal_share": 0.0}, r"must be in \(0, 1\]"),
+        ({"stare_positive_weight": -1.1}, r"must be positive"),
+        ({"stare_target_entropy": -0.3}, r"entropy in nats and must be >= 0"),
+        ({"stare_alpha": -0.01, "stare_adaptive": True}, r"stare_alpha must be >= 0"),
+        ({"stare_max_positive_weight": 0.9}, r"stare_max_positive_weight >= 1"),
+        ({"stare_negative_weight": 0.95}, r"stare_negative_weight applies only to stare_variant='C2'"),
+        ({"stare_alpha": 0.05}, r"stare_alpha applies only with stare_adaptive=True"),
+        (
+            {"stare_adaptive": True, "stare_positive_weight": 2.0},
+            r"stare_positive_weight \(2.0\) must start inside its clamp \[1, stare_max_positive_weight=1.5\]",
+        ),
+        (
+            {"stare_adaptive": True, "stare_variant": "C2", "stare_negative_weight": 0.4},
+            r"stare_negative_weight \(0.4\) must start inside its clamp",
+        ),
+        ({"top_entropy_quantile": 0.2}, r"use_stare=True conflicts with top_entropy_quantile=0.2"),
+        (
+            {"gradient_accumulation_steps": 4, "steps_per_generation": 6},
+            r"With token rules on \(stare\), steps_per_generation \(6\) must be a multiple",
+        ),
+    ],
+)
+def test_bad_stare_values_are_rejected_with_the_fix(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        make_config(**{**STARE, **overrides})
+
+
+def test_stare_settings_without_use_stare_are_not_silently_ignored():
+    with pytest.raises(ValueError, match=r"stare_variant, stare_positive_weight set, but use_stare=False"):
+        make_config(stare_variant="C2", stare_positive_weight=1.2)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"token_rules": ["s2t"]}, r"'s2t', a built-in rule: switch it on with use_s2t_mask=True"),
+        ({"token_rules": ["nope"]}, r"'nope', which is not registered. Registered rules: .*s2t, stare"),
+        ({"token_rule_kwargs": {"stare": {"variant": "C2"}}}, r"arguments for stare, which token_rules does not"),
+        ({"token_rule_kwargs": "{not json"}, r"token_rule_kwargs is not valid JSON"),
+        ({"token_rule_kwargs": {"x": 1}}, r"must map rule names to keyword dicts"),
+    ],
+)
+def test_bad_token_rule_lists_are_rejected(overrides, message):
     with pytest.raises(ValueError, match=message):
         make_config(**overrides)
 
@@ -115,3 +204,31 @@ def test_trl_parser_reads_the_s2t_fields_from_yaml(tmp_path):
     recipe.write_text("output_dir: unused\nreport_to: none\nuse_cpu: true\nprob_threshold: 0.005\n")
     (config,) = TrlParser(STAPOConfig).parse_args_and_config(["--config", str(recipe)])
     assert config.prob_threshold == 0.005
+
+
+def test_trl_parser_reads_stare_and_custom_rule_fields(tmp_path, registered_rule):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        "output_dir: unused\nreport_to: none\nuse_cpu: true\nuse_s2t_mask: false\nuse_stare: true\n"
+        "stare_variant: C2\nstare_negative_weight: 0.95\nstare_selection_pool: optimizer_step\n"
+        f"token_rules: [{registered_rule}]\n"
+    )
+    (config,) = TrlParser(STAPOConfig).parse_args_and_config(
+        ["--config", str(recipe), "--token_rule_kwargs", f'{{"{registered_rule}": {{"scale": 0.5}}}}']
+    )
+    assert config.use_stare and config.stare_variant == "C2" and config.stare_negative_weight == 0.95
+    assert config.stare_selection_pool == "optimizer_step"
+    assert config.active_token_rules == ["stare", registered_rule]
+    assert config.token_rule_kwargs == {registered_rule: {"scale": 0.5}}
+
+
+@pytest.fixture
+def registered_rule():
+    from stapo_trl.token_rules import TOKEN_RULES, TokenRuleResult, register_token_rule
+
+    @register_token_rule("config_test_rule")
+    def rule(log_probs, entropies, advantages, loss_mask, scale=1.0):
+        return TokenRuleResult()
+
+    yield "config_test_rule"
+    del TOKEN_RULES["config_test_rule"]

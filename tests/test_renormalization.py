@@ -15,9 +15,10 @@ from stapo_trl import STAPOConfig, STAPOTrainer
 from stapo_trl.trainer import (
     ENTROPIES_KEY,
     LOG_PROBS_KEY,
-    SPURIOUS_KEY,
+    SILENCED_KEY,
     UNMASKED_NUM_ITEMS_KEY,
     UNMASKED_TOOL_MASK_KEY,
+    UNWEIGHTED_ADVANTAGES_KEY,
 )
 
 LOW, HIGH = math.log(0.001), math.log(0.9)
@@ -43,6 +44,7 @@ def make_batch(log_probs, entropies, advantages, completion_mask=None, num_items
         "completion_ids": torch.arange(7, 7 + rows * tokens).view(rows, tokens),
         "completion_mask": completion_mask,
         "advantages": torch.tensor(advantages),
+        UNWEIGHTED_ADVANTAGES_KEY: torch.tensor(advantages),
         "num_items_in_batch": num_items,
         LOG_PROBS_KEY: log_probs,
         ENTROPIES_KEY: entropies,
@@ -72,8 +74,8 @@ EXPECTED_UNMASKED_LOSS = {"dapo": -1.5 / 6, "bnpo": -1.5 / 6, "grpo": (-1.0 + 0.
 def test_masked_loss_is_renormalized_over_kept_tokens(tmp_path, loss_type):
     trainer = make_trainer(tmp_path, loss_type=loss_type)
     batch = known_batch()
-    stats = trainer.apply_s2t_mask([batch])
-    assert batch[SPURIOUS_KEY].tolist() == [[True, False, False], [False, False, False]]
+    stats = trainer.apply_token_rules([batch])["s2t"]
+    assert batch[SILENCED_KEY].tolist() == [[True, False, False], [False, False, False]]
     assert stats["entropy_threshold"] == pytest.approx(0.42)
     assert batch["num_items_in_batch"].item() == 5
     loss = trainer.compute_loss(trainer.model, batch)
@@ -91,12 +93,12 @@ def test_the_same_batch_without_the_mask_gives_trl_loss(tmp_path, loss_type):
 def test_cispo_is_renormalized_too(tmp_path):
     trainer = make_trainer(tmp_path, loss_type="cispo", epsilon_high=5.0)
     batch = known_batch()
-    trainer.apply_s2t_mask([batch])
+    trainer.apply_token_rules([batch])
     input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
     attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
     with torch.no_grad():
         log_probs, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, input_ids, attention_mask, 3)
-    keep = ~batch[SPURIOUS_KEY]
+    keep = ~batch[SILENCED_KEY]
     per_token = -batch["advantages"].unsqueeze(1) * log_probs  # ratio 1, below the epsilon_high=5 cap
     expected = per_token[keep].sum() / keep.sum()
     loss = trainer.compute_loss(trainer.model, batch)
@@ -108,7 +110,7 @@ def test_padding_stays_out_of_the_kept_count(tmp_path):
     batch = known_batch()
     batch["completion_mask"] = torch.tensor([[1, 1, 1], [1, 1, 0]])
     batch[UNMASKED_NUM_ITEMS_KEY] = torch.tensor(5)
-    trainer.apply_s2t_mask([batch])
+    trainer.apply_token_rules([batch])
     assert batch["num_items_in_batch"].item() == 4
     loss = trainer.compute_loss(trainer.model, batch)
     assert loss.item() == pytest.approx((-2.0 + 1.0) / 4, rel=1e-6)
@@ -120,7 +122,7 @@ def test_tool_tokens_stay_silenced_and_uncounted(tmp_path):
     tool_mask = torch.tensor([[1, 1, 1], [1, 0, 1]])
     batch[UNMASKED_TOOL_MASK_KEY] = tool_mask
     batch[UNMASKED_NUM_ITEMS_KEY] = torch.tensor(5)
-    trainer.apply_s2t_mask([batch])
+    trainer.apply_token_rules([batch])
     assert batch["tool_mask"].tolist() == [[0, 1, 1], [1, 0, 1]]
     loss = trainer.compute_loss(trainer.model, batch)
     assert loss.item() == pytest.approx((-2.0 + 1.0) / 4, rel=1e-6)
@@ -132,7 +134,7 @@ def test_silenced_tokens_scale_with_optimizer_steps_per_generation(tmp_path):
     trainer = make_trainer(tmp_path, loss_type="dapo", steps_per_generation=2)
     batch = known_batch()
     batch[UNMASKED_NUM_ITEMS_KEY] = batch["num_items_in_batch"] = torch.tensor(12)
-    trainer.apply_s2t_mask([batch])
+    trainer.apply_token_rules([batch])
     assert batch["num_items_in_batch"].item() == 12 - 2
     loss = trainer.compute_loss(trainer.model, batch)
     assert loss.item() == pytest.approx(-0.5 / 5, rel=1e-6)
@@ -145,9 +147,9 @@ def test_an_all_masked_micro_batch_gives_finite_zero_loss_and_zero_gradient(tmp_
     trainer = make_trainer(tmp_path, loss_type=loss_type, gradient_accumulation_steps=2)
     low_entropy = make_batch(torch.full((2, 3), LOW), torch.zeros(2, 3), [1.0, 0.5], num_items=torch.tensor(12))
     high_entropy = make_batch(torch.full((2, 3), LOW), torch.ones(2, 3), [1.0, 0.5], num_items=torch.tensor(12))
-    stats = trainer.apply_s2t_mask([low_entropy, high_entropy])
+    stats = trainer.apply_token_rules([low_entropy, high_entropy])["s2t"]
     assert stats["entropy_threshold"] == pytest.approx(1.0)
-    assert low_entropy[SPURIOUS_KEY].all() and not high_entropy[SPURIOUS_KEY].any()
+    assert low_entropy[SILENCED_KEY].all() and not high_entropy[SILENCED_KEY].any()
 
     trainer.model.zero_grad()
     loss = trainer.compute_loss(trainer.model, low_entropy)

@@ -10,7 +10,7 @@ from tiny import build_char_tokenizer, build_tiny_qwen3, tiny_config, tiny_train
 from trl import GRPOConfig, GRPOTrainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer, spurious_token_mask
-from stapo_trl.trainer import ENTROPIES_KEY, LOG_PROBS_KEY, SPURIOUS_KEY
+from stapo_trl.trainer import ENTROPIES_KEY, LOG_PROBS_KEY, SILENCED_KEY
 
 S2T_METRICS = [
     "s2t/masked_fraction",
@@ -147,7 +147,7 @@ class RecordingSTAPOTrainer(STAPOTrainer):
         loss_log_probs, loss_entropies = self._loss_time_stats
         self.records.append(
             (
-                inputs[SPURIOUS_KEY],
+                inputs[SILENCED_KEY],
                 inputs["advantages"],
                 inputs["completion_mask"],
                 loss_log_probs,

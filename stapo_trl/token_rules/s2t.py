@@ -1,8 +1,6 @@
-"""Token rules: pure tensor functions that decide which completion tokens feed the policy gradient.
+"""S2T, the spurious-token mask of STAPO (arXiv 2602.15620, Algorithm 1), and the registered rule ``"s2t"``.
 
-Each rule takes per-token log-probabilities, entropies, advantages and the loss mask, and returns a boolean tensor
-plus plain-Python statistics for logging. They import nothing from TRL, so a verl or hand-written training loop can
-use them directly. Under ``torch.distributed`` they pool across ranks; every rank must then call them together.
+Under ``torch.distributed`` it pools candidates and counts across ranks; every rank must then call it together.
 """
 
 from __future__ import annotations
@@ -12,7 +10,8 @@ from collections.abc import Sequence
 
 import torch
 
-from .distributed import all_gather_variable, all_reduce_sum
+from ..distributed import all_gather_variable, all_reduce_sum
+from .registry import TokenRuleResult, register_token_rule, validate_token_inputs, working_dtype
 
 ENTROPY_PERCENTILES = (0.5, 0.8, 0.99)
 
@@ -44,24 +43,6 @@ def logit_grad_sq_norm_lower_bound(log_probs: torch.Tensor, entropies: torch.Ten
     probs = log_probs.exp()
     sum_sq_probs = torch.maximum(probs.square(), torch.exp(-entropies))
     return (1 - 2 * probs + sum_sq_probs).clamp(min=0)
-
-
-def _working_dtype(tensor: torch.Tensor) -> torch.dtype:
-    return torch.promote_types(tensor.dtype, torch.float32)
-
-
-def _validate_token_inputs(log_probs, entropies, advantages, loss_mask) -> None:
-    if log_probs.dim() != 2:
-        raise ValueError(f"log_probs must be [B, T], got shape {tuple(log_probs.shape)}.")
-    for name, tensor in (("entropies", entropies), ("loss_mask", loss_mask)):
-        if tensor.shape != log_probs.shape:
-            raise ValueError(
-                f"{name} must have the shape of log_probs {tuple(log_probs.shape)}, got {tuple(tensor.shape)}."
-            )
-    if advantages.shape not in (log_probs.shape[:1], log_probs.shape):
-        raise ValueError(
-            f"advantages must be [B] or [B, T] with B, T = {tuple(log_probs.shape)}, got {tuple(advantages.shape)}."
-        )
 
 
 def spurious_token_mask(
@@ -104,10 +85,10 @@ def spurious_token_mask(
         raise ValueError(f"prob_threshold must be in (0, 1], got {prob_threshold}.")
     if not 0.0 <= entropy_quantile <= 1.0:
         raise ValueError(f"entropy_quantile must be in [0, 1], got {entropy_quantile}.")
-    _validate_token_inputs(log_probs, entropies, advantages, loss_mask)
+    validate_token_inputs(log_probs, entropies, advantages, loss_mask)
 
-    log_probs = log_probs.detach().to(_working_dtype(log_probs))
-    entropies = entropies.detach().to(_working_dtype(entropies))
+    log_probs = log_probs.detach().to(working_dtype(log_probs))
+    entropies = entropies.detach().to(working_dtype(entropies))
     advantages = advantages.detach()
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1)
@@ -155,3 +136,35 @@ def spurious_token_mask(
         "masked_grad_sq_share": grad_masked / grad_total if grad_total > 0 else 0.0,
     }
     return spurious, stats
+
+
+@register_token_rule("s2t")
+def s2t_rule(
+    log_probs: torch.Tensor,
+    entropies: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    prob_threshold: float = 0.002,
+    entropy_quantile: float = 0.8,
+) -> TokenRuleResult:
+    """:func:`spurious_token_mask` as a token rule: keep every token that is not spurious; no weights."""
+    spurious, stats = spurious_token_mask(
+        log_probs,
+        entropies,
+        advantages,
+        loss_mask,
+        prob_threshold=prob_threshold,
+        entropy_quantile=entropy_quantile,
+    )
+    logged = {
+        "masked_fraction": stats["spurious_fraction"],
+        "num_masked": stats["num_spurious"],
+        "num_candidates": stats["num_candidates"],
+        "entropy_threshold": stats["entropy_threshold"],
+        "entropy_p50": stats["entropy_p50"],
+        "entropy_p80": stats["entropy_p80"],
+        "entropy_p99": stats["entropy_p99"],
+        "masked_grad_sq_share": stats["masked_grad_sq_share"],
+    }
+    return TokenRuleResult(keep=~spurious, stats=logged)
