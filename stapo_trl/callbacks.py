@@ -47,7 +47,7 @@ class MetricsFileCallback(TrainerCallback):
 
 
 def step_summary(logs: dict, step: int, max_steps: int) -> str:
-    """One line for one logged training step: reward, correctness, entropy, the mask and the step time."""
+    """One line for one logged training step: reward, entropy, the S2T mask, the STARE gate, length and loss."""
     parts = [f"step {step}/{max_steps}"]
     if "reward" in logs:
         parts.append(f"reward {logs['reward']:+.3f}")
@@ -59,6 +59,9 @@ def step_summary(logs: dict, step: int, max_steps: int) -> str:
     threshold = logs.get("s2t/entropy_threshold")
     if threshold is not None and math.isfinite(threshold):
         parts.append(f"tau_h {threshold:.3f}")
+    if "stare/gate_on" in logs:
+        gate = "on" if logs["stare/gate_on"] >= 0.5 else "off"
+        parts.append(f"stare {gate} W {logs.get('stare/positive_weight', float('nan')):.3f}")
     if "completions/mean_length" in logs:
         parts.append(f"len {logs['completions/mean_length']:.0f}")
     if "loss" in logs:

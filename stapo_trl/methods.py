@@ -1,7 +1,7 @@
-"""The methods of the STAPO paper's comparison (arXiv 2602.15620, Table 2), as `STAPOConfig` presets.
+"""The methods of the STAPO paper's comparison (arXiv 2602.15620, Table 2) and STARE, as `STAPOConfig` presets.
 
 A recipe selects one with ``method:``. The preset's values replace `STAPOConfig`'s defaults; values written in the
-recipe or on the command line still override them. All four share the JustRL basis of the paper (§1.1 of the design
+recipe or on the command line still override them. All five share the JustRL basis of the paper (§1.1 of the design
 notes): clip-higher (``epsilon=0.2``, ``epsilon_high=0.28``), no KL (``beta=0``), token-level ``dapo`` aggregation.
 """
 
@@ -10,7 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-_SHARED = {"epsilon": 0.2, "epsilon_high": 0.28, "beta": 0.0, "loss_type": "dapo", "top_entropy_quantile": 1.0}
+_SHARED = {
+    "epsilon": 0.2,
+    "epsilon_high": 0.28,
+    "beta": 0.0,
+    "loss_type": "dapo",
+    "top_entropy_quantile": 1.0,
+    "use_stare": False,
+}
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,13 @@ METHODS: dict[str, MethodPreset] = {
             "justrl",
             "plain GRPO/DAPO with JustRL's dual-clip c=10 for negative advantages (TRL's delta) and weight decay 0.1",
             {**_SHARED, "use_s2t_mask": False, "delta": 10.0, "weight_decay": 0.1},
+        ),
+        MethodPreset(
+            "stare",
+            "GRPO/DAPO plus STARE (arXiv 2606.19236): while the batch entropy is below 0.3 nats, multiply the "
+            "advantage of the 10% highest-surprisal positive-advantage tokens by W (1.1 by default; variant C2 also "
+            "the negative ones by M, 0.9), without renormalizing",
+            {**_SHARED, "use_s2t_mask": False, "use_stare": True},
         ),
     )
 }

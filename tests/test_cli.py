@@ -93,12 +93,30 @@ def test_paper_recipes_differ_only_in_what_the_method_changes():
     assert requests["stapo"].training.use_s2t_mask
     assert (requests["stapo"].training.prob_threshold, requests["stapo"].training.entropy_quantile) == (0.002, 0.8)
     assert requests["stapo"].training.token_stats_source == "loss"
-    for method in ("grpo", "20-entropy", "justrl"):
+    for method in ("grpo", "20-entropy", "justrl", "stare"):
         assert not requests[method].training.use_s2t_mask
+    for method in ("stapo", "grpo", "20-entropy", "justrl"):
+        assert not requests[method].training.use_stare
+    stare = requests["stare"].training
+    assert stare.use_stare and stare.stare_variant == "O1" and stare.stare_top_surprisal_share == 0.1
+    assert (stare.stare_positive_weight, stare.stare_target_entropy, stare.stare_gate) == (1.1, 0.3, "entropy")
+    assert stare.top_entropy_quantile == 1.0 and stare.token_stats_source == "loss"
     assert requests["20-entropy"].training.top_entropy_quantile == 0.2
     assert requests["grpo"].training.top_entropy_quantile == 1.0
     assert (requests["justrl"].training.delta, requests["justrl"].training.weight_decay) == (10.0, 0.1)
     assert (requests["grpo"].training.delta, requests["grpo"].training.weight_decay) == (None, 0.0)
+
+
+@pytest.mark.parametrize(("model", "weights"), [("qwen3-1.7b-base", (1.1, 0.9)), ("qwen3-14b-base", (1.05, 0.95))])
+def test_stare_recipes_use_the_published_weights_per_size(model, weights):
+    c2 = parse(RECIPES / "dapo_math_17k" / model / "stare-c2.yaml", "--dry_run")
+    assert c2.training.stare_variant == "C2"
+    assert (c2.training.stare_positive_weight, c2.training.stare_negative_weight) == weights
+    o1 = parse(RECIPES / "dapo_math_17k" / model / "stare.yaml", "--dry_run").training
+    assert (o1.stare_variant, o1.stare_positive_weight) == ("O1", weights[0])
+    text = format_plan(c2)
+    assert f"STARE C2 on: top 0.1 surprisal share per micro batch, W {weights[0]}, M {weights[1]}" in text
+    assert "gate on below 0.3 nats" in text
 
 
 def test_the_14b_recipes_declare_two_nodes():
@@ -129,6 +147,18 @@ def test_method_stapo_is_the_default_and_turns_the_mask_on(tmp_path):
     assert request.training.use_s2t_mask and request.training.top_entropy_quantile == 1.0
 
 
+def test_method_stare_turns_stare_on_and_s2t_off(tmp_path):
+    training = parse(write_recipe(tmp_path, method="stare")).training
+    assert training.use_stare and not training.use_s2t_mask and training.top_entropy_quantile == 1.0
+    c2 = parse(write_recipe(tmp_path, method="stare", stare_variant="C2"), "--stare_adaptive", "true").training
+    assert c2.stare_variant == "C2" and c2.stare_adaptive
+
+
+def test_stare_options_under_another_method_are_refused(tmp_path):
+    with pytest.raises(RecipeError, match="stare_variant set, but use_stare=False"):
+        parse(write_recipe(tmp_path, method="grpo", stare_variant="C2"))
+
+
 def test_method_justrl_sets_dual_clip_and_weight_decay(tmp_path):
     training = parse(write_recipe(tmp_path, method="justrl")).training
     assert (training.delta, training.weight_decay, training.use_s2t_mask) == (10.0, 0.1, False)
@@ -153,7 +183,7 @@ def test_method_names_accept_an_underscore_spelling(tmp_path):
 
 
 def test_an_unknown_method_lists_the_methods(tmp_path):
-    with pytest.raises(RecipeError, match="Unknown method 'dapo'.*stapo, grpo, 20-entropy, justrl"):
+    with pytest.raises(RecipeError, match="Unknown method 'dapo'.*stapo, grpo, 20-entropy, justrl, stare"):
         parse(write_recipe(tmp_path, method="dapo"))
 
 
@@ -394,7 +424,12 @@ def test_help_lists_every_key_with_its_help(capsys):
         main(["train", "-h"])
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
-    for option in ("--method {stapo,grpo,20-entropy,justrl}", "--max_prompt_tokens", "--entropy_quantile", "--lora_r"):
+    for option in (
+        "--method {stapo,grpo,20-entropy,justrl,stare}",
+        "--max_prompt_tokens",
+        "--entropy_quantile",
+        "--lora_r",
+    ):
         assert option in text, option
     assert main([]) == 0 and "train" in capsys.readouterr().out
     with pytest.raises(SystemExit):

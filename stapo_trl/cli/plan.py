@@ -81,11 +81,13 @@ def batch_plan(config: Any, *, world_size: int, generation_batch_size_given: boo
             f"divisible by num_generations ({plan.num_generations}), so that every prompt's completions are "
             "generated together. Change one of these."
         )
-    if getattr(config, "use_s2t_mask", False) and steps_per_generation % plan.gradient_accumulation_steps != 0:
+    rules = getattr(config, "active_token_rules", [])
+    if rules and steps_per_generation % plan.gradient_accumulation_steps != 0:
         raise ValueError(
-            f"With the S2T mask, steps_per_generation ({steps_per_generation} at {world_size} processes) must be a "
-            f"multiple of gradient_accumulation_steps ({plan.gradient_accumulation_steps}): the entropy pool is one "
-            "optimizer step, so a step's micro-batches must come from one generation."
+            f"With token rules on ({', '.join(rules)}), steps_per_generation ({steps_per_generation} at {world_size} "
+            f"processes) must be a multiple of gradient_accumulation_steps ({plan.gradient_accumulation_steps}): the "
+            "rules run once per optimizer step (the S2T entropy pool is one optimizer step), so a step's "
+            "micro-batches must come from one generation."
         )
     return plan
 
@@ -114,14 +116,36 @@ def describe_model(model_args: Any, training: Any) -> str:
 
 
 def describe_token_rule(training: Any) -> str:
+    rules = []
     if training.use_s2t_mask:
-        return (
-            f"S2T on: prob_threshold {training.prob_threshold}, entropy_quantile {training.entropy_quantile}, "
-            f"statistics from the {training.token_stats_source} policy, backend {training.token_stats_backend}"
+        rules.append(f"S2T on: prob_threshold {training.prob_threshold}, entropy_quantile {training.entropy_quantile}")
+    if training.use_stare:
+        weights = f"W {training.stare_positive_weight}"
+        if training.stare_variant == "C2":
+            weights += f", M {training.stare_negative_weight}"
+        if training.stare_adaptive:
+            weights += (
+                f" (adaptive, alpha {training.stare_alpha}, W <= {training.stare_max_positive_weight}, "
+                f"M >= {training.stare_min_negative_weight})"
+            )
+        gate = {
+            "entropy": f"gate on below {training.stare_target_entropy} nats",
+            "on": "gate always on",
+            "off": "gate always off",
+        }[training.stare_gate]
+        rules.append(
+            f"STARE {training.stare_variant} on: top {training.stare_top_surprisal_share:g} surprisal share per "
+            f"{training.stare_selection_pool.replace('_', ' ')}, {weights}, {gate}"
         )
-    if training.top_entropy_quantile < 1.0:
-        return f"S2T off; TRL's top_entropy_quantile {training.top_entropy_quantile} (20-Entropy)"
-    return "S2T off (no token mask)"
+    rules += [f"{name} (registered rule)" for name in training.token_rules]
+    if not rules:
+        if training.top_entropy_quantile < 1.0:
+            return f"no stapo-trl rule; TRL's top_entropy_quantile {training.top_entropy_quantile} (20-Entropy)"
+        return "none (no token mask or weights)"
+    return (
+        "; then ".join(rules)
+        + f", statistics from the {training.token_stats_source} policy, backend {training.token_stats_backend}"
+    )
 
 
 def format_plan(request: Any) -> str:

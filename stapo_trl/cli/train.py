@@ -114,6 +114,8 @@ class RunSummary:
     reward_last: float | None = None
     masked_fraction: float | None = None
     masked_tokens: int | None = None
+    stare_gate_on_fraction: float | None = None
+    stare_final_weights: tuple[float, float] | None = None
     accuracy_before: dict | None = None
     accuracy_after: dict | None = None
     files: dict[str, str] = field(default_factory=dict)
@@ -138,6 +140,12 @@ class RunSummary:
                 f"  S2T masked fraction:      {100 * self.masked_fraction:.3f}% of loss tokens "
                 f"({self.masked_tokens} tokens over the run)"
             )
+        if self.stare_gate_on_fraction is not None:
+            positive, negative = self.stare_final_weights
+            lines.append(
+                f"  STARE gate on:            {100 * self.stare_gate_on_fraction:.0f}% of logged steps; final W "
+                f"{positive:.3g}, M {negative:.3g}"
+            )
         lines.append(
             f"  time:                     {self.seconds_total:.0f} s in all, {self.seconds_training:.0f} s training"
         )
@@ -157,6 +165,10 @@ def summarize_metrics(records: list[dict]) -> dict[str, Any]:
     if masked:
         summary["masked_tokens"] = int(sum(record.get("s2t/num_masked", 0) for record in masked))
         summary["masked_fraction"] = sum(record["s2t/masked_fraction"] for record in masked) / len(masked)
+    gated = [record for record in records if record.get("stare/gate_on") is not None]
+    if gated:
+        summary["stare_gate_on_fraction"] = sum(record["stare/gate_on"] for record in gated) / len(gated)
+        summary["stare_final_weights"] = (gated[-1]["stare/positive_weight"], gated[-1]["stare/negative_weight"])
     return summary
 
 
