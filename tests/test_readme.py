@@ -65,3 +65,19 @@ def test_the_evaluation_snippet_builds_a_valid_config(monkeypatch):
         exec(compile(snippet, "README.md", "exec"), {})
     (config,) = seen
     assert config.benchmarks == ["aime24", "math500"] and config.sampling_settings() == [("justrl", 0.7, 0.9)]
+
+
+def test_the_token_rule_snippet_registers_a_rule_and_prints_its_documented_output(monkeypatch, tmp_path):
+    from stapo_trl.token_rules import TOKEN_RULES
+
+    (snippet,) = [block for block in python_blocks() if "@register_token_rule(" in block]
+    expected = [line.split("  # ", 1)[1] for line in snippet.splitlines() if line.startswith("print(")]
+    monkeypatch.chdir(tmp_path)
+    output = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(output):
+            exec(compile(snippet, "README.md", "exec"), {})
+        assert "entropy_cap" in TOKEN_RULES
+    finally:
+        TOKEN_RULES.pop("entropy_cap", None)
+    assert output.getvalue().strip().splitlines() == expected

@@ -58,6 +58,32 @@ def test_compute_loss_uses_one_mask_from_completion_and_tool_masks():
         assert aggregation in source, aggregation
 
 
+def test_every_per_token_loss_is_linear_in_a_sign_gated_advantage():
+    # Token-rule weights ride on [B, T] advantages. That scales each token's policy term, clip included, only while
+    # every loss multiplies the advantage and reads it otherwise through its sign alone.
+    source = inspect.getsource(GRPOTrainer._compute_loss)
+    assert "if advantages.dim() == 1:\n            advantages = advantages.unsqueeze(1)" in source
+    for term in (
+        "per_token_loss = -clamped_ratios * advantages * per_token_logps",  # cispo
+        "per_token_loss1 = coef_1 * advantages",  # grpo, bnpo, dr_grpo, dapo, luspo
+        "per_token_loss2 = coef_2 * advantages",
+        "temperatures = torch.where(advantages > 0, self.args.sapo_temperature_pos, self.args.sapo_temperature_neg)",
+        "per_token_loss = -soft_coef_1 * advantages",  # sapo
+        "per_token_loss = -phi_seq * advantages * per_token_logps",  # vespo
+    ):
+        assert term in source, term
+    assert "is_nonneg_adv = advantages >= 0" in inspect.getsource(GRPOTrainer.get_gamma_weights)
+    assert "is_pos_adv = advantages >= 0" in inspect.getsource(GRPOTrainer.get_off_policy_mask)
+
+
+def test_checkpoint_hooks_we_extend_exist():
+    from transformers import Trainer
+
+    assert list(inspect.signature(Trainer._save_checkpoint).parameters) == ["self", "model", "trial"]
+    assert list(inspect.signature(Trainer._load_optimizer_and_scheduler).parameters) == ["self", "checkpoint"]
+    assert "self._load_optimizer_and_scheduler(resume_from_checkpoint)" in inspect.getsource(Trainer)
+
+
 def test_generation_counts_loss_tokens_with_the_same_mask():
     source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
     assert "loss_mask = completion_mask if tool_mask is None else completion_mask * tool_mask" in source

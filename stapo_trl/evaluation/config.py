@@ -58,7 +58,7 @@ class EvalConfig:
     method: str | None = field(
         default=None,
         metadata={
-            "help": "The training method (stapo, grpo, 20-entropy, justrl), used to find the paper's row to compare "
+            "help": "The training method (stapo, grpo, 20-entropy, justrl, stare), used to find the paper's row to compare "
             "with. Defaults to the method in the checkpoint's run_summary.json."
         },
     )
