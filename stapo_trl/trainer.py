@@ -311,12 +311,15 @@ class STAPOTrainer(GRPOTrainer):
             self.stare_controller.update(self._mean_token_entropy(output))
         return output
 
+    @staticmethod
+    def _unmasked_loss_mask(batch: dict[str, Any]) -> torch.Tensor:
+        """The tokens TRL's loss counts before any token rule: completion tokens that are not tool output."""
+        tool_mask = batch[UNMASKED_TOOL_MASK_KEY]
+        return batch["completion_mask"] if tool_mask is None else batch["completion_mask"] * tool_mask
+
     def _mean_token_entropy(self, batch: dict[str, Any]) -> float:
         """Mean entropy of the loss tokens of a generation batch, over all processes."""
-        loss_mask = batch["completion_mask"]
-        if batch.get("tool_mask") is not None:
-            loss_mask = loss_mask * batch["tool_mask"]
-        loss_mask = loss_mask.bool() & torch.isfinite(batch[ENTROPIES_KEY])
+        loss_mask = self._unmasked_loss_mask(batch).bool() & torch.isfinite(batch[ENTROPIES_KEY])
         entropies = batch[ENTROPIES_KEY].double()
         total, count = all_reduce_sum(torch.stack([entropies[loss_mask].sum(), loss_mask.sum().double()])).tolist()
         return total / count if count else float("nan")
@@ -376,13 +379,7 @@ class STAPOTrainer(GRPOTrainer):
             if LOG_PROBS_KEY not in batch or (self.args.token_stats_source == "loss" and stale):
                 batch[LOG_PROBS_KEY], batch[ENTROPIES_KEY] = self.compute_token_stats(batch)
 
-        loss_masks = [
-            batch["completion_mask"]
-            if batch[UNMASKED_TOOL_MASK_KEY] is None
-            else batch["completion_mask"] * batch[UNMASKED_TOOL_MASK_KEY]
-            for batch in step_batches
-        ]
-        loss_mask = torch.cat(loss_masks).bool()
+        loss_mask = torch.cat([self._unmasked_loss_mask(batch) for batch in step_batches]).bool()
         composed = apply_token_rules(
             self.token_rule_calls(step_batches),
             torch.cat([batch[LOG_PROBS_KEY] for batch in step_batches]),

@@ -144,19 +144,11 @@ def s2t_rule(
     entropies: torch.Tensor,
     advantages: torch.Tensor,
     loss_mask: torch.Tensor,
-    *,
-    prob_threshold: float = 0.002,
-    entropy_quantile: float = 0.8,
+    **params,
 ) -> TokenRuleResult:
-    """:func:`spurious_token_mask` as a token rule: keep every token that is not spurious; no weights."""
-    spurious, stats = spurious_token_mask(
-        log_probs,
-        entropies,
-        advantages,
-        loss_mask,
-        prob_threshold=prob_threshold,
-        entropy_quantile=entropy_quantile,
-    )
+    """:func:`spurious_token_mask` as a token rule, taking its keyword arguments: keep every token that is not
+    spurious; no weights."""
+    spurious, stats = spurious_token_mask(log_probs, entropies, advantages, loss_mask, **params)
     logged = {
         "masked_fraction": stats["spurious_fraction"],
         "num_masked": stats["num_spurious"],

@@ -172,28 +172,9 @@ def stare_rule(
     entropies: torch.Tensor,
     advantages: torch.Tensor,
     loss_mask: torch.Tensor,
-    *,
-    variant: str = "O1",
-    top_surprisal_share: float = 0.1,
-    positive_weight: float = 1.1,
-    negative_weight: float = 0.9,
-    gate_on: bool = True,
-    groups: torch.Tensor | None = None,
-    across_processes: bool = True,
-    reduce_statistics: bool | None = None,
+    **params,
 ) -> TokenRuleResult:
-    """:func:`stare_token_weights` as a token rule: weights only, no token is dropped. Entropies are not used."""
-    result = stare_token_weights(
-        log_probs,
-        advantages,
-        loss_mask,
-        variant=variant,
-        top_surprisal_share=top_surprisal_share,
-        positive_weight=positive_weight,
-        negative_weight=negative_weight,
-        gate_on=gate_on,
-        groups=groups,
-        across_processes=across_processes,
-        reduce_statistics=reduce_statistics,
-    )
+    """:func:`stare_token_weights` as a token rule, taking its keyword arguments: weights only, no token is dropped.
+    Entropies are not used."""
+    result = stare_token_weights(log_probs, advantages, loss_mask, **params)
     return TokenRuleResult(weights=result.weights, stats=result.stats)
