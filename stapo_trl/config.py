@@ -80,6 +80,19 @@ class STAPOConfig(GRPOConfig):
             Keyword arguments per rule name, for example `{"my_rule": {"alpha": 0.5}}` (a JSON string on the command
             line).
 
+        > The silenced-token dump (read by `stapo-trl report`)
+
+        dump_silenced_tokens (`bool`, *optional*, defaults to `False`):
+            Write each optimizer step's silenced tokens with their context, `p`, `H` and advantage to
+            `output_dir/silenced_tokens.jsonl`, and counts plus a (log10 p, H) histogram of all loss tokens to
+            `output_dir/silenced_tokens_stats.json`.
+        dump_tokens_per_step (`int`, *optional*, defaults to `64`):
+            Per-step cap; the step's silenced tokens are sampled uniformly and the rest counted as dropped.
+        dump_max_tokens (`int`, *optional*, defaults to `5000`):
+            Cap over the run.
+        dump_context_tokens (`int`, *optional*, defaults to `20`):
+            Tokens of context on each side of a silenced token.
+
     Defaults that follow the paper where TRL's differ, or could drift: `epsilon_high=0.28`, `beta=0.0`,
     `loss_type="dapo"`.
     """
@@ -237,6 +250,31 @@ class STAPOConfig(GRPOConfig):
         },
     )
 
+    dump_silenced_tokens: bool = field(
+        default=False,
+        metadata={
+            "help": "Write the silenced tokens of every optimizer step (text, about dump_context_tokens tokens of "
+            "context either side, p, H, advantage, step, sample id) to output_dir/silenced_tokens.jsonl, and counts "
+            "plus a (log10 p, H) histogram of all loss tokens to output_dir/silenced_tokens_stats.json. Read them "
+            "with `stapo-trl report`. Off by default; nothing is computed while off."
+        },
+    )
+    dump_tokens_per_step: int = field(
+        default=64,
+        metadata={
+            "help": "At most this many silenced tokens per optimizer step are written, sampled uniformly over all "
+            "processes; the rest are counted as dropped."
+        },
+    )
+    dump_max_tokens: int = field(
+        default=5000,
+        metadata={"help": "At most this many silenced tokens are written over the run; later ones are counted only."},
+    )
+    dump_context_tokens: int = field(
+        default=20,
+        metadata={"help": "Completion tokens of context decoded on each side of a silenced token."},
+    )
+
     def __post_init__(self):
         if self.use_liger_kernel:
             raise ValueError(
@@ -281,6 +319,7 @@ class STAPOConfig(GRPOConfig):
             self.stare_variant = self.stare_variant.upper()
         self._validate_stare()
         self._validate_token_rules()
+        self._validate_dump()
 
         if self.use_s2t_mask and self.top_entropy_quantile < 1.0:
             raise ValueError(
@@ -312,6 +351,29 @@ class STAPOConfig(GRPOConfig):
         """The rules the trainer applies, in order: S2T, STARE, then `token_rules`."""
         built_in = [name for name, switch in BUILT_IN_RULE_SWITCHES.items() if getattr(self, switch)]
         return built_in + list(self.token_rules)
+
+    def _validate_dump(self) -> None:
+        limits = {
+            "dump_tokens_per_step": (self.dump_tokens_per_step, 1),
+            "dump_max_tokens": (self.dump_max_tokens, 0),
+            "dump_context_tokens": (self.dump_context_tokens, 0),
+        }
+        for name, (value, least) in limits.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}.")
+        if not self.dump_silenced_tokens:
+            defaults = {name: field.default for name, field in self.__dataclass_fields__.items()}
+            changed = [name for name in limits if getattr(self, name) != defaults[name]]
+            if changed:
+                raise ValueError(
+                    f"{', '.join(changed)} would be ignored: the token dump is off. Set dump_silenced_tokens=True."
+                )
+        elif not self.active_token_rules:
+            raise ValueError(
+                "dump_silenced_tokens=True needs a token rule to record: with use_s2t_mask=False, use_stare=False and "
+                "no token_rules, nothing is silenced and no token statistics are computed. Turn on use_s2t_mask (or "
+                "another rule), or set dump_silenced_tokens=False."
+            )
 
     def _validate_stare(self) -> None:
         if self.stare_variant not in STARE_VARIANTS:

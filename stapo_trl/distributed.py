@@ -39,3 +39,19 @@ def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
     if world_size() > 1:
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
     return total
+
+
+def rank() -> int:
+    """This process's rank in the default group, or 0 when torch.distributed is not initialized."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return 0
+
+
+def gather_objects(value: object) -> list[object]:
+    """Every rank's picklable ``value``, in rank order, on every rank (``[value]`` on a single process)."""
+    if world_size() == 1:
+        return [value]
+    gathered: list[object] = [None] * world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered

@@ -51,6 +51,10 @@ def test_every_stapo_field_has_help():
         "stare_selection_pool",
         "token_rules",
         "token_rule_kwargs",
+        "dump_silenced_tokens",
+        "dump_tokens_per_step",
+        "dump_max_tokens",
+        "dump_context_tokens",
     }
     for field in dataclasses.fields(STAPOConfig):
         if field.name in own_fields | {"epsilon_high", "beta", "loss_type"}:
@@ -232,3 +236,33 @@ def registered_rule():
 
     yield "config_test_rule"
     del TOKEN_RULES["config_test_rule"]
+
+
+def test_the_silenced_token_dump_is_off_by_default_with_bounded_caps():
+    config = make_config()
+    assert config.dump_silenced_tokens is False
+    assert (config.dump_tokens_per_step, config.dump_max_tokens, config.dump_context_tokens) == (64, 5000, 20)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"dump_max_tokens": 100}, "dump_max_tokens would be ignored: the token dump is off"),
+        (
+            {"dump_silenced_tokens": True, "use_s2t_mask": False},
+            "dump_silenced_tokens=True needs a token rule to record",
+        ),
+        ({"dump_silenced_tokens": True, "dump_tokens_per_step": 0}, "dump_tokens_per_step must be an integer >= 1"),
+        ({"dump_silenced_tokens": True, "dump_max_tokens": -1}, "dump_max_tokens must be an integer >= 0"),
+        ({"dump_silenced_tokens": True, "dump_context_tokens": 2.5}, "dump_context_tokens must be an integer >= 0"),
+    ],
+    ids=["caps-without-dump", "no-rule", "zero-per-step", "negative-total", "fractional-context"],
+)
+def test_bad_dump_settings_are_refused(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        make_config(**overrides)
+
+
+def test_the_dump_also_records_a_stare_only_run():
+    config = make_config(dump_silenced_tokens=True, use_s2t_mask=False, use_stare=True)
+    assert config.active_token_rules == ["stare"]

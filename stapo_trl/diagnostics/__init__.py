@@ -1,0 +1,21 @@
+"""See what the token rules did: the silenced-token dump written during training, and `stapo-trl report`."""
+
+from .token_dump import (
+    DUMP_STATS_FILE,
+    SILENCED_TOKENS_FILE,
+    SilencedTokenDump,
+    StepTokens,
+    sample_positions,
+    token_density,
+    token_records,
+)
+
+__all__ = [
+    "DUMP_STATS_FILE",
+    "SILENCED_TOKENS_FILE",
+    "SilencedTokenDump",
+    "StepTokens",
+    "sample_positions",
+    "token_density",
+    "token_records",
+]

@@ -1,0 +1,270 @@
+"""The silenced-token dump: which tokens the token rules silenced, with their text, context, p, H and advantage.
+
+Opt-in (`STAPOConfig.dump_silenced_tokens`). Each optimizer step appends up to `dump_tokens_per_step` records,
+sampled uniformly from the step's silenced tokens over all processes, to ``silenced_tokens.jsonl``, until
+`dump_max_tokens` records are written; what was not written is counted, never silently lost. Beside it,
+``silenced_tokens_stats.json`` holds the counts per step and a histogram of every loss token over
+(log10 p, H), split by advantage sign, so that a report can draw where the silenced tokens sit among all tokens.
+
+Only the main process writes. Each checkpoint holds a copy of the counts and the density; a run resumed from it keeps
+the records of the steps the checkpoint covers, drops those written after it, and appends, so the files match an
+uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SILENCED_TOKENS_FILE = "silenced_tokens.jsonl"
+DUMP_STATS_FILE = "silenced_tokens_stats.json"
+
+LOG10_P_RANGE = (-10.0, 0.0)
+ENTROPY_RANGE = (0.0, 12.0)
+DENSITY_BINS = (40, 48)
+"""Histogram bins over log10 p (0.25 decades) and entropy (0.25 nats); values outside are clamped to the edge bins."""
+
+
+def token_density(
+    log_probs: torch.Tensor,
+    entropies: torch.Tensor,
+    mask: torch.Tensor,
+    bins: tuple[int, int] = DENSITY_BINS,
+    log10_p_range: tuple[float, float] = LOG10_P_RANGE,
+    entropy_range: tuple[float, float] = ENTROPY_RANGE,
+) -> torch.Tensor:
+    """Counts ``[bins[0], bins[1]]`` of the masked tokens over (log10 p, H), as int64.
+
+    ``log_probs`` are natural-log probabilities and ``entropies`` nats, both ``[B, T]``; ``mask`` is a bool ``[B, T]``.
+    Tokens with a non-finite log-prob or entropy are not counted. Values outside the ranges land in the edge bins.
+    """
+    log10_p = log_probs.detach().double() / math.log(10)
+    entropy = entropies.detach().double()
+    selected = mask.bool() & torch.isfinite(log10_p) & torch.isfinite(entropy)
+    counts = torch.zeros(bins, dtype=torch.int64, device=log_probs.device)
+    if not bool(selected.any()):
+        return counts
+    columns = []
+    for values, (low, high), size in ((log10_p, log10_p_range, bins[0]), (entropy, entropy_range, bins[1])):
+        scaled = ((values[selected] - low) / (high - low) * size).floor().long()
+        columns.append(scaled.clamp(0, size - 1))
+    flat = columns[0] * bins[1] + columns[1]
+    counts.view(-1).index_add_(0, flat, torch.ones_like(flat))
+    return counts
+
+
+def sample_positions(silenced: torch.Tensor, limit: int, generator: torch.Generator) -> torch.Tensor:
+    """Up to ``limit`` ``(row, position)`` pairs drawn uniformly without replacement from the True entries of a
+    ``[B, T]`` bool tensor, in row-major order."""
+    positions = silenced.nonzero()
+    if positions.size(0) > limit:
+        chosen = torch.randperm(positions.size(0), generator=generator)[:limit].sort().values
+        positions = positions[chosen.to(positions.device)]
+    return positions
+
+
+@dataclass
+class StepTokens:
+    """One optimizer step's tensors on one process, rows aligned: ``[B, T]``, advantages ``[B]`` or ``[B, T]``."""
+
+    completion_ids: torch.Tensor
+    log_probs: torch.Tensor
+    entropies: torch.Tensor
+    advantages: torch.Tensor
+    loss_mask: torch.Tensor
+    silenced: torch.Tensor
+
+
+def _token_text(tokenizer, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def token_records(
+    tokens: StepTokens,
+    positions: torch.Tensor,
+    tokenizer,
+    *,
+    step: int,
+    process_index: int,
+    context_tokens: int,
+) -> list[dict[str, Any]]:
+    """The dump records of the silenced tokens at ``positions``: text, context either side, p, H and advantage.
+
+    ``sample_id`` is ``"<step>-<process>-<row>"``: unique per completion within a run, shared by the tokens of one
+    completion. The context is taken from the completion's own loss tokens and padding is left out.
+    """
+    records = []
+    advantages = tokens.advantages
+    for row, position in positions.tolist():
+        length = int(tokens.loss_mask[row].nonzero().max()) + 1 if bool(tokens.loss_mask[row].any()) else position + 1
+        ids = tokens.completion_ids[row].tolist()
+        log_prob = float(tokens.log_probs[row, position])
+        advantage = advantages[row, position] if advantages.dim() == 2 else advantages[row]
+        records.append(
+            {
+                "step": step,
+                "sample_id": f"{step}-{process_index}-{row}",
+                "position": position,
+                "token_id": ids[position],
+                "token": _token_text(tokenizer, [ids[position]]),
+                "context_before": _token_text(tokenizer, ids[max(0, position - context_tokens) : position]),
+                "context_after": _token_text(
+                    tokenizer, ids[position + 1 : min(length, position + 1 + context_tokens)]
+                ),
+                "log_prob": log_prob,
+                "p": math.exp(log_prob),
+                "entropy": float(tokens.entropies[row, position]),
+                "advantage": float(advantage),
+            }
+        )
+    return records
+
+
+class SilencedTokenDump:
+    """Writes the bounded dump of one run; call :meth:`record_step` on every process at every optimizer step."""
+
+    def __init__(
+        self,
+        output_dir: str | os.PathLike,
+        tokenizer,
+        *,
+        tokens_per_step: int,
+        max_tokens: int,
+        context_tokens: int,
+        seed: int = 0,
+        prob_threshold: float | None = None,
+        is_main_process: bool = True,
+    ):
+        self.directory = Path(output_dir)
+        self.tokenizer = tokenizer
+        self.tokens_per_step = tokens_per_step
+        self.max_tokens = max_tokens
+        self.context_tokens = context_tokens
+        self.seed = seed
+        self.prob_threshold = prob_threshold
+        self.is_main_process = is_main_process
+        self.stats: dict[str, Any] | None = None
+        self._opened = False
+
+    @property
+    def records_path(self) -> Path:
+        return self.directory / SILENCED_TOKENS_FILE
+
+    @property
+    def stats_path(self) -> Path:
+        return self.directory / DUMP_STATS_FILE
+
+    def _fresh_stats(self) -> dict[str, Any]:
+        return {
+            "tokens_per_step": self.tokens_per_step,
+            "max_tokens": self.max_tokens,
+            "context_tokens": self.context_tokens,
+            "prob_threshold": self.prob_threshold,
+            "silenced": 0,
+            "written": 0,
+            "dropped": 0,
+            "steps": [],
+            "density": {
+                "log10_p_range": list(LOG10_P_RANGE),
+                "entropy_range": list(ENTROPY_RANGE),
+                "bins": list(DENSITY_BINS),
+                "positive_advantage": torch.zeros(DENSITY_BINS, dtype=torch.int64).tolist(),
+                "other": torch.zeros(DENSITY_BINS, dtype=torch.int64).tolist(),
+            },
+        }
+
+    def save_state(self, checkpoint_dir: str | os.PathLike) -> None:
+        """Copy the counts and the density so far into a checkpoint (main process)."""
+        if self.stats is not None and self.is_main_process:
+            (Path(checkpoint_dir) / DUMP_STATS_FILE).write_text(json.dumps(self.stats) + "\n")
+
+    def load_state(self, checkpoint_dir: str | os.PathLike) -> bool:
+        """Take the counts and the density from a checkpoint (every process). False when it holds none."""
+        path = Path(checkpoint_dir) / DUMP_STATS_FILE
+        if not path.is_file():
+            return False
+        self.stats = json.loads(path.read_text())
+        return True
+
+    def _open(self) -> None:
+        """Start the records over, or after a resume keep those of the steps the checkpoint covers."""
+        resumed = self.stats is not None
+        if not resumed:
+            self.stats = self._fresh_stats()
+        if not self.is_main_process:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        kept_lines: list[str] = []
+        if resumed and self.records_path.is_file():
+            covered = max((entry["step"] for entry in self.stats["steps"]), default=0)
+            kept_lines = [
+                line
+                for line in self.records_path.read_text().splitlines()
+                if line.strip() and json.loads(line)["step"] <= covered
+            ]
+        self.records_path.write_text("".join(line + "\n" for line in kept_lines))
+
+    def record_step(self, step: int, tokens: StepTokens) -> dict[str, int]:
+        """Count, sample and write one optimizer step's silenced tokens, over all processes.
+
+        Every process must call this at every step (it all-reduces and gathers). The sample is uniform over the
+        silenced tokens of all processes: every rank draws the same permutation of the global count, seeded by
+        ``seed`` and ``step``, and decodes the tokens that fall in its own range. Returns the step's counts.
+        """
+        from ..distributed import all_reduce_sum, gather_objects, rank, world_size
+
+        loss_mask = tokens.loss_mask.bool()
+        silenced = tokens.silenced.bool() & loss_mask
+        advantages = tokens.advantages if tokens.advantages.dim() == 2 else tokens.advantages.unsqueeze(1)
+        positive = loss_mask & (advantages > 0)
+        density = torch.stack(
+            [
+                token_density(tokens.log_probs, tokens.entropies, positive),
+                token_density(tokens.log_probs, tokens.entropies, loss_mask & ~positive),
+            ]
+        )
+        counts = torch.zeros(world_size(), dtype=torch.int64, device=density.device)
+        counts[rank()] = silenced.sum()
+        reduced = all_reduce_sum(torch.cat([counts, density.view(-1)]))
+        counts, density = reduced[: world_size()].cpu(), reduced[world_size() :].view(2, *DENSITY_BINS).cpu()
+        num_silenced = int(counts.sum())
+
+        if not self._opened:
+            self._open()
+            self._opened = True
+        budget = max(min(self.tokens_per_step, self.max_tokens - self.stats["written"]), 0)
+        take = min(budget, num_silenced)
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        chosen = torch.randperm(num_silenced, generator=generator)[:take]
+        offset = int(counts[: rank()].sum())
+        mine = chosen[(chosen >= offset) & (chosen < offset + int(counts[rank()]))].sort().values - offset
+        positions = silenced.nonzero().cpu()[mine]
+        records = token_records(
+            tokens,
+            positions,
+            self.tokenizer,
+            step=step,
+            process_index=rank(),
+            context_tokens=self.context_tokens,
+        )
+        gathered = [record for part in gather_objects(records) for record in part]
+        entry = {"step": step, "silenced": num_silenced, "written": take, "dropped": num_silenced - take}
+        self.stats["steps"].append(entry)
+        for key in ("silenced", "written", "dropped"):
+            self.stats[key] += entry[key]
+        for index, name in enumerate(("positive_advantage", "other")):
+            self.stats["density"][name] = (torch.tensor(self.stats["density"][name]) + density[index]).tolist()
+        if self.is_main_process:
+            with self.records_path.open("a") as file:
+                for record in gathered:
+                    file.write(json.dumps(record, ensure_ascii=False) + "\n")
+            temporary = self.stats_path.with_suffix(".json.tmp")
+            temporary.write_text(json.dumps(self.stats) + "\n")
+            os.replace(temporary, self.stats_path)
+        return entry
