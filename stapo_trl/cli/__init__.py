@@ -1,5 +1,5 @@
 """The `stapo-trl` command line: `stapo-trl train --config RECIPE.yaml [--key value ...]` and
-`stapo-trl eval --model CHECKPOINT [--key value ...]`."""
+`stapo-trl eval --model CHECKPOINT [--key value ...]` and `stapo-trl report RUN_DIR [RUN_DIR ...]`."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import argparse
 import sys
 
 COMMANDS = {
-    "train": "Train with a YAML recipe (STAPO, GRPO, 20-Entropy or JustRL); --dry_run prints the plan.",
+    "train": "Train with a YAML recipe (STAPO, GRPO, 20-Entropy, JustRL or STARE); --dry_run prints the plan.",
     "eval": "avg@k on AIME24/25, AMC23, MATH500, Minerva and OlympiadBench, beside the paper's numbers.",
+    "report": "Plots and a summary of training runs: entropy, reward, the mask, p-H density, silenced tokens.",
 }
 
 
@@ -16,7 +17,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stapo-trl",
         description="STAPO (Spurious-Token-Aware Policy Optimization) for Hugging Face TRL.",
-        epilog="Run `stapo-trl train -h` or `stapo-trl eval -h` for every option.",
+        epilog="Run `stapo-trl train -h`, `stapo-trl eval -h` or `stapo-trl report -h` for every option.",
     )
     subcommands = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in COMMANDS.items():
@@ -41,4 +42,8 @@ def main(argv: list[str] | None = None) -> int:
         from .evaluate import eval_command
 
         return eval_command(argv[1:])
+    if command == "report":
+        from .report import report_command
+
+        return report_command(argv[1:])
     raise AssertionError(command)

@@ -1,0 +1,69 @@
+"""`stapo-trl report RUN_DIR [RUN_DIR ...]`: plots and a Markdown summary of training runs, on shared axes."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stapo-trl report",
+        description="Plot entropy, reward, the S2T masked fraction and tau_h over the steps of one or more runs, "
+        "and, from the silenced-token dump (dump_silenced_tokens: true), where the silenced tokens sit over p and H "
+        "and which tokens they were. Reads each run's trainer_state.json (or metrics.jsonl).",
+    )
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="training output directories")
+    parser.add_argument(
+        "--output_dir",
+        default=None,
+        help="where the PNGs and report.md go; default RUN_DIR/report for one run, report-<a>-vs-<b> for several",
+    )
+    parser.add_argument(
+        "--labels", nargs="+", default=None, help="one legend label per run (default: directory names)"
+    )
+    parser.add_argument("--html", action="store_true", help="also write report.html with the figures inlined")
+    parser.add_argument("--top_tokens", type=int, default=15, help="bars in the top-silenced-tokens chart")
+    return parser
+
+
+def default_output_dir(run_dirs: list[str]) -> Path:
+    if len(run_dirs) == 1:
+        return Path(run_dirs[0]) / "report"
+    return Path("report-" + "-vs-".join(Path(directory).resolve().name for directory in run_dirs))
+
+
+def report_command(argv: list[str]) -> int:
+    from ..diagnostics.report import ReportError, write_report
+
+    args = _parser().parse_args(argv)
+    if args.top_tokens < 1:
+        print("stapo-trl report: error: --top_tokens must be at least 1.", file=sys.stderr)
+        return 2
+    output_dir = Path(args.output_dir) if args.output_dir else default_output_dir(args.run_dirs)
+    try:
+        report = write_report(
+            args.run_dirs, output_dir, labels=args.labels, html=args.html, top_tokens=args.top_tokens
+        )
+    except ReportError as error:
+        print(f"stapo-trl report: error: {error}", file=sys.stderr)
+        return 2
+    from ..diagnostics.report import entropy_trend
+
+    for summary in report.summaries:
+        line = f"{summary['label']}: {summary['steps']} steps, entropy {entropy_trend(summary)}"
+        if "masked_fraction" in summary:
+            line += (
+                f", S2T masked {summary['masked_fraction']:.4%} of loss tokens ({summary['masked_tokens']} tokens, "
+                f"{summary['candidates']} candidates)"
+            )
+        print(line)
+    for note in report.notes:
+        print(f"note: {note}")
+    print(f"report: {report.markdown}")
+    if report.html is not None:
+        print(f"html:   {report.html}")
+    for path in report.figures.values():
+        print(f"figure: {path}")
+    return 0

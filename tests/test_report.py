@@ -1,0 +1,226 @@
+"""`stapo-trl report`: which log it reads, what it refuses, the numbers in its summary, and the figures it draws."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from tiny import tiny_config, tiny_trainer
+
+from stapo_trl import STAPOConfig, STAPOTrainer
+from stapo_trl.cli import main
+from stapo_trl.diagnostics.report import (
+    FIGURES,
+    ReportError,
+    entropy_trend,
+    find_log_source,
+    load_run,
+    summarize_run,
+    top_silenced_tokens,
+    visible_token,
+    write_report,
+)
+from stapo_trl.diagnostics.token_dump import DENSITY_BINS, DUMP_STATS_FILE, SILENCED_TOKENS_FILE
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def step(number, entropy, reward, masked=None, num_masked=0, candidates=0, tau_h=None):
+    record = {"step": number, "loss": 0.1, "entropy": entropy, "reward": reward}
+    if masked is not None:
+        record.update({"s2t/masked_fraction": masked, "s2t/num_masked": num_masked, "s2t/num_candidates": candidates})
+    if tau_h is not None:
+        record["s2t/entropy_threshold"] = tau_h
+    return record
+
+
+# Four steps: entropy 0.8, 0.7, 0.5, 0.4; masked 0.1%, 0%, 0.2%, 0.1%; tau_h only where there were candidates.
+HISTORY = [
+    step(1, 0.8, -1.0, 0.001, 1, 2, 0.6),
+    step(2, 0.7, -0.5, 0.0, 0, 0),
+    step(3, 0.5, 0.0, 0.002, 2, 3, 0.4),
+    step(4, 0.4, 0.5, 0.001, 1, 1, 0.5),
+    {"step": 4, "train_runtime": 10.0, "train_loss": 0.1},
+]
+
+
+def write_state(directory, history=HISTORY):
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "trainer_state.json").write_text(json.dumps({"global_step": 4, "log_history": history}))
+    return directory
+
+
+def write_dump(directory, tokens=(" the", " the", "7", "\n")):
+    density = torch.zeros(DENSITY_BINS, dtype=torch.int64)
+    density[36, 2] = 50  # p around 0.2, H around 0.6
+    density[10, 1] = 3  # p around 1e-7, H around 0.4
+    stats = {
+        "tokens_per_step": 64,
+        "max_tokens": 5000,
+        "context_tokens": 20,
+        "prob_threshold": 0.002,
+        "silenced": 6,
+        "written": len(tokens),
+        "dropped": 6 - len(tokens),
+        "steps": [],
+        "density": {
+            "log10_p_range": [-10.0, 0.0],
+            "entropy_range": [0.0, 12.0],
+            "bins": list(DENSITY_BINS),
+            "positive_advantage": density.tolist(),
+            "other": torch.zeros(DENSITY_BINS, dtype=torch.int64).tolist(),
+        },
+    }
+    (directory / DUMP_STATS_FILE).write_text(json.dumps(stats))
+    records = [
+        {
+            "step": 1,
+            "sample_id": f"1-0-{index}",
+            "position": 3,
+            "token_id": index,
+            "token": token,
+            "context_before": "so ",
+            "context_after": " answer",
+            "log_prob": -16.1,
+            "p": 1e-7,
+            "entropy": 0.4,
+            "advantage": 0.9,
+        }
+        for index, token in enumerate(tokens)
+    ]
+    (directory / SILENCED_TOKENS_FILE).write_text("".join(json.dumps(record) + "\n" for record in records))
+
+
+# ------------------------------------------------------------------------------------------- reading runs
+def test_the_log_is_read_from_trainer_state_then_the_newest_checkpoint_then_metrics_jsonl(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(step(1, 0.5, 0.0)) + "\n")
+    assert find_log_source(tmp_path) == tmp_path / "metrics.jsonl"
+    for number in (9, 10):
+        write_state(tmp_path / f"checkpoint-{number}")
+    assert find_log_source(tmp_path) == tmp_path / "checkpoint-10" / "trainer_state.json"  # 10 > 9, not "10" < "9"
+    write_state(tmp_path)
+    assert find_log_source(tmp_path) == tmp_path / "trainer_state.json"
+
+
+def test_the_end_of_training_record_is_not_a_step(tmp_path):
+    run = load_run(write_state(tmp_path / "run"))
+    assert [record["step"] for record in run.history] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda path: None, "no such directory"),
+        (lambda path: path.mkdir(), "no training log found"),
+        (lambda path: write_state(path, history=[{"step": 0, "train_runtime": 1.0}]), "holds no training steps"),
+    ],
+    ids=["missing", "empty", "no-steps"],
+)
+def test_a_run_dir_without_the_needed_logs_gets_a_clear_message(tmp_path, make, message):
+    make(tmp_path / "run")
+    with pytest.raises(ReportError, match=message):
+        load_run(tmp_path / "run")
+
+
+# ------------------------------------------------------------------------------------------- the numbers
+def test_the_summary_of_a_run_is_computed_from_its_log(tmp_path):
+    summary = summarize_run(load_run(write_state(tmp_path / "run")))
+    assert summary["steps"] == 4
+    assert summary["entropy_first_quarter"] == 0.8 and summary["entropy_last_quarter"] == 0.4  # quarter = 1 step
+    assert summary["reward_first_quarter"] == -1.0 and summary["reward_last_quarter"] == 0.5
+    assert summary["masked_fraction"] == pytest.approx((0.001 + 0.0 + 0.002 + 0.001) / 4)
+    assert (summary["masked_tokens"], summary["candidates"]) == (4, 6)
+    assert summary["tau_h_median"] == pytest.approx(0.5)  # median of 0.6, 0.4, 0.5; step 2 had no candidates
+    assert entropy_trend(summary) == "falls (0.800 -> 0.400 nats)"
+    assert (
+        entropy_trend({"entropy_first_quarter": 0.5, "entropy_last_quarter": 0.51})
+        == "stays flat (0.500 -> 0.510 nats)"
+    )
+
+
+def test_the_top_silenced_tokens_are_counted_from_the_dump_and_shown_with_visible_whitespace(tmp_path):
+    directory = write_state(tmp_path / "run")
+    write_dump(directory)
+    run = load_run(directory)
+    assert top_silenced_tokens(run) == [(" the", 2), ("7", 1), ("\n", 1)]
+    assert [visible_token(text) for text, _ in top_silenced_tokens(run)] == ["␣the", "7", "↵"]
+    assert summarize_run(run)["dump_written"] == 4 and summarize_run(run)["dump_dropped"] == 2
+
+
+# ------------------------------------------------------------------------------------------- the report
+def test_a_report_compares_runs_and_draws_every_figure(tmp_path):
+    with_dump = write_state(tmp_path / "stapo")
+    write_dump(with_dump)
+    without_dump = write_state(tmp_path / "grpo", history=[step(1, 0.9, -1.0), step(2, 0.6, 0.0)])
+    report = write_report([with_dump, without_dump], tmp_path / "report")
+
+    assert set(report.figures) == set(FIGURES)
+    for path in report.figures.values():
+        assert path.read_bytes()[:8] == PNG, path
+    markdown = report.markdown.read_text()
+    assert "| stapo | 4 | -1.000 → +0.500 | 0.800 → 0.400 | 0.1000% | 4 | 6 | 0.500 | 4 / 6 |" in markdown
+    assert "| grpo | 2 | -1.000 → +0.000 | 0.900 → 0.600 | – | – | – | – | – |" in markdown
+    assert "grpo: no S2T statistics in the log" in markdown
+    assert "[[ the]]" in markdown  # a silenced token shown in its context
+    for name in FIGURES.values():
+        assert f"]({name})" in markdown
+
+
+def test_without_any_dump_the_report_says_how_to_get_the_token_figures(tmp_path):
+    report = write_report([write_state(tmp_path / "run")], tmp_path / "out", html=True)
+    assert "token_density" not in report.figures and "top_silenced_tokens" not in report.figures
+    assert "dump_silenced_tokens: true" in report.markdown.read_text()
+    html = report.html.read_text()
+    assert html.count("data:image/png;base64,") == 3  # entropy, reward, masking, inlined
+
+
+def test_labels_must_match_the_runs(tmp_path):
+    with pytest.raises(ReportError, match="2 labels for 1 run"):
+        write_report([write_state(tmp_path / "run")], tmp_path / "out", labels=["a", "b"])
+
+
+# ------------------------------------------------------------------------------------------- the command
+def test_the_command_prints_the_trend_and_the_mask_and_writes_into_the_run_dir(tmp_path, capsys):
+    directory = write_state(tmp_path / "run")
+    assert main(["report", str(directory)]) == 0
+    printed = capsys.readouterr().out
+    assert "run: 4 steps, entropy falls (0.800 -> 0.400 nats), S2T masked 0.1000% of loss tokens" in printed
+    assert (directory / "report" / "report.md").is_file()
+
+
+def test_the_command_reports_a_bad_run_dir_without_a_traceback(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("stapo-trl report: error:") and "Traceback" not in error
+
+
+def test_the_report_renders_headless_even_when_an_interactive_backend_is_configured(tmp_path):
+    directory = write_state(tmp_path / "run")
+    write_dump(directory)
+    env = {key: value for key, value in os.environ.items() if key != "DISPLAY"}
+    env["MPLBACKEND"] = "TkAgg"
+    result = subprocess.run(
+        [sys.executable, "-m", "stapo_trl", "report", str(directory), "--output_dir", str(tmp_path / "out")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "out" / "token_density.png").read_bytes()[:8] == PNG
+
+
+def test_a_real_training_run_with_the_dump_reports_end_to_end(tmp_path):
+    config = tiny_config(
+        STAPOConfig, tmp_path / "run", max_steps=2, prob_threshold=0.2, temperature=1.0, dump_silenced_tokens=True
+    )
+    trainer = tiny_trainer(STAPOTrainer, config)
+    trainer.train()
+    trainer.save_state()
+    report = write_report([tmp_path / "run"], tmp_path / "report")
+    (summary,) = report.summaries
+    masked = [entry["s2t/num_masked"] for entry in trainer.state.log_history if "loss" in entry]
+    assert summary["masked_tokens"] == sum(masked) and summary["dump_silenced"] == sum(masked)
+    assert set(report.figures) == set(FIGURES)
