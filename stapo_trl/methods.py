@@ -68,3 +68,51 @@ def method_preset(name: str) -> MethodPreset:
     if key not in METHODS:
         raise ValueError(f"Unknown method {name!r}. Choose one of: {', '.join(METHOD_NAMES)}.")
     return METHODS[key]
+
+
+def infer_method(config: Any) -> str:
+    """The preset a `STAPOConfig` corresponds to, read from its switches: ``"stapo"`` (S2T on, also with STARE),
+    ``"stare"``, ``"20-entropy"``, ``"justrl"`` (a dual-clip ``delta``) or ``"grpo"``."""
+    if config.use_s2t_mask:
+        return "stapo"
+    if config.use_stare:
+        return "stare"
+    if config.top_entropy_quantile < 1.0:
+        return "20-entropy"
+    if config.delta is not None:
+        return "justrl"
+    return "grpo"
+
+
+def describe_token_rule(training: Any) -> str:
+    """The active token rules of a `STAPOConfig`, in one line: what they select, their thresholds and weights."""
+    rules = []
+    if training.use_s2t_mask:
+        rules.append(f"S2T on: prob_threshold {training.prob_threshold}, entropy_quantile {training.entropy_quantile}")
+    if training.use_stare:
+        weights = f"W {training.stare_positive_weight}"
+        if training.stare_variant == "C2":
+            weights += f", M {training.stare_negative_weight}"
+        if training.stare_adaptive:
+            weights += (
+                f" (adaptive, alpha {training.stare_alpha}, W <= {training.stare_max_positive_weight}, "
+                f"M >= {training.stare_min_negative_weight})"
+            )
+        gate = {
+            "entropy": f"gate on below {training.stare_target_entropy} nats",
+            "on": "gate always on",
+            "off": "gate always off",
+        }[training.stare_gate]
+        rules.append(
+            f"STARE {training.stare_variant} on: top {training.stare_top_surprisal_share:g} surprisal share per "
+            f"{training.stare_selection_pool.replace('_', ' ')}, {weights}, {gate}"
+        )
+    rules += [f"{name} (registered rule)" for name in training.token_rules]
+    if not rules:
+        if training.top_entropy_quantile < 1.0:
+            return f"no stapo-trl rule; TRL's top_entropy_quantile {training.top_entropy_quantile} (20-Entropy)"
+        return "none (no token mask or weights)"
+    return (
+        "; then ".join(rules)
+        + f", statistics from the {training.token_stats_source} policy, backend {training.token_stats_backend}"
+    )

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import textwrap
 from typing import Any
 
 import torch
@@ -29,19 +28,13 @@ from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import get_config_model_id, maybe_gather_lm_head_ctx
 
 from .config import STAPOConfig
+from .diagnostics.token_dump import SilencedTokenDump, StepTokens
 from .distributed import all_reduce_sum
 from .fused_stats import resolve_backend, token_logprob_entropy
+from .model_card import PAPER_ID, PAPER_TITLE, STAPO_CITATION, insert_sections, stapo_card_sections
 from .token_rules import STAREController, apply_token_rules
 
 logger = logging.getLogger(__name__)
-
-STAPO_CITATION = textwrap.dedent("""\
-    @article{liu2026stapo,
-        title        = {{STAPO: Stabilizing Reinforcement Learning for LLMs by Silencing Rare Spurious Tokens}},
-        author       = {Shiqi Liu and Zeyu He and Guojian Zhan and Letian Tao and Zhilong Zheng and Jiang Wu and Yinuo Wang and Yang Guan and Kehua Sheng and Bo Zhang and Keqiang Li and Jingliang Duan and Shengbo Eben Li},
-        year         = 2026,
-        eprint       = {arXiv:2602.15620},
-    }""")
 
 # Batch keys that `_get_per_token_logps_and_entropies` takes for vision-language inputs.
 MULTIMODAL_KEYS = (
@@ -129,11 +122,7 @@ class STAPOTrainer(GRPOTrainer):
 
     _tag_names = ["trl", "grpo", "stapo"]
     _name = "STAPO"
-    _paper = {
-        "title": "STAPO: Stabilizing Reinforcement Learning for LLMs by Silencing Rare Spurious Tokens",
-        "id": "2602.15620",
-        "citation": STAPO_CITATION,
-    }
+    _paper = {"title": PAPER_TITLE, "id": PAPER_ID, "citation": STAPO_CITATION}
 
     # (log_probs, entropies) of every `_get_per_token_logps_and_entropies` call during a training generation, or None.
     _captured_token_stats: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None
@@ -160,6 +149,20 @@ class STAPOTrainer(GRPOTrainer):
                 gate_mode=args.stare_gate,
             )
             if args.use_stare
+            else None
+        )
+        self.token_dump = (
+            SilencedTokenDump(
+                args.output_dir,
+                getattr(self.processing_class, "tokenizer", self.processing_class),
+                tokens_per_step=args.dump_tokens_per_step,
+                max_tokens=args.dump_max_tokens,
+                context_tokens=args.dump_context_tokens,
+                seed=args.seed,
+                prob_threshold=args.prob_threshold if args.use_s2t_mask else None,
+                is_main_process=self.accelerator.is_main_process,
+            )
+            if args.dump_silenced_tokens
             else None
         )
 
@@ -380,15 +383,28 @@ class STAPOTrainer(GRPOTrainer):
                 batch[LOG_PROBS_KEY], batch[ENTROPIES_KEY] = self.compute_token_stats(batch)
 
         loss_mask = torch.cat([self._unmasked_loss_mask(batch) for batch in step_batches]).bool()
+        log_probs = torch.cat([batch[LOG_PROBS_KEY] for batch in step_batches])
+        entropies = torch.cat([batch[ENTROPIES_KEY] for batch in step_batches])
+        unweighted_advantages = torch.cat([batch[UNWEIGHTED_ADVANTAGES_KEY] for batch in step_batches])
         composed = apply_token_rules(
-            self.token_rule_calls(step_batches),
-            torch.cat([batch[LOG_PROBS_KEY] for batch in step_batches]),
-            torch.cat([batch[ENTROPIES_KEY] for batch in step_batches]),
-            torch.cat([batch[UNWEIGHTED_ADVANTAGES_KEY] for batch in step_batches]),
-            loss_mask,
+            self.token_rule_calls(step_batches), log_probs, entropies, unweighted_advantages, loss_mask
         )
         silenced = loss_mask & ~composed.keep
         num_silenced = int(all_reduce_sum(silenced.sum().reshape(1))[0])
+        if self.token_dump is not None:
+            dumped = self.token_dump.record_step(
+                self.state.global_step + 1,
+                StepTokens(
+                    completion_ids=torch.cat([batch["completion_ids"] for batch in step_batches]),
+                    log_probs=log_probs,
+                    entropies=entropies,
+                    advantages=unweighted_advantages,
+                    loss_mask=loss_mask,
+                    silenced=silenced,
+                ),
+            )
+            self._metrics["train"]["token_dump/written"].append(dumped["written"])
+            self._metrics["train"]["token_dump/dropped"].append(dumped["dropped"])
 
         # TRL's dapo normalizer is num_items_in_batch * GA / steps_per_generation: an optimizer step's share of the
         # generation's tokens. Subtracting the step's silenced tokens at that scale leaves kept tokens per step.
@@ -426,19 +442,53 @@ class STAPOTrainer(GRPOTrainer):
             metrics["stare/negative_weight"].append(self.stare_controller.negative_weight)
             metrics["stare/batch_entropy"].append(self.stare_controller.batch_entropy)
 
+    # ------------------------------------------------------------------ model card
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
+        """TRL's card (quick start, framework versions, citations) plus the STAPO sections: the method and its
+        thresholds, the final token-rule statistics, the evaluation results found in ``output_dir``
+        (``run_summary.json``, ``*/summary.json`` of `stapo-trl eval`) and the recipe. TRL calls this on every
+        checkpoint save and on `push_to_hub`."""
+        from .methods import infer_method
+
+        tags = [tags] if isinstance(tags, str) else list(tags or [])
+        method = infer_method(self.args)
+        if method not in tags:
+            tags.append(method)
+        super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
+        path = os.path.join(self.args.output_dir, "README.md")
+        if not self.is_world_process_zero() or not os.path.isfile(path):
+            return
+        sections = stapo_card_sections(self.args, self.state.log_history, self.args.output_dir)
+        with open(path, encoding="utf-8") as file:
+            card = file.read()
+        with open(path, "w", encoding="utf-8") as file:
+            file.write(insert_sections(card, sections))
+
     # ------------------------------------------------------------------ checkpoints
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
-        if self.stare_controller is not None and self.args.should_save:
-            checkpoint = os.path.join(
-                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            )
+        if not self.args.should_save:
+            return
+        checkpoint = os.path.join(
+            self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        )
+        if self.stare_controller is not None:
             with open(os.path.join(checkpoint, STARE_STATE_FILE), "w") as file:
                 json.dump(self.stare_controller.state_dict(), file, indent=2)
+        if self.token_dump is not None:
+            self.token_dump.save_state(checkpoint)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
-        if self.stare_controller is None or checkpoint is None:
+        if checkpoint is None:
+            return
+        if self.token_dump is not None and not self.token_dump.load_state(checkpoint):
+            logger.warning(
+                "Resuming from %s, which holds no silenced-token dump state; %s starts over.",
+                checkpoint,
+                self.token_dump.records_path,
+            )
+        if self.stare_controller is None:
             return
         path = os.path.join(checkpoint, STARE_STATE_FILE)
         if not os.path.exists(path):

@@ -70,6 +70,15 @@ def test_train_runs_a_recipe_end_to_end_and_writes_every_output(tmp_path, tiny_m
     card = (output_dir / "README.md").read_text()
     assert "STAPO" in card and "2602.15620" in card and "stapo" in card
     assert "# Model Card for run" in card
+    # The card embeds the recipe as run (recipe.yaml) and the held-out evaluation (run_summary.json).
+    recipe = (output_dir / "recipe.yaml").read_text()
+    assert recipe.startswith(f"# stapo-trl train --config {tmp_path / 'recipe.yaml'} --heldout_problems 2")
+    assert f"```yaml\n{recipe.rstrip()}\n```" in card
+    assert "Held-out greedy accuracy (2 problems)" in card
+    # The log the report reads, and the hint to run it.
+    state = json.loads((output_dir / "trainer_state.json").read_text())
+    assert [entry["step"] for entry in state["log_history"] if "loss" in entry] == [1, 2]
+    assert f"stapo-trl report {output_dir}" in printed
     assert (output_dir / "training_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     summary = json.loads((output_dir / "run_summary.json").read_text())

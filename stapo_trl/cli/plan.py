@@ -115,42 +115,9 @@ def describe_model(model_args: Any, training: Any) -> str:
     return f"{name} ({', '.join(details)})"
 
 
-def describe_token_rule(training: Any) -> str:
-    rules = []
-    if training.use_s2t_mask:
-        rules.append(f"S2T on: prob_threshold {training.prob_threshold}, entropy_quantile {training.entropy_quantile}")
-    if training.use_stare:
-        weights = f"W {training.stare_positive_weight}"
-        if training.stare_variant == "C2":
-            weights += f", M {training.stare_negative_weight}"
-        if training.stare_adaptive:
-            weights += (
-                f" (adaptive, alpha {training.stare_alpha}, W <= {training.stare_max_positive_weight}, "
-                f"M >= {training.stare_min_negative_weight})"
-            )
-        gate = {
-            "entropy": f"gate on below {training.stare_target_entropy} nats",
-            "on": "gate always on",
-            "off": "gate always off",
-        }[training.stare_gate]
-        rules.append(
-            f"STARE {training.stare_variant} on: top {training.stare_top_surprisal_share:g} surprisal share per "
-            f"{training.stare_selection_pool.replace('_', ' ')}, {weights}, {gate}"
-        )
-    rules += [f"{name} (registered rule)" for name in training.token_rules]
-    if not rules:
-        if training.top_entropy_quantile < 1.0:
-            return f"no stapo-trl rule; TRL's top_entropy_quantile {training.top_entropy_quantile} (20-Entropy)"
-        return "none (no token mask or weights)"
-    return (
-        "; then ".join(rules)
-        + f", statistics from the {training.token_stats_source} policy, backend {training.token_stats_backend}"
-    )
-
-
 def format_plan(request: Any) -> str:
     """The dry-run plan: method, model, data, rewards, token rule, loss, generation, world size and batch arithmetic."""
-    from ..methods import method_preset
+    from ..methods import describe_token_rule, method_preset
 
     script, training, model, plan = request.script, request.training, request.model, request.plan
     preset = method_preset(script.method)

@@ -58,6 +58,8 @@ class TrainRequest:
     notes: list[str] = field(default_factory=list)
     cpu_stand_in: bool = False
     """A dry run without a GPU resolved a GPU recipe with `use_cpu=True`."""
+    argv: list[str] = field(default_factory=list)
+    """The arguments of `stapo-trl train` as given."""
 
 
 def make_train_parser(prog: str = "stapo-trl train"):
@@ -355,6 +357,7 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
         recipe_path=recipe_path,
         recipe=recipe,
         given_keys=given_keys,
+        argv=list(argv),
         launch_args=launch_args,
         cli_launch_tokens=cli_launch_tokens,
         world_size=world_size,

@@ -153,6 +153,22 @@ class RunSummary:
         return lines
 
 
+def write_recipe(request: TrainRequest, output_dir: Path) -> Path:
+    """``output_dir/recipe.yaml``: the command line that started the run, then the recipe file as written. The model
+    card embeds it."""
+    from ..model_card import RECIPE_FILE
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    command = " ".join(["stapo-trl train", *request.argv])
+    lines = [f"# {command}"]
+    if request.recipe_path is not None:
+        lines.append(f"# {request.recipe_path} (flags on the command line above override it):")
+        lines.append(request.recipe_path.read_text().rstrip())
+    path = output_dir / RECIPE_FILE
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def summarize_metrics(records: list[dict]) -> dict[str, Any]:
     """Reward in the first and last quarter of the steps, and the run's masked fraction."""
     rewards = [record["reward"] for record in records if record.get("reward") is not None]
@@ -179,6 +195,7 @@ def run_training(request: TrainRequest) -> RunSummary:
     from trl import get_peft_config, get_quantization_config
 
     from ..callbacks import METRICS_FILE, MetricsFileCallback, StepSummaryProgressCallback
+    from ..diagnostics.token_dump import SILENCED_TOKENS_FILE
     from ..evaluation import greedy_accuracy
     from ..plots import plot_training_curves, read_metrics
     from ..rewards import get_reward_func
@@ -196,6 +213,8 @@ def run_training(request: TrainRequest) -> RunSummary:
             "Set heldout_problems: 0 for multi-process runs."
         )
 
+    if state.is_main_process:
+        write_recipe(request, Path(training.output_dir))
     model_path = resolve_model_path(model_args.model_name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(
         model_path, revision=model_args.model_revision, trust_remote_code=training.trust_remote_code
@@ -244,14 +263,7 @@ def run_training(request: TrainRequest) -> RunSummary:
 
     output_dir = Path(training.output_dir)
     trainer.save_model(str(output_dir))
-    # TRL's card links dataset_name to the Hub; local files and the built-in generator have no Hub page.
-    is_hub_id = "/" in script.dataset_name and not Path(script.dataset_name).expanduser().exists()
-    dataset_name = script.dataset_name if is_hub_id else None
-    model_name = training.hub_model_id.split("/")[-1] if training.hub_model_id else output_dir.name
-    trainer.create_model_card(model_name=model_name, dataset_name=dataset_name, tags=[script.method])
-    if training.push_to_hub:
-        trainer.push_to_hub(dataset_name=dataset_name)
-        trainer.accelerator.print(f"Model pushed to the Hub: https://huggingface.co/{trainer.hub_model_id}")
+    trainer.save_state()
 
     summary = RunSummary(
         method=script.method,
@@ -275,10 +287,24 @@ def run_training(request: TrainRequest) -> RunSummary:
                 records, output_dir / PLOT_FILE, title=f"{script.method} on {model_args.model_name_or_path}"
             )
             summary.files["plot"] = str(plot)
+        if training.dump_silenced_tokens:
+            summary.files["silenced tokens"] = str(output_dir / SILENCED_TOKENS_FILE)
         summary.files["summary"] = str(output_dir / SUMMARY_FILE)
         summary.seconds_total = time.perf_counter() - started
         (output_dir / SUMMARY_FILE).write_text(json.dumps(summary.__dict__, indent=2) + "\n")
+
+    # The card (TRL's, plus the STAPO sections) reads run_summary.json, so it is written after it.
+    # TRL's card links dataset_name to the Hub; local files and the built-in generator have no Hub page.
+    is_hub_id = "/" in script.dataset_name and not Path(script.dataset_name).expanduser().exists()
+    dataset_name = script.dataset_name if is_hub_id else None
+    model_name = training.hub_model_id.split("/")[-1] if training.hub_model_id else output_dir.name
+    trainer.create_model_card(model_name=model_name, dataset_name=dataset_name, tags=[script.method])
+    if training.push_to_hub:
+        trainer.push_to_hub(dataset_name=dataset_name)
+        trainer.accelerator.print(f"Model pushed to the Hub: https://huggingface.co/{trainer.hub_model_id}")
+    if trainer.accelerator.is_main_process:
         print("\n".join(summary.lines()), flush=True)
+        print(f"See what the mask did: stapo-trl report {output_dir}", flush=True)
     if hasattr(trainer, "end"):
         trainer.end()
     return summary
