@@ -118,6 +118,11 @@ class STAPOTrainer(GRPOTrainer):
       runs when the step starts, except in the first step after a generation whose statistics already exist.
 
     Evaluation losses are reported without the mask: S2T changes training gradients only.
+
+    With `dump_silenced_tokens`, each step's silenced tokens (text, context, `p`, `H`, advantage) go to
+    `output_dir/silenced_tokens.jsonl`, bounded and sampled (see [`~stapo_trl.diagnostics.SilencedTokenDump`]). The
+    model card ([`create_model_card`], written by TRL on checkpoint saves and `push_to_hub`) adds the method, its
+    thresholds, the final token-rule statistics, evaluation results and the recipe to TRL's card.
     """
 
     _tag_names = ["trl", "grpo", "stapo"]

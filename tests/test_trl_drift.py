@@ -84,6 +84,24 @@ def test_checkpoint_hooks_we_extend_exist():
     assert "self._load_optimizer_and_scheduler(resume_from_checkpoint)" in inspect.getsource(Trainer)
 
 
+def test_the_model_card_hooks_we_extend_exist():
+    """STAPOTrainer.create_model_card calls TRL's and inserts its sections before the template's "## Citations";
+    TRL writes the card when it saves a checkpoint, and transformers on push_to_hub."""
+    from importlib import resources
+
+    from transformers import Trainer
+
+    from stapo_trl.model_card import TRL_CITATIONS_HEADING
+
+    parameters = list(inspect.signature(GRPOTrainer.create_model_card).parameters)
+    assert parameters == ["self", "model_name", "dataset_name", "tags"]
+    template = resources.files("trl").joinpath("templates/lm_model_card.md").read_text()
+    assert TRL_CITATIONS_HEADING in template and "## Quick start" in template and "### Framework versions" in template
+    assert "self.create_model_card(" in inspect.getsource(GRPOTrainer._save_checkpoint)
+    assert "self.create_model_card(" in inspect.getsource(Trainer.push_to_hub)
+    assert "upload_folder(" in inspect.getsource(Trainer.push_to_hub)
+
+
 def test_generation_counts_loss_tokens_with_the_same_mask():
     source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
     assert "loss_mask = completion_mask if tool_mask is None else completion_mask * tool_mask" in source
