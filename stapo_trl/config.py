@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
@@ -369,10 +370,13 @@ class STAPOConfig(GRPOConfig):
                     f"{', '.join(changed)} would be ignored: the token dump is off. Set dump_silenced_tokens=True."
                 )
         elif not self.active_token_rules:
-            raise ValueError(
-                "dump_silenced_tokens=True needs a token rule to record: with use_s2t_mask=False, use_stare=False and "
-                "no token_rules, nothing is silenced and no token statistics are computed. Turn on use_s2t_mask (or "
-                "another rule), or set dump_silenced_tokens=False."
+            # A warning, not an error: one recipe serves every method (`--method grpo` on the quickstart, which dumps).
+            warnings.warn(
+                "dump_silenced_tokens=True has nothing to record in this run: with use_s2t_mask=False, "
+                "use_stare=False and no token_rules, no token is silenced and no token statistics are computed, so no "
+                "dump is written. `stapo-trl report` still plots the run's logged metrics.",
+                UserWarning,
+                stacklevel=2,
             )
 
     def _validate_stare(self) -> None:

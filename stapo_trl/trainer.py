@@ -167,7 +167,7 @@ class STAPOTrainer(GRPOTrainer):
                 prob_threshold=args.prob_threshold if args.use_s2t_mask else None,
                 is_main_process=self.accelerator.is_main_process,
             )
-            if args.dump_silenced_tokens
+            if args.dump_silenced_tokens and self.token_rules
             else None
         )
 

@@ -434,3 +434,23 @@ def test_help_lists_every_key_with_its_help(capsys):
     assert main([]) == 0 and "train" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["evaluate"])
+
+
+@pytest.mark.parametrize("method", ["grpo", "20-entropy", "justrl"])
+def test_the_quickstart_recipe_runs_every_method_although_it_dumps_silenced_tokens(method, capsys):
+    """The quickstart turns the dump on; a method without token rules has nothing to dump and is warned, not refused."""
+    with pytest.warns(UserWarning, match="nothing to record"):
+        assert (
+            main(
+                [
+                    "train",
+                    "--config",
+                    str(RECIPES / "quickstart" / "smollm2-135m-cpu.yaml"),
+                    "--method",
+                    method,
+                    "--dry_run",
+                ]
+            )
+            == 0
+        )
+    assert "token rule" in capsys.readouterr().out

@@ -211,3 +211,11 @@ def test_the_dump_survives_checkpoint_and_resume_in_the_trainer(tmp_path):
     assert again == straight_steps and straight_steps.count(2) > 0  # step 2 is written once, not twice
     stats = json.loads((resumed_dir / DUMP_STATS_FILE).read_text())
     assert [entry["step"] for entry in stats["steps"]] == [1, 2]
+
+
+def test_a_run_without_token_rules_writes_no_dump(tmp_path):
+    with pytest.warns(UserWarning, match="nothing to record"):
+        config = tiny_config(STAPOConfig, tmp_path, max_steps=1, use_s2t_mask=False, dump_silenced_tokens=True)
+    trainer = tiny_trainer(STAPOTrainer, config)
+    trainer.train()
+    assert trainer.token_dump is None and not (tmp_path / SILENCED_TOKENS_FILE).exists()
