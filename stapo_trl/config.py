@@ -353,6 +353,11 @@ class STAPOConfig(GRPOConfig):
         built_in = [name for name, switch in BUILT_IN_RULE_SWITCHES.items() if getattr(self, switch)]
         return built_in + list(self.token_rules)
 
+    def _changed_from_default(self, names) -> list[str]:
+        """Those of ``names`` whose value differs from the field's default (for "would be ignored" checks)."""
+        fields = type(self).__dataclass_fields__
+        return [name for name in names if getattr(self, name) != fields[name].default]
+
     def _validate_dump(self) -> None:
         limits = {
             "dump_tokens_per_step": (self.dump_tokens_per_step, 1),
@@ -363,8 +368,7 @@ class STAPOConfig(GRPOConfig):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name} must be an integer >= {least}, got {value!r}.")
         if not self.dump_silenced_tokens:
-            defaults = {name: field.default for name, field in self.__dataclass_fields__.items()}
-            changed = [name for name in limits if getattr(self, name) != defaults[name]]
+            changed = self._changed_from_default(limits)
             if changed:
                 raise ValueError(
                     f"{', '.join(changed)} would be ignored: the token dump is off. Set dump_silenced_tokens=True."
@@ -410,8 +414,9 @@ class STAPOConfig(GRPOConfig):
                 f"The adaptive clamps must satisfy stare_max_positive_weight >= 1 and 0 < stare_min_negative_weight "
                 f"<= 1, got {self.stare_max_positive_weight} and {self.stare_min_negative_weight}."
             )
-        defaults = {name: field.default for name, field in type(self).__dataclass_fields__.items()}
-        changed = [name for name in defaults if name.startswith("stare_") and getattr(self, name) != defaults[name]]
+        changed = self._changed_from_default(
+            name for name in type(self).__dataclass_fields__ if name.startswith("stare_")
+        )
         if not self.use_stare:
             if changed:
                 raise ValueError(

@@ -9,13 +9,14 @@ sections sit between two HTML comments, so writing the card again replaces them 
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from .diagnostics.report import series
 
 PAPER_TITLE = "STAPO: Stabilizing Reinforcement Learning for LLMs by Silencing Rare Spurious Tokens"
 PAPER_ID = "2602.15620"
@@ -116,8 +117,7 @@ def method_section(config: Any) -> list[str]:
 
 
 def _logged(history: list[dict[str, Any]], key: str) -> list[float]:
-    values = [record.get(key) for record in history]
-    return [float(value) for value in values if isinstance(value, int | float) and math.isfinite(value)]
+    return series(history, key)[1]
 
 
 def statistics_section(config: Any, history: list[dict[str, Any]]) -> list[str]:
@@ -261,6 +261,14 @@ def insert_sections(card: str, sections: str) -> str:
     return f"{card.rstrip()}\n\n{sections}"
 
 
+def write_card_sections(card: str | Path, config: Any, history: list[dict[str, Any]], output_dir: str | Path) -> Path:
+    """Insert (or replace) the stapo-trl sections of the card file at ``card``."""
+    card = Path(card)
+    sections = stapo_card_sections(config, history, output_dir)
+    card.write_text(insert_sections(card.read_text(encoding="utf-8"), sections), encoding="utf-8")
+    return card
+
+
 def refresh_model_card(output_dir: str | Path) -> Path:
     """Rewrite the STAPO sections of a saved run's card from the files in ``output_dir``: for example after
     `stapo-trl eval --output_dir OUTPUT_DIR/eval`, so that the card shows the new evaluation table before it is
@@ -282,5 +290,4 @@ def refresh_model_card(output_dir: str | Path) -> Path:
         )
     config = torch.load(args, weights_only=False)
     history = json.loads(state.read_text()).get("log_history", []) if state.is_file() else []
-    card.write_text(insert_sections(card.read_text(), stapo_card_sections(config, history, output_dir)))
-    return card
+    return write_card_sections(card, config, history, output_dir)

@@ -31,7 +31,7 @@ from .config import STAPOConfig
 from .diagnostics.token_dump import SilencedTokenDump, StepTokens
 from .distributed import all_reduce_sum
 from .fused_stats import resolve_backend, token_logprob_entropy
-from .model_card import PAPER_ID, PAPER_TITLE, STAPO_CITATION, insert_sections, stapo_card_sections
+from .model_card import PAPER_ID, PAPER_TITLE, STAPO_CITATION, write_card_sections
 from .token_rules import STAREController, apply_token_rules
 
 logger = logging.getLogger(__name__)
@@ -463,11 +463,7 @@ class STAPOTrainer(GRPOTrainer):
         path = os.path.join(self.args.output_dir, "README.md")
         if not self.is_world_process_zero() or not os.path.isfile(path):
             return
-        sections = stapo_card_sections(self.args, self.state.log_history, self.args.output_dir)
-        with open(path, encoding="utf-8") as file:
-            card = file.read()
-        with open(path, "w", encoding="utf-8") as file:
-            file.write(insert_sections(card, sections))
+        write_card_sections(path, self.args, self.state.log_history, self.args.output_dir)
 
     # ------------------------------------------------------------------ checkpoints
     def _save_checkpoint(self, model, trial):

@@ -171,12 +171,12 @@ def write_recipe(request: TrainRequest, output_dir: Path) -> Path:
 
 def summarize_metrics(records: list[dict]) -> dict[str, Any]:
     """Reward in the first and last quarter of the steps, and the run's masked fraction."""
-    rewards = [record["reward"] for record in records if record.get("reward") is not None]
+    from ..diagnostics.report import quarter_means
+
     summary: dict[str, Any] = {}
-    if rewards:
-        quarter = max(1, len(rewards) // 4)
-        summary["reward_first"] = sum(rewards[:quarter]) / quarter
-        summary["reward_last"] = sum(rewards[-quarter:]) / quarter
+    rewards = quarter_means([record["reward"] for record in records if record.get("reward") is not None])
+    if rewards is not None:
+        summary["reward_first"], summary["reward_last"] = rewards
     masked = [record for record in records if record.get("s2t/masked_fraction") is not None]
     if masked:
         summary["masked_tokens"] = int(sum(record.get("s2t/num_masked", 0) for record in masked))

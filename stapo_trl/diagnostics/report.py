@@ -77,8 +77,10 @@ def find_log_source(directory: Path) -> Path | None:
 def read_history(source: Path) -> list[dict[str, Any]]:
     """The per-step training records of a ``trainer_state.json`` or ``metrics.jsonl`` (the end-of-training summary
     record, which has ``train_runtime``, is left out)."""
+    from ..plots import read_metrics
+
     if source.name == METRICS_FILE:
-        records = [json.loads(line) for line in source.read_text().splitlines() if line.strip()]
+        records = read_metrics(source)
     else:
         records = json.loads(source.read_text()).get("log_history", [])
     return [record for record in records if "step" in record and "train_runtime" not in record]
@@ -118,7 +120,8 @@ def series(history: list[dict[str, Any]], key: str, scale: float = 1.0) -> tuple
     return [step for step, _ in points], [value for _, value in points]
 
 
-def _quarter_means(values: list[float]) -> tuple[float, float] | None:
+def quarter_means(values: list[float]) -> tuple[float, float] | None:
+    """The means of the first and the last quarter (at least one value each) of a series, or None when empty."""
     if not values:
         return None
     quarter = max(1, len(values) // 4)
@@ -141,7 +144,7 @@ def summarize_run(run: RunLogs) -> dict[str, Any]:
     """The numbers the report's table shows for one run."""
     summary: dict[str, Any] = {"label": run.label, "steps": max(record["step"] for record in run.history)}
     for key, name in (("reward", "reward"), ("entropy", "entropy")):
-        means = _quarter_means(series(run.history, key)[1])
+        means = quarter_means(series(run.history, key)[1])
         if means is not None:
             summary[f"{name}_first_quarter"], summary[f"{name}_last_quarter"] = means
     _, masked = series(run.history, "s2t/masked_fraction")
