@@ -22,7 +22,6 @@ from typing import Any
 import torch
 from accelerate.utils import is_peft_model
 from transformers import TrainingArguments
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import get_config_model_id, maybe_gather_lm_head_ctx
@@ -32,6 +31,7 @@ from .diagnostics.token_dump import SilencedTokenDump, StepTokens
 from .distributed import all_reduce_sum
 from .fused_stats import resolve_backend, token_logprob_entropy
 from .model_card import PAPER_ID, PAPER_TITLE, STAPO_CITATION, write_card_sections
+from .resume import EpochSeededSampler, resolve_resume_checkpoint
 from .token_rules import STAREController, apply_token_rules
 
 logger = logging.getLogger(__name__)
@@ -466,18 +466,27 @@ class STAPOTrainer(GRPOTrainer):
         write_card_sections(path, self.args, self.state.log_history, self.args.output_dir)
 
     # ------------------------------------------------------------------ checkpoints
-    def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        """`Trainer.train`, resuming only from complete checkpoints (see `stapo_trl.resume`): ``True``,
+        ``"true"`` or ``"last"`` pick the newest complete one, and an interrupted one is refused."""
+        checkpoint = resolve_resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
+        return super().train(checkpoint, *args, **kwargs)
+
+    def _get_train_sampler(self, dataset=None):
+        """TRL's sampler, moved to each epoch's shuffle on `set_epoch`, so a resumed run sees the same prompts."""
+        return EpochSeededSampler(super()._get_train_sampler(dataset))
+
+    def _save_optimizer_and_scheduler(self, output_dir):
+        """Save the STARE controller and the dump with the optimizer, so both are on disk before transformers writes
+        ``trainer_state.json``, the file that marks a checkpoint complete."""
+        super()._save_optimizer_and_scheduler(output_dir)
         if not self.args.should_save:
             return
-        checkpoint = os.path.join(
-            self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        )
         if self.stare_controller is not None:
-            with open(os.path.join(checkpoint, STARE_STATE_FILE), "w") as file:
+            with open(os.path.join(output_dir, STARE_STATE_FILE), "w") as file:
                 json.dump(self.stare_controller.state_dict(), file, indent=2)
         if self.token_dump is not None:
-            self.token_dump.save_state(checkpoint)
+            self.token_dump.save_state(output_dir)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)

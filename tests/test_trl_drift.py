@@ -79,9 +79,27 @@ def test_every_per_token_loss_is_linear_in_a_sign_gated_advantage():
 def test_checkpoint_hooks_we_extend_exist():
     from transformers import Trainer
 
-    assert list(inspect.signature(Trainer._save_checkpoint).parameters) == ["self", "model", "trial"]
+    assert list(inspect.signature(Trainer._save_optimizer_and_scheduler).parameters) == ["self", "output_dir"]
     assert list(inspect.signature(Trainer._load_optimizer_and_scheduler).parameters) == ["self", "checkpoint"]
     assert "self._load_optimizer_and_scheduler(resume_from_checkpoint)" in inspect.getsource(Trainer)
+    assert list(inspect.signature(Trainer.train).parameters)[:2] == ["self", "resume_from_checkpoint"]
+
+
+def test_trainer_state_json_is_the_last_file_a_checkpoint_save_writes():
+    """`stapo_trl.resume` treats a checkpoint without trainer_state.json as interrupted; STAPO's own state is
+    written by `_save_optimizer_and_scheduler`, which must run before it."""
+    from transformers import Trainer
+    from transformers.trainer import TRAINER_STATE_NAME
+
+    from stapo_trl.resume import TRAINER_STATE_FILE
+
+    assert TRAINER_STATE_NAME == TRAINER_STATE_FILE
+    source = inspect.getsource(Trainer._save_checkpoint)
+    optimizer = source.index("self._save_optimizer_and_scheduler(output_dir)")
+    state = source.index("self.state.save_to_json(os.path.join(output_dir, TRAINER_STATE_NAME))")
+    assert optimizer < state
+    assert source.index("self.save_model(output_dir") < state
+    assert source.index("self._save_rng_state(output_dir)") < state
 
 
 def test_the_model_card_hooks_we_extend_exist():
