@@ -1,0 +1,115 @@
+"""How far 2 processes (torchrun, gloo) are from 1 on the same global batch: the figures behind docs/reliability.md.
+
+Launches tests/replay_worker.py both ways (the runs tests/test_distributed_equivalence.py asserts on) and reports,
+per case, the largest differences over both optimizer steps: rows whose S2T mask differs, STARE weights, rule
+statistics (tau_h included), the logged loss (absolute: it can be ~0), and the parameters after each step.
+
+    python benchmarks/bench_distributed_equivalence.py --out docs/benchmarks/distributed_equivalence.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = ROOT / "tests" / "replay_worker.py"
+CASES = ["s2t:dapo:2", "s2t:grpo:2", "s2t:dapo:1", "stare_optimizer_step:dapo:2"]
+
+
+def launch(out_dir: Path, processes: int) -> dict[str, list[dict]]:
+    prefix = [sys.executable]
+    if processes > 1:
+        prefix += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([*prefix, str(WORKER), str(out_dir), *CASES], check=True, capture_output=True, env=env)
+    return {
+        case: [
+            torch.load(out_dir / case.replace(":", "-") / f"rank{rank}.pt", weights_only=False)
+            for rank in range(processes)
+        ]
+        for case in CASES
+    }
+
+
+def row_map(ranks: list[dict], step: int) -> dict[tuple, dict]:
+    rows = {}
+    for rank in ranks:
+        record = rank["records"][step]
+        for index, (prompt, completion) in enumerate(zip(record["prompt_ids"], record["completion_ids"], strict=True)):
+            key = (tuple(t for t in prompt if t), tuple(t for t in completion if t))
+            length = len(key[1])
+            weights = record["weights"]
+            rows[key] = (record["silenced"][index, :length], None if weights is None else weights[index, :length])
+    return rows
+
+
+def relative(a: float, b: float) -> float:
+    if a is None or b is None:
+        return 0.0 if a is b else float("inf")
+    return abs(a - b) / max(abs(b), 1e-12)
+
+
+def compare(single: list[dict], multi: list[dict]) -> dict[str, float | int]:
+    figures = {"tokens": 0, "masked": 0, "weighted": 0, "mask_rows_differing": 0, "max_abs_weight_diff": 0.0}
+    figures |= {"max_rel_stat_diff": 0.0, "max_abs_loss_diff": 0.0, "max_abs_param_diff": 0.0}
+    for step in range(len(single[0]["records"])):
+        one, two = row_map(single, step), row_map(multi, step)
+        for key, (silenced, weights) in one.items():
+            other_silenced, other_weights = two[key]
+            figures["tokens"] += silenced.numel()
+            figures["masked"] += int(silenced.sum())
+            figures["mask_rows_differing"] += int(not torch.equal(silenced, other_silenced))
+            if weights is not None:
+                figures["weighted"] += int((weights != 1).sum())
+                difference = (weights - other_weights).abs().max().item()
+                figures["max_abs_weight_diff"] = max(figures["max_abs_weight_diff"], difference)
+        for rule, stats in single[0]["records"][step]["stats"].items():
+            for key, value in stats.items():
+                for rank in multi:
+                    difference = relative(rank["records"][step]["stats"][rule][key], value)
+                    figures["max_rel_stat_diff"] = max(figures["max_rel_stat_diff"], difference)
+    for expected, actual in zip(single[0]["log_history"], multi[0]["log_history"], strict=True):
+        if "loss" in expected:
+            figures["max_abs_loss_diff"] = max(figures["max_abs_loss_diff"], abs(actual["loss"] - expected["loss"]))
+    for expected, actual in zip(single[0]["parameters"], multi[0]["parameters"], strict=True):
+        for name, value in expected.items():
+            difference = (actual[name] - value).abs().max().item()
+            figures["max_abs_param_diff"] = max(figures["max_abs_param_diff"], difference)
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="write the figures as JSON here")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as directory:
+        single = launch(Path(directory) / "one", 1)
+        multi = launch(Path(directory) / "two", 2)
+    results = {case: compare(single[case], multi[case]) for case in CASES}
+    print(
+        "| case (rule:loss:GA) | tokens | masked | weighted | mask rows differing | max abs weight diff "
+        "| max rel stat diff | max abs loss diff | max abs param diff |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for case, figures in results.items():
+        print(
+            f"| {case} | {figures['tokens']} | {figures['masked']} | {figures['weighted']} | "
+            f"{figures['mask_rows_differing']} | "
+            f"{figures['max_abs_weight_diff']:.1e} | {figures['max_rel_stat_diff']:.1e} | "
+            f"{figures['max_abs_loss_diff']:.1e} | {figures['max_abs_param_diff']:.1e} |"
+        )
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"torch": torch.__version__, "cases": results}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
