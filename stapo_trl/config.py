@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from dataclasses import dataclass, field
@@ -277,6 +278,7 @@ class STAPOConfig(GRPOConfig):
     )
 
     def __post_init__(self):
+        self._validate_number_types()
         if self.use_liger_kernel:
             raise ValueError(
                 "STAPOConfig does not accept use_liger_kernel=True. In TRL 1.16 that flag is deprecated, only patches "
@@ -289,6 +291,7 @@ class STAPOConfig(GRPOConfig):
 
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}. STAPO uses 'dapo'.")
+        self._validate_sampling_and_steps()
 
         if not 0.0 < self.prob_threshold <= 1.0:
             raise ValueError(
@@ -300,6 +303,13 @@ class STAPOConfig(GRPOConfig):
                 f"entropy_quantile must be in [0, 1], got {self.entropy_quantile}. It is a fraction, not a percent: "
                 "the paper's 'tau_h = 80%' is entropy_quantile=0.8."
             )
+        if not self.use_s2t_mask:
+            changed = self._changed_from_default(("prob_threshold", "entropy_quantile"))
+            if changed:
+                raise ValueError(
+                    f"{', '.join(changed)} set, but use_s2t_mask=False, so they would be ignored. Set "
+                    "use_s2t_mask=True (or method: stapo), or remove them."
+                )
         if self.token_stats_source not in TOKEN_STATS_SOURCES:
             raise ValueError(
                 f"token_stats_source must be one of {TOKEN_STATS_SOURCES}, got {self.token_stats_source!r}."
@@ -357,6 +367,40 @@ class STAPOConfig(GRPOConfig):
         """Those of ``names`` whose value differs from the field's default (for "would be ignored" checks)."""
         fields = type(self).__dataclass_fields__
         return [name for name in names if getattr(self, name) != fields[name].default]
+
+    def _validate_number_types(self) -> None:
+        """A string in a numeric field (from a dict or YAML read without TrlParser) would fail later, in a comparison
+        deep inside TRL, transformers or torch."""
+        for item in dataclasses.fields(self):
+            annotation = item.type if isinstance(item.type, str) else getattr(item.type, "__name__", str(item.type))
+            kinds = {kind.strip() for kind in annotation.split("|")}
+            value = getattr(self, item.name)
+            if isinstance(value, str) and kinds & {"int", "float"} and kinds <= {"int", "float", "None"}:
+                raise ValueError(
+                    f"{item.name} must be a number, got the string {value!r}. (YAML 1.1 reads 1e-6 as a string: "
+                    "write 1.0e-6, or load recipes with TrlParser or `stapo-trl train`.)"
+                )
+
+    def _validate_sampling_and_steps(self) -> None:
+        """Values TRL accepts here but that fail later inside transformers or torch, or train silently wrong."""
+        if not self.temperature > 0:
+            raise ValueError(
+                f"temperature must be > 0, got {self.temperature}: GRPO samples its completions and divides the "
+                "logits by it. For near-greedy rollouts use a small value such as 0.1."
+            )
+        if self.max_completion_length is not None and self.max_completion_length < 1:
+            raise ValueError(f"max_completion_length must be at least 1 token, got {self.max_completion_length}.")
+        if self.learning_rate < 0:
+            raise ValueError(
+                f"learning_rate must be >= 0, got {self.learning_rate}: a negative rate ascends the loss."
+            )
+        for name in ("epsilon", "epsilon_high"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(
+                    f"{name} must be >= 0, got {value}: the ratio is clipped to [1 - epsilon, 1 + epsilon_high]. "
+                    "STAPO uses epsilon=0.2 and epsilon_high=0.28."
+                )
 
     def _validate_dump(self) -> None:
         limits = {

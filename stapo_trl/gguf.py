@@ -48,7 +48,10 @@ def resolve_gguf(reference: str | os.PathLike) -> Path:
             candidate = Path(location) / relative
             if candidate.is_file():
                 return candidate.resolve()
-        raise FileNotFoundError(f"The package {package!r} is installed but holds no {relative!r}.")
+        raise FileNotFoundError(
+            f"GGUF file not found: {reference!r} is not a file, and the package (or directory on the Python path) "
+            f"{package!r} holds no {relative!r}."
+        )
     hint = _INSTALL_HINTS.get(package)
     message = f"GGUF file not found: {reference!r} is neither a file nor a file inside an installed package."
     if hint:

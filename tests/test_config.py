@@ -193,14 +193,15 @@ def test_trl_parser_reads_the_s2t_fields_from_the_command_line():
             "0.75",
             "--token_stats_source",
             "loss",
-            "--use_s2t_mask",
-            "false",
         ]
     )
     assert config.prob_threshold == 0.01
     assert config.entropy_quantile == 0.75
     assert config.token_stats_source == "loss"
-    assert config.use_s2t_mask is False
+    (switched_off,) = parser.parse_args_and_config(
+        ["--output_dir", "unused", "--report_to", "none", "--use_cpu", "--use_s2t_mask", "false"]
+    )
+    assert switched_off.use_s2t_mask is False
 
 
 def test_trl_parser_reads_the_s2t_fields_from_yaml(tmp_path):

@@ -119,3 +119,12 @@ class TrainScriptArguments:
             raise ValueError(f"heldout_problems must be 0 (off) or a positive count, got {self.heldout_problems}.")
         if not self.reward_funcs:
             raise ValueError("reward_funcs is empty: name at least one reward function, for example [boxed].")
+        from ..rewards import available_rewards
+
+        known = available_rewards()
+        for name in self.reward_funcs:
+            if name not in known and "." not in name and ":" not in name:
+                raise ValueError(
+                    f"Unknown reward {name!r} in reward_funcs. Registered rewards: {', '.join(known)}. For your own "
+                    "function, give its dotted import path, for example my_package.rewards.my_reward."
+                )

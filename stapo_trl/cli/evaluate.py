@@ -12,10 +12,21 @@ def parse_eval_args(argv: list[str]):
     """An `EvalConfig` from the command line, with `--config FILE.yaml` read first as in `stapo-trl train`."""
     from trl import TrlParser
 
-    from ..evaluation import EvalConfig
+    from ..evaluation import EvalConfig, EvalConfigError
+
+    def refuse(message: str):
+        raise EvalConfigError(message)
 
     parser = TrlParser(dataclass_types=[EvalConfig], prog=PROG)
-    (config,) = parser.parse_args_and_config(argv)
+    parser.error = refuse
+    try:
+        config, remaining = parser.parse_args_and_config(argv, return_remaining_strings=True)
+    except EvalConfigError:
+        raise
+    except ValueError as error:  # TrlParser's own checks of the --config file
+        raise EvalConfigError(str(error)) from None
+    if remaining:
+        raise EvalConfigError(f"Unknown arguments: {' '.join(remaining)}. Run `{PROG} -h` for every option.")
     return config
 
 

@@ -95,6 +95,11 @@ def _suggest(name: str, candidates) -> str:
 
 def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
+    if path.is_dir():
+        found = sorted(str(child) for child in path.glob("*.yaml"))
+        raise RecipeError(
+            f"{path} is a directory; --config takes one YAML recipe" + (f", for example {found[0]}." if found else ".")
+        )
     if not path.is_file():
         raise RecipeError(f"Recipe not found: {path}. Pass the path of a YAML file, for example recipes/quickstart/.")
     try:
@@ -246,6 +251,11 @@ def is_launched() -> bool:
     return any(os.environ.get(name) for name in ("STAPO_TRL_LAUNCHED", "LOCAL_RANK", "WORLD_SIZE"))
 
 
+def _refuse(message: str):
+    """`argparse`'s error handler, raising instead of printing the usage of every option and exiting."""
+    raise RecipeError(message)
+
+
 def parse_train_args(argv: list[str]) -> TrainRequest:
     """Resolve `stapo-trl train [--config RECIPE] [--key value ...]` without loading a model or data."""
     config_arg, cli_args = _split_config_flag(list(argv))
@@ -254,6 +264,7 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
     where = str(recipe_path) if recipe_path is not None else "command line"
 
     parser = make_train_parser()
+    parser.error = _refuse
     actions = {action.dest: action for action in parser._actions if action.dest != "help"}
     launch_options = _option_names(_launch_parser())
     launch_actions = {name: action for name, action in launch_options.items() if name not in actions}
@@ -316,6 +327,8 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
         script, training, model, remaining = parser.parse_args_into_dataclasses(
             args=cli_args, return_remaining_strings=True
         )
+    except RecipeError:
+        raise
     except ValueError as error:
         raise RecipeError(f"{where}: {error}") from None
 

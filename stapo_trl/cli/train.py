@@ -55,15 +55,34 @@ def configure_logging(main_process: bool) -> None:
 
 
 def resolve_model_path(name: str) -> str:
-    """`name` itself, or for a `.gguf` reference the cached safetensors conversion (made once, main process first)."""
+    """`name` itself, or for a `.gguf` reference the cached safetensors conversion (made once, main process first).
+
+    A local path that does not exist, or a directory that holds no saved model, is a `RecipeError`; Hub ids are left to
+    `from_pretrained`."""
     from accelerate import PartialState
 
+    from ..evaluation.models import ADAPTER_CONFIG, _looks_like_path
     from ..gguf import gguf_checkpoint, is_gguf_reference
 
-    if not is_gguf_reference(name):
-        return name
-    with PartialState().main_process_first():
-        return str(gguf_checkpoint(name))
+    if is_gguf_reference(name):
+        try:
+            with PartialState().main_process_first():
+                return str(gguf_checkpoint(name))
+        except FileNotFoundError as error:
+            raise RecipeError(f"model_name_or_path: {error}") from None
+    path = Path(name).expanduser()
+    if path.exists():
+        if not path.is_dir() or not any((path / file).is_file() for file in ("config.json", ADAPTER_CONFIG)):
+            raise RecipeError(
+                f"model_name_or_path {name!r} is not a saved model: it holds no config.json. Pass the directory written "
+                "by save_pretrained (or by `stapo-trl train`), a Hub id, or a .gguf file."
+            )
+    elif _looks_like_path(name):
+        raise RecipeError(
+            f"model_name_or_path {name!r} does not exist. Pass an existing checkpoint directory, a Hub id such as "
+            "'Qwen/Qwen3-1.7B-Base', or a .gguf file."
+        )
+    return name
 
 
 def load_datasets(script: Any, tokenizer, seed: int):
@@ -213,14 +232,20 @@ def run_training(request: TrainRequest) -> RunSummary:
             "Set heldout_problems: 0 for multi-process runs."
         )
 
+    try:
+        reward_funcs = [get_reward_func(name) for name in script.reward_funcs]
+    except (ValueError, TypeError) as error:
+        raise RecipeError(f"reward_funcs: {error}") from None
+    model_path = resolve_model_path(model_args.model_name_or_path)
     if state.is_main_process:
         write_recipe(request, Path(training.output_dir))
-    model_path = resolve_model_path(model_args.model_name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(
         model_path, revision=model_args.model_revision, trust_remote_code=training.trust_remote_code
     )
-    train_dataset, heldout = load_datasets(script, tokenizer, training.seed)
-    reward_funcs = [get_reward_func(name) for name in script.reward_funcs]
+    try:
+        train_dataset, heldout = load_datasets(script, tokenizer, training.seed)
+    except (FileNotFoundError, ValueError) as error:
+        raise RecipeError(str(error)) from None
 
     model_init_kwargs = {
         "revision": model_args.model_revision,

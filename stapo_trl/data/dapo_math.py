@@ -210,6 +210,11 @@ def load_dapo_math(
             dataset = dataset.filter(lambda row: row["answer"] is not None, desc="Dropping rows without an answer")
         report = DedupReport(rows_before=len(raw), rows_after=len(dataset), rows_without_answer=missing)
     logger.info("%s: %s", label, report)
+    if len(dataset) == 0:
+        raise DatasetSchemaError(
+            f"{label}: none of its {report.rows_before:,} rows has a gold answer "
+            f"({'reward_model.ground_truth' if schema == 'verl' else 'solution'} is missing or empty in every row)."
+        )
     if report.conflicting_problems:
         logger.warning(
             "%s: %d problems appear with different gold answers; the first answer of each was kept.",

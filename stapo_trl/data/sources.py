@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 from datasets import Dataset, DatasetDict, Features, List, Value, load_dataset, load_from_disk
+from datasets.exceptions import DatasetGenerationError
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,9 @@ def _pick_split(loaded: Dataset | DatasetDict, split: str, label: str, *, local:
         only = next(iter(loaded))
         logger.info("%s: the local data has only the split %r; using it for %r.", label, only, split)
         return loaded[only]
-    raise ValueError(f"{label}: no split {split!r}; the data has splits {sorted(loaded)}. Pass split=... to choose.")
+    raise DatasetSchemaError(
+        f"{label}: no split {split!r}; the data has splits {sorted(loaded)}. Pass split=... to choose."
+    )
 
 
 def load_source(
@@ -69,8 +72,18 @@ def load_source(
     if path.is_file():
         builder = _FILE_BUILDERS.get(path.suffix.lower())
         if builder is None:
-            raise ValueError(f"{label}: cannot read {path}; use a {', '.join(sorted(_FILE_BUILDERS))} file.")
-        return _pick_split(load_dataset(builder, data_files={split: str(path)}), split, label, local=True)
+            raise DatasetSchemaError(f"{label}: cannot read {path}; use a {', '.join(sorted(_FILE_BUILDERS))} file.")
+        if path.stat().st_size == 0:
+            raise DatasetSchemaError(f"{label}: {path} is empty.")
+        try:
+            loaded = load_dataset(builder, data_files={split: str(path)})
+        except DatasetGenerationError as error:
+            raise DatasetSchemaError(f"{label}: cannot read {path} as {builder}: {error.__cause__ or error}") from None
+        except ValueError as error:
+            if "corresponds to no data" not in str(error):
+                raise
+            raise DatasetSchemaError(f"{label}: {path} has no rows.") from None
+        return _pick_split(loaded, split, label, local=True)
     if path.is_dir():
         if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
             return _pick_split(load_from_disk(str(path)), split, label, local=True)

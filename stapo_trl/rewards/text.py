@@ -102,6 +102,11 @@ def gold_text(gold: Any) -> str | None:
 
 def pair_up(completions: Sequence[Any], solution: Sequence[Any] | None, reward_name: str):
     """Texts and gold answers of one call, checked to be one gold answer per completion."""
+    if isinstance(completions, (str, bytes, dict)) or not hasattr(completions, "__len__"):
+        raise TypeError(
+            f"{reward_name}: `completions` must be a list with one completion per sample, got "
+            f"{type(completions).__name__}."
+        )
     if solution is None:
         raise ValueError(
             f"{reward_name} needs the gold answers in a `solution` column (one per completion); none was passed. "
