@@ -61,7 +61,13 @@ def spurious_token_mask(
     quantile (linear interpolation) of the candidates' entropies, pooled over every row given here and over all
     ranks when ``torch.distributed`` is initialized. A candidate is *spurious* when its entropy is strictly below
     ``tau_h``: the lowest-entropy share of the low-probability positive tokens is silenced. An empty pool silences
-    nothing. Tokens whose entropy is not finite are never candidates.
+    nothing.
+
+    Non-finite statistics (from degenerate or overflowing logits) are a defined case. A token whose entropy is NaN or
+    infinite, or whose log-probability is NaN, is never a candidate: it is never silenced and never in the ``tau_h``
+    pool, but it counts in ``num_tokens``. Non-finite entropies are left out of the entropy percentiles, and tokens
+    whose factor ``A**2 (1 - 2p + sum_v pi_v**2)`` is not finite are left out of ``masked_grad_sq_share``.
+    ``log p = -inf`` is ``p = 0``, an ordinary value.
 
     Pass every micro-batch that feeds one optimizer step at once (concatenated along B): the paper pools over the
     mini-batch, not the micro-batch.
@@ -105,7 +111,7 @@ def spurious_token_mask(
         threshold_value = float("nan")
 
     grad_factor = advantages.double().square() * logit_grad_sq_norm_lower_bound(log_probs, entropies).double()
-    grad_factor = torch.where(valid, grad_factor, torch.zeros_like(grad_factor))
+    grad_factor = torch.where(valid & torch.isfinite(grad_factor), grad_factor, torch.zeros_like(grad_factor))
     totals = all_reduce_sum(
         torch.stack(
             [
