@@ -20,18 +20,12 @@ import subprocess
 import sys
 import time
 
+from peak_rss import peak_growth_mib, reset_peak_rss
+
 BF16_SHAPE = {"tokens": 16384, "hidden": 256, "vocab": 32000, "row": 256}
 BF16_BACKENDS = ["torch", "liger", "trl"]
 MEMORY_SHAPES = [{"hidden": 64, "vocab": 8192}, {"hidden": 256, "vocab": 32000}]
 MEMORY_RUNS = [("naive", 4096), ("torch", 4096), ("torch", 32768), ("torch", 131072)]
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(field)
 
 
 def degenerate_rows() -> list[dict]:
@@ -177,14 +171,13 @@ def measure_memory(method: str, tokens: int, hidden_size: int, vocab: int) -> di
     log_probs, entropies = function(hidden, weight, targets)
     (log_probs.sum() + entropies.sum()).backward()
     hidden, weight, targets = inputs(tokens)
-    with open("/proc/self/clear_refs", "w") as clear_refs:
-        clear_refs.write("5")
-    before = _status_kib("VmRSS")
+    before = reset_peak_rss()
     start = time.perf_counter()
     log_probs, entropies = function(hidden, weight, targets)
     (log_probs.sum() + 0.1 * entropies.sum()).backward()
     seconds = time.perf_counter() - start
-    return {"seconds": seconds, "peak_mib": (_status_kib("VmHWM") - before) / 1024}
+    finite = bool(torch.isfinite(hidden.grad).all() and torch.isfinite(weight.grad).all())
+    return {"seconds": seconds, "peak_mib": peak_growth_mib(before), "finite": finite}
 
 
 def memory_sweep() -> list[dict]:

@@ -15,19 +15,13 @@ import subprocess
 import sys
 import time
 
+from peak_rss import peak_growth_mib, reset_peak_rss
+
 SHAPES = [
     {"name": "design", "tokens": 4096, "hidden": 256, "vocab": 32000},
     {"name": "smollm2", "tokens": 4096, "hidden": 576, "vocab": 49152},
 ]
 METHODS = ["naive", "torch", "liger", "trl"]
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(field)
 
 
 def measure(method: str, tokens: int, hidden: int, vocab: int, repeats: int) -> dict:
@@ -51,13 +45,11 @@ def measure(method: str, tokens: int, hidden: int, vocab: int, repeats: int) -> 
     times = []
     peaks = []
     for _ in range(repeats):
-        with open("/proc/self/clear_refs", "w") as clear_refs:
-            clear_refs.write("5")
-        before = _status_kib("VmRSS")
+        before = reset_peak_rss()
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-        peaks.append((_status_kib("VmHWM") - before) / 1024)
+        peaks.append(peak_growth_mib(before))
     return {"seconds": min(times), "seconds_all": times, "peak_mib": max(peaks)}
 
 

@@ -304,51 +304,19 @@ def test_bf16_statistics_give_the_fp32_mask_up_to_tokens_within_the_bf16_error_o
 
 # ---------------------------------------------------------------- a very long completion
 
-MEMORY_WORKER = """
-import json, sys, time
-import torch
-from stapo_trl.fused_stats import BACKENDS
-
-def status_kib(field):
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith(field + ":"))
-
-method, tokens, hidden_size, vocab = sys.argv[1], *map(int, sys.argv[2:])
-function, generator = BACKENDS[method], torch.Generator().manual_seed(0)
-
-def inputs(n):
-    hidden = torch.randn(n, hidden_size, generator=generator).requires_grad_()
-    weight = (torch.randn(vocab, hidden_size, generator=generator) / hidden_size**0.5).requires_grad_()
-    return hidden, weight, torch.randint(0, vocab, (n,), generator=generator)
-
-hidden, weight, targets = inputs(8)
-log_probs, entropies = function(hidden, weight, targets)
-(log_probs.sum() + entropies.sum()).backward()
-hidden, weight, targets = inputs(tokens)
-with open("/proc/self/clear_refs", "w") as clear_refs:
-    clear_refs.write("5")
-before = status_kib("VmRSS")
-start = time.perf_counter()
-log_probs, entropies = function(hidden, weight, targets)
-(log_probs.sum() + 0.1 * entropies.sum()).backward()
-seconds = time.perf_counter() - start
-print(json.dumps({"peak_bytes": (status_kib("VmHWM") - before) * 1024, "seconds": seconds,
-                  "finite": bool(torch.isfinite(hidden.grad).all() and torch.isfinite(weight.grad).all())}))
-"""
-
+MEMORY_BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_numerics.py"
 LONG_TOKENS, SHORT_TOKENS, MEMORY_HIDDEN, MEMORY_VOCAB = 32768, 4096, 64, 8192
 
 
 def peak_training_memory(method, tokens):
-    """Growth of peak RSS over one forward and backward, in a fresh process, above the RSS held with the inputs
-    allocated (VmHWM reset through /proc/self/clear_refs after a tiny warm-up)."""
-    command = [sys.executable, "-c", MEMORY_WORKER, method, str(tokens), str(MEMORY_HIDDEN), str(MEMORY_VOCAB)]
-    output = subprocess.run(
-        command, capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[1]
-    ).stdout
+    """Growth of peak RSS in bytes over one forward and backward, in a fresh process, above the RSS held with the
+    inputs allocated (the benchmark's memory worker: VmHWM reset through /proc/self/clear_refs after a tiny warm-up)."""
+    command = [sys.executable, str(MEMORY_BENCHMARK), "--worker", method, str(tokens)]
+    command += [str(MEMORY_HIDDEN), str(MEMORY_VOCAB)]
+    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     result = json.loads(output.strip().splitlines()[-1])
     assert result["finite"]
-    return result["peak_bytes"]
+    return result["peak_mib"] * 2**20
 
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc to reset the peak RSS")
