@@ -11,44 +11,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-WORKER = ROOT / "tests" / "replay_worker.py"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from replay_worker import launch, rows_by_identity  # noqa: E402
+
 CASES = ["s2t:dapo:2", "s2t:grpo:2", "s2t:dapo:1", "stare_optimizer_step:dapo:2"]
-
-
-def launch(out_dir: Path, processes: int) -> dict[str, list[dict]]:
-    prefix = [sys.executable]
-    if processes > 1:
-        prefix += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run([*prefix, str(WORKER), str(out_dir), *CASES], check=True, capture_output=True, env=env)
-    return {
-        case: [
-            torch.load(out_dir / case.replace(":", "-") / f"rank{rank}.pt", weights_only=False)
-            for rank in range(processes)
-        ]
-        for case in CASES
-    }
-
-
-def row_map(ranks: list[dict], step: int) -> dict[tuple, dict]:
-    rows = {}
-    for rank in ranks:
-        record = rank["records"][step]
-        for index, (prompt, completion) in enumerate(zip(record["prompt_ids"], record["completion_ids"], strict=True)):
-            key = (tuple(t for t in prompt if t), tuple(t for t in completion if t))
-            length = len(key[1])
-            weights = record["weights"]
-            rows[key] = (record["silenced"][index, :length], None if weights is None else weights[index, :length])
-    return rows
 
 
 def relative(a: float, b: float) -> float:
@@ -61,9 +34,10 @@ def compare(single: list[dict], multi: list[dict]) -> dict[str, float | int]:
     figures = {"tokens": 0, "masked": 0, "weighted": 0, "mask_rows_differing": 0, "max_abs_weight_diff": 0.0}
     figures |= {"max_rel_stat_diff": 0.0, "max_abs_loss_diff": 0.0, "max_abs_param_diff": 0.0}
     for step in range(len(single[0]["records"])):
-        one, two = row_map(single, step), row_map(multi, step)
-        for key, (silenced, weights) in one.items():
-            other_silenced, other_weights = two[key]
+        one, two = rows_by_identity(single, step), rows_by_identity(multi, step)
+        for key, row in one.items():
+            silenced, weights = row["silenced"], row["weights"]
+            other_silenced, other_weights = two[key]["silenced"], two[key]["weights"]
             figures["tokens"] += silenced.numel()
             figures["masked"] += int(silenced.sum())
             figures["mask_rows_differing"] += int(not torch.equal(silenced, other_silenced))
@@ -91,8 +65,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
-        single = launch(Path(directory) / "one", 1)
-        multi = launch(Path(directory) / "two", 2)
+        single = launch(Path(directory) / "one", 1, CASES)
+        multi = launch(Path(directory) / "two", 2, CASES)
     results = {case: compare(single[case], multi[case]) for case in CASES}
     print(
         "| case (rule:loss:GA) | tokens | masked | weighted | mask rows differing | max abs weight diff "

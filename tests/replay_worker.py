@@ -11,12 +11,15 @@ on the masks, tau_h, the kept-token counts, the loss and the parameters.
 """
 
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+PAD_ID = 0
 GLOBAL_ROWS_PER_STEP = 16
 COMPLETION_LENGTH = 8
 FIRST_CHARACTER_ID = 3
@@ -152,6 +155,50 @@ def run(out_dir, case):
         },
         os.path.join(out_dir, f"rank{rank}.pt"),
     )
+
+
+def launch(out_dir: Path, processes: int, cases: list[str]) -> dict[str, list[dict]]:
+    """Run the cases in one launch (plain python for 1 process, torchrun for more); each case's results by rank."""
+    prefix = [sys.executable]
+    if processes > 1:
+        prefix += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
+    result = subprocess.run(
+        [*prefix, __file__, str(out_dir), *cases],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=600,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"{processes}-process launch failed:\n{result.stdout[-3000:]}{result.stderr[-5000:]}")
+    return {
+        case: [
+            torch.load(out_dir / case.replace(":", "-") / f"rank{rank}.pt", weights_only=False)
+            for rank in range(processes)
+        ]
+        for case in cases
+    }
+
+
+def trimmed(row: list[int]) -> tuple[int, ...]:
+    return tuple(token for token in row if token != PAD_ID)
+
+
+def rows_by_identity(ranks: list[dict], step: int) -> dict[tuple, dict]:
+    """Each completion row of one optimizer step, over all processes, keyed by its (prompt, completion) tokens: TRL
+    shuffles a generation before splitting it, so launches over different process counts order rows differently."""
+    rows = {}
+    for rank in ranks:
+        record = rank["records"][step]
+        for index, (prompt, completion) in enumerate(zip(record["prompt_ids"], record["completion_ids"], strict=True)):
+            key = (trimmed(prompt), trimmed(completion))
+            length = len(key[1])
+            weights = record["weights"]
+            rows[key] = {
+                "silenced": record["silenced"][index, :length],
+                "weights": None if weights is None else weights[index, :length],
+            }
+    return rows
 
 
 if __name__ == "__main__":

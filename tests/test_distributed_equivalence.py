@@ -8,74 +8,31 @@ in docs/reliability.md come from these runs.
 
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from replay_worker import launch, rows_by_identity
 
 from stapo_trl.token_rules.stare import stare_token_weights
 
 pytestmark = pytest.mark.distributed
 
-WORKER = Path(__file__).with_name("replay_worker.py")
 POOLED_CASES = ["s2t:dapo:2", "s2t:grpo:2", "s2t:dapo:1", "stare_optimizer_step:dapo:2"]
 MICRO_BATCH_CASE = "stare_micro_batch:dapo:2"
-PAD_ID = 0
 STATISTIC_TOLERANCE = {"rel": 1e-5, "abs": 1e-6}
 PARAMETER_TOLERANCE = 1e-5
 TRL_METRICS_AVERAGED_PER_PROCESS = {"entropy", "step_time", "train_runtime", "train_samples_per_second"}
 
 
-def launch(out_dir, processes):
-    prefix = [sys.executable]
-    if processes > 1:
-        prefix += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
-    result = subprocess.run(
-        [*prefix, str(WORKER), str(out_dir), *POOLED_CASES, MICRO_BATCH_CASE],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    return {
-        case: [
-            torch.load(out_dir / case.replace(":", "-") / f"rank{rank}.pt", weights_only=False)
-            for rank in range(processes)
-        ]
-        for case in [*POOLED_CASES, MICRO_BATCH_CASE]
-    }
-
-
 @pytest.fixture(scope="module")
 def launches(tmp_path_factory):
     single_dir, multi_dir = tmp_path_factory.mktemp("one_process"), tmp_path_factory.mktemp("two_processes")
-    return {"single": launch(single_dir, 1), "multi": launch(multi_dir, 2), "dirs": (single_dir, multi_dir)}
-
-
-def trimmed(row):
-    return tuple(token for token in row if token != PAD_ID)
-
-
-def rows_by_identity(records, step):
-    """Each completion row of one optimizer step, over all processes, keyed by (prompt, completion) tokens."""
-    rows = {}
-    for record in records:
-        step_record = record["records"][step]
-        for index, (prompt, completion) in enumerate(
-            zip(step_record["prompt_ids"], step_record["completion_ids"], strict=True)
-        ):
-            key = (trimmed(prompt), trimmed(completion))
-            length = len(key[1])
-            weights = step_record["weights"]
-            rows[key] = {
-                "silenced": step_record["silenced"][index, :length],
-                "weights": None if weights is None else weights[index, :length],
-            }
-    return rows
+    cases = [*POOLED_CASES, MICRO_BATCH_CASE]
+    return {
+        "single": launch(single_dir, 1, cases),
+        "multi": launch(multi_dir, 2, cases),
+        "dirs": (single_dir, multi_dir),
+    }
 
 
 def steps(launches, case):
