@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_trainer import S2T_METRICS
 from tiny import tiny_config, tiny_trainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
@@ -35,16 +36,6 @@ RUNS = [
     pytest.param(3, 2, id="zero3-2proc", marks=pytest.mark.distributed),
     pytest.param(2, 2, id="zero2-2proc", marks=pytest.mark.distributed),
 ]
-S2T_METRICS = (
-    "s2t/masked_fraction",
-    "s2t/num_masked",
-    "s2t/num_candidates",
-    "s2t/entropy_threshold",
-    "s2t/entropy_p50",
-    "s2t/entropy_p80",
-    "s2t/entropy_p99",
-    "s2t/masked_grad_sq_share",
-)
 
 
 def launch(stage, num_processes, out_dir):
