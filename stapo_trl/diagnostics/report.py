@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..resume import TRAINER_STATE_FILE, last_complete_checkpoint
 from .token_dump import DUMP_STATS_FILE, SILENCED_TOKENS_FILE
 
-TRAINER_STATE_FILE = "trainer_state.json"
 METRICS_FILE = "metrics.jsonl"
 REPORT_FILE = "report.md"
 HTML_FILE = "report.html"
@@ -53,23 +53,15 @@ def _finite(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _checkpoint_number(path: Path) -> int:
-    suffix = path.name.rsplit("-", 1)[-1]
-    return int(suffix) if suffix.isdigit() else -1
-
-
 def find_log_source(directory: Path) -> Path | None:
     """The file a run's training log is read from: its ``trainer_state.json``, the newest checkpoint's, or
     ``metrics.jsonl``; None when there is none."""
     own = directory / TRAINER_STATE_FILE
     if own.is_file():
         return own
-    checkpoints = sorted(
-        (path for path in directory.glob("checkpoint-*") if (path / TRAINER_STATE_FILE).is_file()),
-        key=_checkpoint_number,
-    )
-    if checkpoints:
-        return checkpoints[-1] / TRAINER_STATE_FILE
+    checkpoint = last_complete_checkpoint(directory)
+    if checkpoint is not None:
+        return checkpoint / TRAINER_STATE_FILE
     metrics = directory / METRICS_FILE
     return metrics if metrics.is_file() else None
 
