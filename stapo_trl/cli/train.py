@@ -61,7 +61,7 @@ def resolve_model_path(name: str) -> str:
     `from_pretrained`."""
     from accelerate import PartialState
 
-    from ..evaluation.models import ADAPTER_CONFIG, _looks_like_path
+    from ..evaluation.models import local_model_problem
     from ..gguf import gguf_checkpoint, is_gguf_reference
 
     if is_gguf_reference(name):
@@ -70,14 +70,13 @@ def resolve_model_path(name: str) -> str:
                 return str(gguf_checkpoint(name))
         except FileNotFoundError as error:
             raise RecipeError(f"model_name_or_path: {error}") from None
-    path = Path(name).expanduser()
-    if path.exists():
-        if not path.is_dir() or not any((path / file).is_file() for file in ("config.json", ADAPTER_CONFIG)):
-            raise RecipeError(
-                f"model_name_or_path {name!r} is not a saved model: it holds no config.json. Pass the directory written "
-                "by save_pretrained (or by `stapo-trl train`), a Hub id, or a .gguf file."
-            )
-    elif _looks_like_path(name):
+    problem = local_model_problem(name)
+    if problem in ("file", "no_config"):
+        raise RecipeError(
+            f"model_name_or_path {name!r} is not a saved model: it holds no config.json. Pass the directory written "
+            "by save_pretrained (or by `stapo-trl train`), a Hub id, or a .gguf file."
+        )
+    if problem == "missing":
         raise RecipeError(
             f"model_name_or_path {name!r} does not exist. Pass an existing checkpoint directory, a Hub id such as "
             "'Qwen/Qwen3-1.7B-Base', or a .gguf file."

@@ -41,28 +41,39 @@ def _looks_like_path(reference: str) -> bool:
     return reference.startswith((".", "/", "~")) or not _HUB_ID.match(reference)
 
 
+def local_model_problem(reference: str) -> str | None:
+    """Why ``reference`` cannot be loaded as a local saved model: ``"missing"`` (a path that does not exist),
+    ``"file"`` (a file, not a checkpoint directory) or ``"no_config"`` (a directory with neither config.json nor
+    adapter_config.json). None for a saved-model directory, and for a Hub id, which is left to ``from_pretrained``."""
+    path = Path(reference).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            return "file"
+        if not (path / "config.json").is_file() and not (path / ADAPTER_CONFIG).is_file():
+            return "no_config"
+        return None
+    return "missing" if _looks_like_path(reference) else None
+
+
 def _resolve_weights(reference: str, what: str) -> str:
     """A local directory, a converted `.gguf` file, or a Hub id left for `from_pretrained` to fetch."""
     if is_gguf_reference(reference):
         return str(gguf_checkpoint(reference))
-    path = Path(reference).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise ModelNotFoundError(
-                f"The {what} {reference!r} is a file; pass the checkpoint directory that holds it."
-            )
-        if not (path / "config.json").is_file() and not (path / ADAPTER_CONFIG).is_file():
-            raise ModelNotFoundError(
-                f"The {what} directory {str(path)!r} holds no config.json: it is not a saved model. Pass the directory "
-                "written by save_pretrained (or by `stapo-trl train`)."
-            )
-        return str(path.resolve())
-    if _looks_like_path(reference):
+    problem = local_model_problem(reference)
+    if problem == "file":
+        raise ModelNotFoundError(f"The {what} {reference!r} is a file; pass the checkpoint directory that holds it.")
+    if problem == "no_config":
+        raise ModelNotFoundError(
+            f"The {what} directory {str(Path(reference).expanduser())!r} holds no config.json: it is not a saved "
+            "model. Pass the directory written by save_pretrained (or by `stapo-trl train`)."
+        )
+    if problem == "missing":
         raise ModelNotFoundError(
             f"The {what} path {reference!r} does not exist. Pass an existing checkpoint directory, a Hub id such as "
             "'Qwen/Qwen3-1.7B-Base', or a .gguf file."
         )
-    return reference
+    path = Path(reference).expanduser()
+    return str(path.resolve()) if path.exists() else reference
 
 
 def _read_json(path: Path) -> dict:
