@@ -6,10 +6,11 @@ import json
 from pathlib import Path
 
 PANELS = (
-    ("reward", "mean reward"),
-    ("entropy", "mean token entropy (nats)"),
-    ("s2t/masked_fraction", "S2T masked fraction (%)"),
+    ("reward", "mean reward", None, 1.0),
+    ("entropy", "mean token entropy (nats)", 0.0, 1.0),
+    ("s2t/masked_fraction", "S2T masked fraction (%)", 0.0, 100.0),
 )
+"""(metric, title, lowest value the axis shows, scale) of each panel."""
 
 
 def read_metrics(path: str | Path) -> list[dict]:
@@ -23,6 +24,20 @@ def read_metrics(path: str | Path) -> list[dict]:
     return records
 
 
+def training_curve_panels(records: list[dict], label: str = "run") -> list:
+    """The panels of `training_curves.png` (reward, entropy, masked fraction), as the report builds them."""
+    from .diagnostics.report import LinePanel, metric_series
+
+    panels = []
+    for key, title, y_floor, scale in PANELS:
+        found = metric_series([record for record in records if "step" in record], key, label, scale)
+        panel = LinePanel(title=title, series=[found] if found is not None else [], y_floor=y_floor)
+        if found is None:
+            panel.notes.append("not logged by this run")
+        panels.append(panel)
+    return panels
+
+
 def plot_training_curves(records: list[dict], path: str | Path, title: str | None = None) -> Path:
     """Write a three-panel PNG of reward, entropy and masked fraction against the step. Renders headless (Agg).
 
@@ -33,19 +48,12 @@ def plot_training_curves(records: list[dict], path: str | Path, title: str | Non
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.2), constrained_layout=True)
-    for axis, (key, label) in zip(axes, PANELS, strict=True):
-        points = [(record["step"], record[key]) for record in records if record.get(key) is not None]
-        if key == "s2t/masked_fraction":
-            points = [(step, 100 * value) for step, value in points]
-        if points:
-            steps, values = zip(*points, strict=True)
-            axis.plot(steps, values, marker="o", markersize=3, linewidth=1.5)
-        else:
-            axis.text(0.5, 0.5, "not logged by this run", ha="center", va="center", transform=axis.transAxes)
-        axis.set_xlabel("optimizer step")
-        axis.set_title(label, fontsize=10)
-        axis.grid(alpha=0.3)
+    from .diagnostics.report import draw_line_panel
+
+    panels = training_curve_panels(records)
+    figure, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.2), constrained_layout=True)
+    for axis, panel in zip(axes, panels, strict=True):
+        draw_line_panel(axis, panel)
     if title:
         figure.suptitle(title, fontsize=11)
     path = Path(path)

@@ -1,6 +1,7 @@
 """`stapo-trl report`: which log it reads, what it refuses, the numbers in its summary, and the figures it draws."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -14,10 +15,15 @@ from stapo_trl.cli import main
 from stapo_trl.diagnostics.report import (
     FIGURES,
     ReportError,
+    density_panel,
+    draw_line_panel,
     entropy_trend,
     find_log_source,
+    line_panel,
     load_run,
+    masking_panels,
     summarize_run,
+    token_bars,
     top_silenced_tokens,
     visible_token,
     write_report,
@@ -28,15 +34,15 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def step(number, entropy, reward, masked=None, num_masked=0, candidates=0, tau_h=None):
+    """One logged step as TRL writes it: with S2T on, a step without candidates logs ``tau_h`` as None."""
     record = {"step": number, "loss": 0.1, "entropy": entropy, "reward": reward}
     if masked is not None:
         record.update({"s2t/masked_fraction": masked, "s2t/num_masked": num_masked, "s2t/num_candidates": candidates})
-    if tau_h is not None:
         record["s2t/entropy_threshold"] = tau_h
     return record
 
 
-# Four steps: entropy 0.8, 0.7, 0.5, 0.4; masked 0.1%, 0%, 0.2%, 0.1%; tau_h only where there were candidates.
+# Four steps: entropy 0.8, 0.7, 0.5, 0.4; masked 0.1%, 0%, 0.2%, 0.1%; tau_h None at step 2, which had no candidates.
 HISTORY = [
     step(1, 0.8, -1.0, 0.001, 1, 2, 0.6),
     step(2, 0.7, -0.5, 0.0, 0, 0),
@@ -149,6 +155,93 @@ def test_the_top_silenced_tokens_are_counted_from_the_dump_and_shown_with_visibl
     assert summarize_run(run)["dump_written"] == 4 and summarize_run(run)["dump_dropped"] == 2
 
 
+# ------------------------------------------------------------------------------------------- the figures' data
+# Three cases for every figure: a run with silenced tokens, a run with none, and several runs overlaid.
+NOTHING_SILENCED = [step(n, 0.5, -1.0, 0.0, 0, candidates) for n, candidates in ((1, 0), (2, 1), (3, 0))]
+
+
+def test_masking_of_a_run_with_silenced_tokens(tmp_path):
+    fraction, threshold = masking_panels([load_run(write_state(tmp_path / "stapo"))])
+    (line,) = fraction.series
+    assert line.label == "stapo: 4 of 6 candidates silenced"
+    assert line.steps == [1, 2, 3, 4] and line.values == pytest.approx([0.1, 0.0, 0.2, 0.1])  # percent
+    assert fraction.y_floor == 0.0 and fraction.notes == []
+    (tau_h,) = threshold.series
+    assert tau_h.values == [0.6, None, 0.4, 0.5]  # the line breaks at step 2 ...
+    assert tau_h.undefined_steps == [2]  # ... which is marked as a step without candidates
+    assert threshold.undefined_label == "no candidates, so no tau_h" and threshold.notes == []
+
+
+def test_masking_of_a_run_that_silenced_nothing_says_why_and_never_goes_below_zero(tmp_path):
+    fraction, threshold = masking_panels([load_run(write_state(tmp_path / "quiet", history=NOTHING_SILENCED))])
+    assert fraction.series[0].values == [0.0, 0.0, 0.0]
+    assert fraction.series[0].label == "quiet: 0 of 1 candidates silenced"
+    assert threshold.series[0].undefined_steps == [1, 2, 3]
+    assert threshold.notes == ["no candidates, so no tau_h at every logged step"]  # not "not logged"
+
+    plt = pytest.importorskip("matplotlib.pyplot")
+    figure, axes = plt.subplots(1, 2)
+    for axis, panel in zip(axes, (fraction, threshold), strict=True):
+        draw_line_panel(axis, panel)
+        bottom, top = axis.get_ylim()
+        assert bottom == 0.0 and top > 0.0  # all-zero data would otherwise autoscale to [-0.055, 0.055]
+    plt.close(figure)
+
+
+def test_masking_of_runs_overlaid_has_one_line_per_run_and_a_note_for_a_run_without_s2t(tmp_path):
+    runs = [
+        load_run(write_state(tmp_path / "stapo")),
+        load_run(write_state(tmp_path / "quiet", history=NOTHING_SILENCED)),
+        load_run(write_state(tmp_path / "grpo", history=[step(1, 0.9, -1.0), step(2, 0.6, 0.0)])),
+    ]
+    fraction, threshold = masking_panels(runs)
+    assert [line.label for line in fraction.series] == [
+        "stapo: 4 of 6 candidates silenced",
+        "quiet: 0 of 1 candidates silenced",
+    ]
+    assert [line.label for line in threshold.series] == ["stapo", "quiet"]
+    for panel in (fraction, threshold):
+        assert panel.notes == ["grpo: no S2T statistics (the run did not use the S2T mask)"]
+    entropy = line_panel(runs, "entropy", "entropy", y_floor=0.0)
+    assert [line.values for line in entropy.series] == [[0.8, 0.7, 0.5, 0.4], [0.5, 0.5, 0.5], [0.9, 0.6]]
+
+
+def test_top_silenced_tokens_of_a_run_with_silenced_tokens_a_run_without_and_a_run_without_a_dump(tmp_path):
+    stapo = write_state(tmp_path / "stapo")
+    write_dump(stapo)
+    bars = token_bars(load_run(stapo))
+    assert (bars.tokens, bars.counts, bars.note) == (["␣the", "7", "↵"], [2, 1, 1], None)
+    assert bars.title == "stapo\n4 dumped of 6 silenced"
+
+    quiet = write_state(tmp_path / "quiet", history=NOTHING_SILENCED)
+    write_dump(quiet, tokens=())
+    stats = json.loads((quiet / DUMP_STATS_FILE).read_text())
+    stats["silenced"], stats["dropped"] = 0, 0
+    (quiet / DUMP_STATS_FILE).write_text(json.dumps(stats))
+    bars = token_bars(load_run(quiet))
+    assert (bars.tokens, bars.counts) == ([], [])
+    assert bars.note == "no token was silenced in 3 steps, 1 candidates"
+
+    bars = token_bars(load_run(write_state(tmp_path / "plain")))
+    assert bars.note == "no token dump: train with dump_silenced_tokens: true"
+
+
+def test_density_draws_the_masked_region_from_the_median_tau_h_and_the_dumped_tokens(tmp_path):
+    stapo = write_state(tmp_path / "stapo")
+    write_dump(stapo)
+    panel = density_panel(load_run(stapo))
+    assert panel.num_tokens == 53 and panel.extent == (-10.0, 0.0, 0.0, 12.0)
+    assert panel.masked_box == pytest.approx((math.log10(0.002), 0.5))  # median of 0.6, 0.4, 0.5
+    assert panel.silenced == [(-7.0, 0.4)] * 4
+
+    quiet = write_state(tmp_path / "quiet", history=NOTHING_SILENCED)
+    write_dump(quiet, tokens=())
+    panel = density_panel(load_run(quiet))
+    assert panel.masked_box is None and panel.threshold_only == pytest.approx(math.log10(0.002))
+    assert panel.silenced == []
+    assert density_panel(load_run(write_state(tmp_path / "plain"))).counts is None
+
+
 # ------------------------------------------------------------------------------------------- the report
 def test_a_report_compares_runs_and_draws_every_figure(tmp_path):
     with_dump = write_state(tmp_path / "stapo")
@@ -163,7 +256,7 @@ def test_a_report_compares_runs_and_draws_every_figure(tmp_path):
     assert "| stapo | 4 | -1.000 → +0.500 | 0.800 → 0.400 | 0.1000% | 4 | 6 | 0.500 | 4 / 6 |" in markdown
     assert "| grpo | 2 | -1.000 → +0.000 | 0.900 → 0.600 | – | – | – | – | – |" in markdown
     assert "grpo: no S2T statistics in the log" in markdown
-    assert "[[ the]]" in markdown  # a silenced token shown in its context
+    assert "`…so [[␣the]] answer…`" in markdown  # a silenced token in its context, whitespace made visible
     for name in FIGURES.values():
         assert f"]({name})" in markdown
 
@@ -174,6 +267,8 @@ def test_without_any_dump_the_report_says_how_to_get_the_token_figures(tmp_path)
     assert "dump_silenced_tokens: true" in report.markdown.read_text()
     html = report.html.read_text()
     assert html.count("data:image/png;base64,") == 3  # entropy, reward, masking, inlined
+    assert "<pre>" not in html and "<table>" in html and "<td>run</td>" in html  # rendered, not Markdown source
+    assert "<h2>Mean token entropy</h2>" in html and "<blockquote>" in html
 
 
 def test_labels_must_match_the_runs(tmp_path):

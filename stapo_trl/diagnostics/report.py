@@ -102,8 +102,23 @@ def load_run(directory: str | Path, label: str | None = None) -> RunLogs:
     if stats_path.is_file():
         run.dump_stats = json.loads(stats_path.read_text())
     if records_path.is_file():
-        run.silenced_tokens = [json.loads(line) for line in records_path.read_text().splitlines() if line.strip()]
+        run.silenced_tokens = read_silenced_tokens(records_path)
     return run
+
+
+def read_silenced_tokens(path: Path) -> list[dict[str, Any]]:
+    """The records of a ``silenced_tokens.jsonl``. A last line cut off mid-write (what a killed run leaves) is left
+    out; any other line that is not JSON is a :class:`ReportError`."""
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            if number == len(lines):
+                break
+            raise ReportError(f"{path}, line {number}: not a JSON record ({error}).") from None
+    return records
 
 
 def series(history: list[dict[str, Any]], key: str, scale: float = 1.0) -> tuple[list[int], list[float]]:
@@ -163,7 +178,175 @@ def entropy_trend(summary: dict[str, Any]) -> str:
     return f"{'falls' if last < first else 'rises'} ({first:.3f} -> {last:.3f} nats)"
 
 
-# ------------------------------------------------------------------------------------------------- figures
+# ------------------------------------------------------------------------------------------------- figure data
+# Each figure is built in two steps: a pure function computes what it shows (the series, labels and notes, which the
+# tests pin), and a drawing function renders that with matplotlib.
+S2T_KEYS = ("s2t/masked_fraction", "s2t/entropy_threshold")
+
+
+@dataclass
+class Series:
+    """One run's line in a panel. ``values[i]`` is None where the metric was logged without a value at
+    ``steps[i]`` (for ``tau_h``: a step without candidates); the line breaks there."""
+
+    label: str
+    steps: list[int]
+    values: list[float | None]
+
+    @property
+    def defined(self) -> list[tuple[int, float]]:
+        return [(step, value) for step, value in zip(self.steps, self.values, strict=True) if value is not None]
+
+    @property
+    def undefined_steps(self) -> list[int]:
+        return [step for step, value in zip(self.steps, self.values, strict=True) if value is None]
+
+
+@dataclass
+class LinePanel:
+    """A panel of one metric over the optimizer steps, one series per run that logged it.
+
+    ``y_floor`` is the lowest value the axis shows (0 for fractions and entropies, which cannot be negative).
+    ``undefined_label`` names what a logged step without a value means; such steps are marked on the x axis.
+    ``notes`` say why a run has no line, or why no line has a point.
+    """
+
+    title: str
+    series: list[Series]
+    y_floor: float | None = None
+    undefined_label: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def metric_series(history: list[dict[str, Any]], key: str, label: str, scale: float = 1.0) -> Series | None:
+    """The series of ``key`` in a run's log, or None when no record has the key. A record where it is None or not
+    finite (TRL logs None when every value of the window was NaN) gives a None value."""
+    logged = [record for record in history if key in record]
+    if not logged:
+        return None
+    values = [scale * record[key] if _finite(record[key]) else None for record in logged]
+    return Series(label=label, steps=[record["step"] for record in logged], values=values)
+
+
+def line_panel(
+    runs: list[RunLogs],
+    key: str,
+    title: str,
+    *,
+    scale: float = 1.0,
+    y_floor: float | None = None,
+    absent: str = "not logged",
+    undefined_label: str | None = None,
+) -> LinePanel:
+    """The panel of ``key`` over the runs; a run without the key gets the note ``"<label>: <absent>"``."""
+    panel = LinePanel(title=title, series=[], y_floor=y_floor, undefined_label=undefined_label)
+    for run in runs:
+        found = metric_series(run.history, key, run.label, scale)
+        if found is None:
+            panel.notes.append(f"{run.label}: {absent}")
+        else:
+            panel.series.append(found)
+    if panel.series and not any(series.defined for series in panel.series) and undefined_label:
+        panel.notes.append(f"{undefined_label} at every logged step")
+    return panel
+
+
+def masking_panels(runs: list[RunLogs]) -> tuple[LinePanel, LinePanel]:
+    """The S2T masked fraction (%) and ``tau_h`` over the steps. The legend of the first says how many tokens each
+    run silenced of how many candidates."""
+    absent = "no S2T statistics (the run did not use the S2T mask)"
+    fraction = line_panel(
+        runs, "s2t/masked_fraction", "S2T masked fraction of loss tokens (%)", scale=100.0, y_floor=0.0, absent=absent
+    )
+    by_label = {run.label: summarize_run(run) for run in runs}
+    for series in fraction.series:
+        summary = by_label[series.label]
+        series.label = f"{series.label}: {summary['masked_tokens']} of {summary['candidates']} candidates silenced"
+    threshold = line_panel(
+        runs,
+        "s2t/entropy_threshold",
+        "tau_h: entropy quantile of the candidates (nats)",
+        y_floor=0.0,
+        absent=absent,
+        undefined_label="no candidates, so no tau_h",
+    )
+    return fraction, threshold
+
+
+@dataclass
+class TokenBars:
+    """One run's most frequent silenced tokens (from its dump), most frequent first, or a note saying why none."""
+
+    title: str
+    tokens: list[str]
+    counts: list[int]
+    note: str | None = None
+
+
+def token_bars(run: RunLogs, limit: int = 15) -> TokenBars:
+    """The bars of the top-silenced-tokens figure for one run. Token texts have their whitespace made visible."""
+    written = len(run.silenced_tokens or [])
+    if run.dump_stats is None:
+        return TokenBars(run.label, [], [], note="no token dump: train with dump_silenced_tokens: true")
+    silenced = run.dump_stats.get("silenced", written)
+    title = f"{run.label}\n{written} dumped of {silenced} silenced"
+    top = top_silenced_tokens(run, limit)
+    if not top:
+        steps = len(run.dump_stats.get("steps", [])) or max(record["step"] for record in run.history)
+        candidates = summarize_run(run).get("candidates")
+        detail = f", {candidates} candidates" if candidates is not None else ""
+        return TokenBars(title, [], [], note=f"no token was silenced in {steps} steps{detail}")
+    return TokenBars(title, [visible_token(text) for text, _ in top], [count for _, count in top])
+
+
+@dataclass
+class DensityPanel:
+    """One run's p-H density of positive-advantage loss tokens, with the S2T region and the dumped silenced tokens.
+
+    ``counts[i][j]`` is the number of tokens in bin i of log10 p and bin j of H over ``extent``
+    ``(log10 p low, high, H low, high)``. ``masked_box`` is ``(log10 prob_threshold, median tau_h)`` when the run had
+    candidates; ``threshold_only`` is ``log10 prob_threshold`` when it had none. ``silenced`` holds the dumped
+    silenced tokens as ``(log10 p, H)``, clamped into the extent.
+    """
+
+    title: str
+    counts: list[list[int]] | None = None
+    extent: tuple[float, float, float, float] | None = None
+    masked_box: tuple[float, float] | None = None
+    threshold_only: float | None = None
+    silenced: list[tuple[float, float]] = field(default_factory=list)
+    note: str | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(map(sum, self.counts)) if self.counts else 0
+
+
+def density_panel(run: RunLogs) -> DensityPanel:
+    """The p-H density panel of one run (see :class:`DensityPanel`)."""
+    if run.dump_stats is None:
+        return DensityPanel(run.label, note="no token dump:\ntrain with dump_silenced_tokens: true")
+    stats = run.dump_stats
+    extent = tuple(float(value) for value in _density_extent(stats))
+    panel = DensityPanel(run.label, counts=stats["density"]["positive_advantage"], extent=extent)
+    if panel.num_tokens == 0:
+        panel.note = "no completion token had a positive advantage"
+    prob_threshold = stats.get("prob_threshold")
+    threshold_series = metric_series(run.history, "s2t/entropy_threshold", run.label)
+    thresholds = [value for _, value in threshold_series.defined] if threshold_series is not None else []
+    if prob_threshold and thresholds:
+        panel.masked_box = (math.log10(prob_threshold), statistics.median(thresholds))
+    elif prob_threshold:
+        panel.threshold_only = math.log10(prob_threshold)
+    x_low, _, _, y_high = extent
+    panel.silenced = [
+        (max(x_low, math.log10(max(record["p"], 1e-300))), min(y_high, record["entropy"]))
+        for record in run.silenced_tokens or []
+    ]
+    return panel
+
+
+# ------------------------------------------------------------------------------------------------- drawing
 def _pyplot():
     import matplotlib
 
@@ -180,40 +363,59 @@ def _save(figure, path: Path) -> Path:
     return path
 
 
-def _line_panel(axis, runs: list[RunLogs], key: str, scale: float = 1.0) -> bool:
-    drew = False
-    for run in runs:
-        steps, values = series(run.history, key, scale)
-        if steps:
-            axis.plot(steps, values, marker="o", markersize=3, linewidth=1.5, label=run.label)
-            drew = True
-    if not drew:
-        axis.text(0.5, 0.5, f"{key} was not logged", ha="center", va="center", transform=axis.transAxes)
+def draw_line_panel(axis, panel: LinePanel) -> None:
+    """Draw a :class:`LinePanel`: lines broken at undefined steps, those steps marked on the x axis, notes inside."""
+    import numpy as np
+
+    marked_undefined = False
+    for series in panel.series:
+        values = np.array([np.nan if value is None else value for value in series.values], dtype=float)
+        (line,) = axis.plot(series.steps, values, marker="o", markersize=3, linewidth=1.5, label=series.label)
+        undefined = series.undefined_steps
+        if undefined:
+            label = panel.undefined_label if not marked_undefined else None
+            axis.plot(
+                undefined,
+                [0.02] * len(undefined),
+                linestyle="none",
+                marker="|",
+                markersize=10,
+                color=line.get_color(),
+                alpha=0.6,
+                transform=axis.get_xaxis_transform(),
+                label=label,
+            )
+            marked_undefined = True
+    if panel.y_floor is not None:
+        bottom, top = axis.get_ylim()
+        axis.set_ylim(panel.y_floor, max(top, panel.y_floor + 1e-3))
+    title = panel.title
+    if panel.notes and any(series.defined for series in panel.series):
+        title += "\n" + "; ".join(panel.notes)
+    elif panel.notes:
+        axis.text(0.5, 0.5, "\n".join(panel.notes), ha="center", va="center", fontsize=9, transform=axis.transAxes)
+    axis.set_title(title, fontsize=10)
     axis.set_xlabel("optimizer step")
     axis.xaxis.get_major_locator().set_params(integer=True)
     axis.grid(alpha=0.3)
-    if drew and len(runs) > 1:
-        axis.legend(fontsize=8)
-    return drew
+    if axis.get_legend_handles_labels()[0]:
+        axis.legend(fontsize=7, loc="best")
 
 
-def plot_metric(runs: list[RunLogs], key: str, label: str, path: Path) -> Path:
+def plot_metric(runs: list[RunLogs], key: str, label: str, path: Path, y_floor: float | None = None) -> Path:
     """One metric over the steps, one line per run, on shared axes."""
     plt = _pyplot()
     figure, axis = plt.subplots(figsize=(6, 3.6), constrained_layout=True)
-    _line_panel(axis, runs, key)
-    axis.set_title(label, fontsize=10)
+    draw_line_panel(axis, line_panel(runs, key, label, y_floor=y_floor))
     return _save(figure, path)
 
 
 def plot_masking(runs: list[RunLogs], path: Path) -> Path:
     """The S2T masked fraction (%) and ``tau_h`` over the steps, one line per run."""
     plt = _pyplot()
-    figure, axes = plt.subplots(1, 2, figsize=(10, 3.6), constrained_layout=True)
-    _line_panel(axes[0], runs, "s2t/masked_fraction", scale=100.0)
-    axes[0].set_title("S2T masked fraction of loss tokens (%)", fontsize=10)
-    _line_panel(axes[1], runs, "s2t/entropy_threshold")
-    axes[1].set_title("tau_h: entropy threshold of the candidates (nats)", fontsize=10)
+    figure, axes = plt.subplots(1, 2, figsize=(11, 3.8), constrained_layout=True)
+    for axis, panel in zip(axes, masking_panels(runs), strict=True):
+        draw_line_panel(axis, panel)
     return _save(figure, path)
 
 
@@ -251,53 +453,51 @@ def plot_token_density(runs: list[RunLogs], path: Path) -> Path:
         1, len(runs), figsize=(5.2 * len(runs), 4.2), sharex=True, sharey=True, constrained_layout=True, squeeze=False
     )
     for axis, run in zip(axes[0], runs, strict=True):
-        axis.set_title(run.label, fontsize=10)
+        panel = density_panel(run)
+        axis.set_title(panel.title, fontsize=10)
         axis.set_xlabel("log10 p (probability of the sampled token)")
-        if run.dump_stats is None:
-            axis.text(
-                0.5,
-                0.5,
-                "no token dump:\ntrain with dump_silenced_tokens=True",
-                ha="center",
-                va="center",
-                transform=axis.transAxes,
-            )
+        if panel.note:
+            axis.text(0.5, 0.5, panel.note, ha="center", va="center", transform=axis.transAxes, fontsize=9)
+        if panel.counts is None:
             continue
-        counts = np.array(run.dump_stats["density"]["positive_advantage"], dtype=float)
-        x_low, x_high, y_low, y_high = _density_extent(run.dump_stats)
+        counts = np.array(panel.counts, dtype=float)
+        x_low, x_high, y_low, y_high = panel.extent
         if counts.sum() > 0:
             image = axis.imshow(
                 np.ma.masked_equal(counts.T, 0),
                 origin="lower",
-                extent=(x_low, x_high, y_low, y_high),
+                extent=panel.extent,
                 aspect="auto",
                 norm=LogNorm(vmin=1, vmax=max(counts.max(), 2)),
                 cmap="viridis",
             )
             figure.colorbar(image, ax=axis, label="tokens (A > 0)")
-        prob_threshold = run.dump_stats.get("prob_threshold")
-        _, thresholds = series(run.history, "s2t/entropy_threshold")
-        if prob_threshold and thresholds:
-            tau_h = statistics.median(thresholds)
+        if panel.masked_box is not None:
+            log10_threshold, tau_h = panel.masked_box
             axis.add_patch(
                 Rectangle(
                     (x_low, y_low),
-                    math.log10(prob_threshold) - x_low,
+                    log10_threshold - x_low,
                     tau_h - y_low,
                     fill=False,
                     edgecolor="red",
                     linestyle="--",
                     linewidth=1.5,
-                    label=f"masked: p < {prob_threshold:g}, H < {tau_h:.2f} (median tau_h)",
+                    label=f"masked: p < {10**log10_threshold:.3g}, H < {tau_h:.2f} (median tau_h)",
                 )
             )
-        elif prob_threshold:
-            axis.axvline(math.log10(prob_threshold), color="red", linestyle="--", linewidth=1.2)
-            axis.plot([], [], color="red", linestyle="--", label=f"p = {prob_threshold:g}; no candidates, no tau_h")
-        if run.silenced_tokens:
-            x = [max(x_low, math.log10(max(record["p"], 1e-300))) for record in run.silenced_tokens]
-            y = [min(y_high, record["entropy"]) for record in run.silenced_tokens]
-            axis.scatter(x, y, s=10, marker="x", color="red", linewidths=0.8, label="silenced (dumped)")
+        elif panel.threshold_only is not None:
+            axis.axvline(panel.threshold_only, color="red", linestyle="--", linewidth=1.2)
+            axis.plot(
+                [],
+                [],
+                color="red",
+                linestyle="--",
+                label=f"p = {10**panel.threshold_only:.3g}; no candidates, no tau_h",
+            )
+        if panel.silenced:
+            x, y = zip(*panel.silenced, strict=True)
+            axis.scatter(x, y, s=14, marker="x", color="red", linewidths=1.0, label="silenced (dumped)")
         if axis.get_legend_handles_labels()[0]:
             axis.legend(fontsize=7, loc="upper left")
     axes[0][0].set_ylabel("H: entropy at the position (nats)")
@@ -311,25 +511,25 @@ def plot_token_density(runs: list[RunLogs], path: Path) -> Path:
 
 
 def plot_top_silenced(runs: list[RunLogs], path: Path, limit: int = 15) -> Path:
-    """The most frequent silenced tokens of each run's dump, as horizontal bars."""
+    """The most frequent silenced tokens of each run's dump, as horizontal bars, or the reason there are none."""
     plt = _pyplot()
     figure, axes = plt.subplots(
         1, len(runs), figsize=(4.6 * len(runs), 0.3 * limit + 1.6), constrained_layout=True, squeeze=False
     )
     for axis, run in zip(axes[0], runs, strict=True):
-        top = top_silenced_tokens(run, limit)
-        written = len(run.silenced_tokens or [])
-        silenced = (run.dump_stats or {}).get("silenced", written)
-        axis.set_title(f"{run.label}\n{written} dumped of {silenced} silenced", fontsize=10)
-        if not top:
-            reason = "no token dump" if run.dump_stats is None else "no token was silenced"
-            axis.text(0.5, 0.5, reason, ha="center", va="center", transform=axis.transAxes)
+        bars = token_bars(run, limit)
+        axis.set_title(bars.title, fontsize=10)
+        if bars.note:
+            axis.text(0.5, 0.5, bars.note, ha="center", va="center", transform=axis.transAxes, fontsize=9)
+            axis.set_xticks([])
             axis.set_yticks([])
             continue
-        labels = [visible_token(text) for text, _ in reversed(top)]
-        axis.barh(range(len(top)), [count for _, count in reversed(top)], color="tab:red")
-        axis.set_yticks(range(len(top)), labels, fontsize=8)
+        positions = range(len(bars.tokens))
+        axis.barh(positions, bars.counts, color="tab:red")
+        axis.set_yticks(positions, bars.tokens, fontsize=8)
+        axis.invert_yaxis()
         axis.set_xlabel("times silenced (in the dump)")
+        axis.xaxis.get_major_locator().set_params(integer=True)
     return _save(figure, path)
 
 
@@ -405,7 +605,9 @@ def write_report(
     ]
     output_dir = Path(output_dir)
     figures = {
-        "entropy": plot_metric(runs, "entropy", "mean token entropy (nats)", output_dir / FIGURES["entropy"]),
+        "entropy": plot_metric(
+            runs, "entropy", "mean token entropy (nats)", output_dir / FIGURES["entropy"], y_floor=0.0
+        ),
         "reward": plot_metric(runs, "reward", "mean reward", output_dir / FIGURES["reward"]),
         "masking": plot_masking(runs, output_dir / FIGURES["masking"]),
     }
@@ -426,54 +628,82 @@ def write_report(
             notes.append(f"{run.label}: no S2T statistics in the log (the run did not use the S2T mask).")
 
     summaries = [summarize_run(run) for run in runs]
+    markdown = output_dir / REPORT_FILE
+    markdown.write_text(_markdown(runs, summaries, notes, figures, lambda path: path.name))
+    report = Report(output_dir=output_dir, figures=figures, markdown=markdown, summaries=summaries, notes=notes)
+    if html:
+        report.html = output_dir / HTML_FILE
+        report.html.write_text(_html(_markdown(runs, summaries, notes, figures, _data_uri)))
+    return report
+
+
+FIGURE_TITLES = {
+    "entropy": "Mean token entropy",
+    "reward": "Reward",
+    "masking": "S2T masked fraction and tau_h",
+    "token_density": "Probability and entropy of positive-advantage tokens",
+    "top_silenced_tokens": "Top silenced tokens",
+}
+
+
+def silenced_token_line(record: dict[str, Any], context: int = 60, code: bool = True) -> str:
+    """One dumped silenced token in its context, with p, H and the response's advantage; as inline Markdown code
+    when `code`, else as plain text. Line breaks in the context show as ↵, the token's whitespace as ␣."""
+    before = record["context_before"][-context:].replace("`", "'").replace("\n", "↵")
+    after = record["context_after"][:context].replace("`", "'").replace("\n", "↵")
+    token = visible_token(record["token"]).replace("`", "'")
+    text = f"…{before}[[{token}]]{after}…"
+    return f"step {record['step']}, p {record['p']:.2g}, H {record['entropy']:.2f}, A {record['advantage']:+.2f}: " + (
+        f"`{text}`" if code else text
+    )
+
+
+def _markdown(
+    runs: list[RunLogs],
+    summaries: list[dict[str, Any]],
+    notes: list[str],
+    figures: dict[str, Path],
+    image_source,
+) -> str:
     lines = ["# stapo-trl report", ""]
     for run, summary in zip(runs, summaries, strict=True):
         lines.append(
             f"- **{run.label}**: `{run.directory}` (log: `{run.source.name}`); entropy {entropy_trend(summary)}"
         )
     lines += ["", _summary_table(summaries), ""]
-    lines += [f"> {note}" for note in notes]
-    titles = {
-        "entropy": "Mean token entropy",
-        "reward": "Reward",
-        "masking": "S2T masked fraction and tau_h",
-        "token_density": "Probability and entropy of positive-advantage tokens",
-        "top_silenced_tokens": "Top silenced tokens",
-    }
+    lines += [f"> {note}\n" for note in notes]
     for name, path in figures.items():
-        lines += ["", f"## {titles[name]}", "", f"![{titles[name]}]({path.name})"]
+        lines += ["", f"## {FIGURE_TITLES[name]}", "", f"![{FIGURE_TITLES[name]}]({image_source(path)})"]
+    with_dump = [run for run in runs if run.dump_stats is not None]
     if with_dump:
         lines += ["", "## Silenced tokens in context", ""]
         for run in with_dump:
             examples = (run.silenced_tokens or [])[:5]
             lines.append(f"**{run.label}**" + ("" if examples else ": none dumped"))
             lines.append("")
-            for record in examples:
-                lines.append(
-                    f"- step {record['step']}, p {record['p']:.2g}, H {record['entropy']:.2f}, A {record['advantage']:+.2f}: "
-                    f"`…{record['context_before'][-60:]}[[{record['token']}]]{record['context_after'][:60]}…`"
-                )
+            lines += [f"- {silenced_token_line(record)}" for record in examples]
             lines.append("")
-    markdown = output_dir / REPORT_FILE
-    markdown.write_text("\n".join(lines).rstrip() + "\n")
-    report = Report(output_dir=output_dir, figures=figures, markdown=markdown, summaries=summaries, notes=notes)
-    if html:
-        report.html = _write_html(lines, figures, output_dir / HTML_FILE)
-    return report
+    return "\n".join(lines).rstrip() + "\n"
 
 
-def _write_html(markdown_lines: list[str], figures: dict[str, Path], path: Path) -> Path:
-    """A standalone HTML page: the Markdown text in a <pre> block (tables included) and the figures inlined."""
-    import html as html_escape
+def _data_uri(path: Path) -> str:
+    return f"data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()}"
 
-    text = "\n".join(line for line in markdown_lines if not line.startswith("!["))
-    images = "\n".join(
-        f'<h2>{html_escape.escape(name)}</h2><img alt="{html_escape.escape(name)}" '
-        f'src="data:image/png;base64,{base64.b64encode(figure.read_bytes()).decode()}">'
-        for name, figure in figures.items()
+
+HTML_STYLE = (
+    "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;line-height:1.45}"
+    "table{border-collapse:collapse;font-size:0.9em}th,td{border:1px solid #ccc;padding:3px 8px}"
+    "th{background:#f3f3f3}code{background:#f6f6f6;padding:1px 3px}img{max-width:100%}"
+    "blockquote{color:#555;border-left:3px solid #ccc;margin-left:0;padding-left:1em}"
+)
+
+
+def _html(markdown_text: str) -> str:
+    """A standalone HTML page of the report's Markdown (tables included), rendered with Python-Markdown."""
+    import markdown
+
+    body = markdown.markdown(markdown_text, extensions=["tables"])
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>stapo-trl report</title>"
+        f"<style>{HTML_STYLE}</style></head><body>\n{body}\n</body></html>\n"
     )
-    path.write_text(
-        "<!doctype html><html><head><meta charset='utf-8'><title>stapo-trl report</title></head><body>"
-        f"<pre>{html_escape.escape(text)}</pre>{images}</body></html>\n"
-    )
-    return path
