@@ -291,6 +291,18 @@ CASES = [
         Exits(2, r"Unknown reward 'boxd' in reward_funcs\. Registered rewards: boxed, dapo"),
     ),
     Case(
+        "worked examples for a dataset that is not arithmetic",
+        "recipe YAML",
+        Recipe({"num_fewshot": 2}),
+        Exits(2, r"num_fewshot works with dataset_name: arithmetic only"),
+    ),
+    Case(
+        "more worked examples than there are",
+        "recipe YAML",
+        Recipe({"dataset_name": "arithmetic", "num_fewshot": 5}),
+        Exits(2, r"num_fewshot must be between 0 and 3, got 5"),
+    ),
+    Case(
         "num_generations does not divide the batch",
         "recipe YAML",
         Recipe({"per_device_train_batch_size": 6, "num_generations": 4}),

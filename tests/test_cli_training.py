@@ -84,7 +84,7 @@ def test_train_runs_a_recipe_end_to_end_and_writes_every_output(tmp_path, tiny_m
     summary = json.loads((output_dir / "run_summary.json").read_text())
     assert summary["steps"] == 2 and summary["method"] == "stapo"
     assert summary["accuracy_before"]["total"] == summary["accuracy_after"]["total"] == 2
-    assert "held-out greedy accuracy:" in printed and "S2T masked fraction:" in printed
+    assert "held-out greedy accuracy:" in printed and "S2T silenced:" in printed
 
 
 def test_train_with_method_grpo_logs_no_mask(tmp_path, tiny_model_dir):

@@ -11,9 +11,9 @@ from datasets import Dataset
 from tiny import build_char_tokenizer, build_tiny_qwen3
 
 from stapo_trl.callbacks import MetricsFileCallback, StepSummaryProgressCallback, step_summary
-from stapo_trl.cli.train import summarize_metrics
+from stapo_trl.cli.train import RunSummary, silenced_examples, summarize_metrics
 from stapo_trl.data import ROW_FEATURES
-from stapo_trl.data.arithmetic import arithmetic_problems, load_arithmetic
+from stapo_trl.data.arithmetic import WORKED_EXAMPLES, arithmetic_problems, load_arithmetic
 from stapo_trl.data.selection import drop_long_prompts, random_subset, split_heldout
 from stapo_trl.evaluation import GreedyAccuracy, greedy_accuracy
 from stapo_trl.gguf import (
@@ -23,7 +23,7 @@ from stapo_trl.gguf import (
     is_gguf_reference,
     resolve_gguf,
 )
-from stapo_trl.plots import plot_training_curves, read_metrics
+from stapo_trl.plots import plot_training_curves, read_metrics, training_curve_panels
 from stapo_trl.rewards import get_reward_func
 
 # --- arithmetic word problems --------------------------------------------------------------------------------------
@@ -68,6 +68,32 @@ def test_arithmetic_rows_have_the_dapo_schema_and_score_with_the_dapo_reward():
     assert reward(["Answer: -1"], solution=rows["solution"][:1]) == [-1.0]
 
 
+def test_worked_examples_come_before_the_bare_problem_as_chat_turns_in_the_style_of_the_reward():
+    rows = load_arithmetic(3, prompt_style="dapo", system_prompt="Be brief.", num_fewshot=2)
+    prompt = rows[0]["prompt"]
+    assert [message["role"] for message in prompt] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert prompt[1]["content"] == WORKED_EXAMPLES[0][0] and prompt[2]["content"] == "3 + 2 = 5\nAnswer: 5"
+    assert prompt[-1]["content"] == rows[0]["problem"]  # no DAPO wrapper: the examples show the format
+    reward = get_reward_func("dapo")
+    assert reward([prompt[2]["content"], prompt[4]["content"]], solution=["5", "12"]) == [1.0, 1.0]
+
+    boxed = load_arithmetic(1, prompt_style="boxed", num_fewshot=1)[0]["prompt"]
+    assert [message["role"] for message in boxed] == ["user", "assistant", "user"]
+    assert get_reward_func("boxed")([boxed[1]["content"]], solution=["5"]) == [1.0]
+
+
+def test_worked_examples_are_right_and_never_a_training_or_held_out_problem():
+    for question, solution, answer in WORKED_EXAMPLES:
+        assert solve(question) == answer and solution.endswith(f"= {answer}")
+    generated = {
+        question
+        for seed in range(3)
+        for split in ("train", "heldout")
+        for question, _ in arithmetic_problems(300, seed=seed, split=split)
+    }
+    assert not generated & {question for question, _, _ in WORKED_EXAMPLES}
+
+
 def test_arithmetic_rejects_bad_arguments():
     with pytest.raises(ValueError, match="Unknown arithmetic split"):
         arithmetic_problems(3, split="test")
@@ -75,6 +101,8 @@ def test_arithmetic_rejects_bad_arguments():
         arithmetic_problems(0)
     with pytest.raises(ValueError, match="Unknown prompt_style"):
         load_arithmetic(3, prompt_style="latex")
+    with pytest.raises(ValueError, match="num_fewshot must be between 0 and 3"):
+        load_arithmetic(3, num_fewshot=4)
 
 
 # --- choosing rows -------------------------------------------------------------------------------------------------
@@ -216,6 +244,14 @@ def test_training_curves_render_headless_and_note_missing_metrics(tmp_path):
     ]
     path = plot_training_curves(records, tmp_path / "curves.png", title="grpo")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    reward, entropy, masked = training_curve_panels(records)
+    assert reward.series[0].values == [-0.5, 0.0] and entropy.series[0].values == [0.4, 0.35]
+    assert (entropy.y_floor, masked.y_floor) == (0.0, 0.0)
+    assert masked.series == [] and masked.notes == ["not logged by this run"]
+    silenced = training_curve_panels(
+        [{"step": 1, "s2t/masked_fraction": 0.0}, {"step": 2, "s2t/masked_fraction": 0.004}]
+    )
+    assert silenced[2].series[0].values == [0.0, 0.4]  # percent
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text(json.dumps(records[0]) + "\n" + json.dumps({"step": 2, "train_runtime": 3.0}) + "\n")
     assert read_metrics(metrics) == records[:1]
@@ -227,6 +263,46 @@ def test_the_summary_compares_the_first_and_last_quarter_of_rewards():
     assert (summary["reward_first"], summary["reward_last"]) == (-1.0, 1.0)
     assert summary["masked_tokens"] == 16 and summary["masked_fraction"] == pytest.approx(0.01)
     assert summarize_metrics([]) == {}
+
+
+def test_the_console_summary_counts_silenced_of_candidates_and_shows_three_tokens_in_context(tmp_path):
+    records = [
+        {"step": n, "s2t/masked_fraction": f, "s2t/num_masked": m, "s2t/num_candidates": c}
+        for n, f, m, c in ((1, 0.002, 2, 3), (2, 0.0, 0, 1), (3, 0.001, 1, 2))
+    ]
+    dump = tmp_path / "silenced_tokens.jsonl"
+    dump.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "step": n,
+                    "token": t,
+                    "context_before": "so 3 + 2 = 5.",
+                    "context_after": "Answer: 5",
+                    "p": 0.001,
+                    "entropy": 0.2,
+                    "advantage": 0.75,
+                }
+            )
+            + "\n"
+            for n, t in ((1, " "), (1, " ("), (3, "\n"), (3, "x"))
+        )
+        + '{"step": 3, "tok'  # a last line cut off mid-write, as a killed run leaves it
+    )
+    summary = RunSummary(method="stapo", model="m", steps=3, seconds_total=1.0, seconds_training=1.0)
+    for key, value in summarize_metrics(records).items():
+        setattr(summary, key, value)
+    summary.silenced_examples = silenced_examples(dump)
+    lines = summary.lines()
+    assert "  S2T silenced:             3 of 6 candidate tokens, in 2 of 3 steps (0.100% of loss tokens)" in lines
+    examples = lines[
+        lines.index("  silenced tokens in context ([[token]]; p and H under the training temperature):") + 1 :
+    ][:3]
+    assert examples == [  # the first, middle and last of the four records
+        "    step 1, p 0.001, H 0.20, A +0.75: …so 3 + 2 = 5.[[␣]]Answer: 5…",
+        "    step 3, p 0.001, H 0.20, A +0.75: …so 3 + 2 = 5.[[↵]]Answer: 5…",
+        "    step 3, p 0.001, H 0.20, A +0.75: …so 3 + 2 = 5.[[x]]Answer: 5…",
+    ]
 
 
 def test_a_stare_run_reports_its_gate_and_weights():

@@ -34,6 +34,9 @@ class TrainScriptArguments:
         max_prompt_tokens (`int`, *optional*):
             Drop problems whose chat-formatted prompt is longer than this many tokens, as verl's
             `filter_overlong_prompts` does (TRL 1.x has no `max_prompt_length`).
+        num_fewshot (`int`, *optional*, defaults to `0`):
+            For `arithmetic`: put this many worked examples (at most 3) before each problem as earlier chat turns.
+            They show the answer format of `prompt_style`, so the style's instruction wrapper is left out.
         num_train_problems (`int`, *optional*):
             For `arithmetic`, how many problems to generate; for other datasets, keep a random subset of this size.
         heldout_problems (`int`, *optional*, defaults to `0`):
@@ -80,6 +83,13 @@ class TrainScriptArguments:
             "filter_overlong_prompts; TRL 1.x has no max_prompt_length)."
         },
     )
+    num_fewshot: int = field(
+        default=0,
+        metadata={
+            "help": "For 'arithmetic': worked examples (0 to 3) put before each problem as earlier chat turns; they "
+            "show the answer format, so the style's instruction wrapper is left out."
+        },
+    )
     num_train_problems: int | None = field(
         default=None,
         metadata={
@@ -115,6 +125,17 @@ class TrainScriptArguments:
             raise ValueError(f"max_prompt_tokens must be a positive number of tokens, got {self.max_prompt_tokens}.")
         if self.num_train_problems is not None and self.num_train_problems < 1:
             raise ValueError(f"num_train_problems must be at least 1, got {self.num_train_problems}.")
+        if self.num_fewshot:
+            from ..data.arithmetic import ARITHMETIC, WORKED_EXAMPLES
+
+            if not 0 < self.num_fewshot <= len(WORKED_EXAMPLES):
+                raise ValueError(f"num_fewshot must be between 0 and {len(WORKED_EXAMPLES)}, got {self.num_fewshot}.")
+            if self.dataset_name != ARITHMETIC:
+                raise ValueError(
+                    f"num_fewshot works with dataset_name: {ARITHMETIC} only (its worked examples are arithmetic "
+                    f"problems); got dataset_name {self.dataset_name!r}. Remove num_fewshot, or put your own examples "
+                    "in system_prompt."
+                )
         if self.heldout_problems < 0:
             raise ValueError(f"heldout_problems must be 0 (off) or a positive count, got {self.heldout_problems}.")
         if not self.reward_funcs:

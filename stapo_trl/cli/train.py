@@ -92,7 +92,12 @@ def load_datasets(script: Any, tokenizer, seed: int):
 
     heldout = None
     if script.dataset_name == ARITHMETIC:
-        options = {"seed": seed, "prompt_style": script.prompt_style, "system_prompt": script.system_prompt}
+        options = {
+            "seed": seed,
+            "prompt_style": script.prompt_style,
+            "system_prompt": script.system_prompt,
+            "num_fewshot": script.num_fewshot,
+        }
         train = load_arithmetic(script.num_train_problems or 1000, split="train", **options)
         if script.heldout_problems:
             heldout = load_arithmetic(script.heldout_problems, split="heldout", **options)
@@ -132,6 +137,9 @@ class RunSummary:
     reward_last: float | None = None
     masked_fraction: float | None = None
     masked_tokens: int | None = None
+    candidates: int | None = None
+    masked_steps: int | None = None
+    silenced_examples: list[str] = field(default_factory=list)
     stare_gate_on_fraction: float | None = None
     stare_final_weights: tuple[float, float] | None = None
     accuracy_before: dict | None = None
@@ -155,9 +163,12 @@ class RunSummary:
             )
         if self.masked_fraction is not None:
             lines.append(
-                f"  S2T masked fraction:      {100 * self.masked_fraction:.3f}% of loss tokens "
-                f"({self.masked_tokens} tokens over the run)"
+                f"  S2T silenced:             {self.masked_tokens} of {self.candidates} candidate tokens, in "
+                f"{self.masked_steps} of {self.steps} steps ({100 * self.masked_fraction:.3f}% of loss tokens)"
             )
+            if self.silenced_examples:
+                lines.append("  silenced tokens in context ([[token]]; p and H under the training temperature):")
+                lines += [f"    {example}" for example in self.silenced_examples]
         if self.stare_gate_on_fraction is not None:
             positive, negative = self.stare_final_weights
             lines.append(
@@ -198,12 +209,26 @@ def summarize_metrics(records: list[dict]) -> dict[str, Any]:
     masked = [record for record in records if record.get("s2t/masked_fraction") is not None]
     if masked:
         summary["masked_tokens"] = int(sum(record.get("s2t/num_masked", 0) for record in masked))
+        summary["candidates"] = int(sum(record.get("s2t/num_candidates", 0) for record in masked))
+        summary["masked_steps"] = sum(1 for record in masked if record.get("s2t/num_masked", 0) > 0)
         summary["masked_fraction"] = sum(record["s2t/masked_fraction"] for record in masked) / len(masked)
     gated = [record for record in records if record.get("stare/gate_on") is not None]
     if gated:
         summary["stare_gate_on_fraction"] = sum(record["stare/gate_on"] for record in gated) / len(gated)
         summary["stare_final_weights"] = (gated[-1]["stare/positive_weight"], gated[-1]["stare/negative_weight"])
     return summary
+
+
+def silenced_examples(dump_path: Path, count: int = 3) -> list[str]:
+    """Up to `count` dumped silenced tokens, spread over the run (first, middle, last), as one line each."""
+    from ..diagnostics.report import read_silenced_tokens, silenced_token_line
+
+    if not dump_path.is_file():
+        return []
+    records = read_silenced_tokens(dump_path)
+    if len(records) > count:
+        records = [records[round(index * (len(records) - 1) / (count - 1))] for index in range(count)]
+    return [silenced_token_line(record, context=40, code=False) for record in records]
 
 
 def run_training(request: TrainRequest) -> RunSummary:
@@ -313,6 +338,7 @@ def run_training(request: TrainRequest) -> RunSummary:
             summary.files["plot"] = str(plot)
         if training.dump_silenced_tokens:
             summary.files["silenced tokens"] = str(output_dir / SILENCED_TOKENS_FILE)
+            summary.silenced_examples = silenced_examples(output_dir / SILENCED_TOKENS_FILE)
         summary.files["summary"] = str(output_dir / SUMMARY_FILE)
         summary.seconds_total = time.perf_counter() - started
         (output_dir / SUMMARY_FILE).write_text(json.dumps(summary.__dict__, indent=2) + "\n")

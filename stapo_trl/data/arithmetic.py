@@ -1,10 +1,16 @@
 """A built-in generator of arithmetic word problems, for the offline CPU quickstart.
 
 Each problem is one addition, subtraction or multiplication of small whole numbers, told as a short story: easy
-enough that SmolLM2-135M-Instruct gets about a quarter right before training, so that RL has a signal to work with
-(with two-step problems and numbers up to 50 it got under a tenth, and most groups of samples scored all -1). Rows have the same columns as DAPO-Math-17K (`stapo_trl.data.ROW_FEATURES`), so every prompt style and reward
-of the project applies. Training and held-out problems come from disjoint streams: `split="train"` and
+enough that SmolLM2-135M-Instruct gets about a quarter right with greedy decoding before training, so that RL has a
+signal to work with (with two-step problems and numbers up to 50 it got under a tenth, and most groups of samples
+scored all -1). Rows have the same columns as DAPO-Math-17K (`stapo_trl.data.ROW_FEATURES`), so every prompt style
+and reward of the project applies. Training and held-out problems come from disjoint streams: `split="train"` and
 `split="heldout"` never produce the same problem text for the same seed.
+
+`num_fewshot` puts worked examples (`WORKED_EXAMPLES`) before the problem as earlier chat turns. A 135M model sampled
+at temperature 1.0 rarely keeps to an instruction alone; shown two worked examples, it keeps to their form often
+enough that groups of samples mix right and wrong answers, which is what gives GRPO and the S2T mask something to act
+on at the paper's temperature.
 """
 
 from __future__ import annotations
@@ -45,6 +51,26 @@ def _multiply(rng: random.Random) -> tuple[str, int]:
 
 TEMPLATES: tuple[Callable[[random.Random], tuple[str, int]], ...] = (_add, _subtract, _multiply)
 
+WORKED_EXAMPLES: tuple[tuple[str, str, int], ...] = (
+    (
+        "Tom has 3 apples and gets 2 more. How many apples does Tom have now?",
+        "3 + 2 = 5",
+        5,
+    ),
+    (
+        "Sara has 4 boxes with 3 pens in each box. How many pens is that in total?",
+        "4 * 3 = 12",
+        12,
+    ),
+    (
+        "Max had 9 coins and gave away 4. How many coins does Max have left?",
+        "9 - 4 = 5",
+        5,
+    ),
+)
+"""(problem, worked solution, answer) shown by `num_fewshot`. Their names (Tom, Sara, Max) are not in `NAMES`, so a
+worked example is never a training or held-out problem."""
+
 
 def arithmetic_problems(num_problems: int, *, seed: int = 0, split: str = "train") -> list[tuple[str, int]]:
     """`num_problems` distinct (problem, answer) pairs; the same arguments always give the same list."""
@@ -78,6 +104,27 @@ def hash_bucket(text: str) -> int:
     return int(value % 5 == 0)
 
 
+def worked_answer(solution: str, answer: int, prompt_style: str) -> str:
+    """A worked solution ending in the answer format of `prompt_style`: an `Answer:` line (dapo) or `\\boxed{}`."""
+    if prompt_style == "boxed":
+        return f"{solution} The answer is \\boxed{{{answer}}}."
+    return f"{solution}\nAnswer: {answer}"
+
+
+def fewshot_prompt(question: str, num_fewshot: int, prompt_style: str, system_prompt: str | None) -> list[dict]:
+    """The chat prompt of `question` after `num_fewshot` worked examples as earlier user and assistant turns.
+
+    The user turns hold the bare problems: the examples show the answer format, so the style's instruction wrapper
+    (DAPO's two sentences around every problem) is left out, which keeps the prompt short.
+    """
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    for example, solution, answer in WORKED_EXAMPLES[:num_fewshot]:
+        messages.append({"role": "user", "content": example})
+        messages.append({"role": "assistant", "content": worked_answer(solution, answer, prompt_style)})
+    messages.append({"role": "user", "content": question})
+    return messages
+
+
 def load_arithmetic(
     num_problems: int,
     *,
@@ -85,17 +132,27 @@ def load_arithmetic(
     split: str = "train",
     prompt_style: str = "dapo",
     system_prompt: str | None = None,
+    num_fewshot: int = 0,
 ) -> Dataset:
-    """Generated arithmetic word problems as TRL-ready rows, in the columns of `load_dapo_math`."""
+    """Generated arithmetic word problems as TRL-ready rows, in the columns of `load_dapo_math`.
+
+    With `num_fewshot` > 0, each prompt is `fewshot_prompt`: that many worked examples, then the bare problem.
+    """
     if prompt_style not in PROMPT_STYLES:
         raise ValueError(f"Unknown prompt_style {prompt_style!r}; choose one of {PROMPT_STYLES}.")
+    if not 0 <= num_fewshot <= len(WORKED_EXAMPLES):
+        raise ValueError(f"num_fewshot must be between 0 and {len(WORKED_EXAMPLES)}, got {num_fewshot}.")
     problems = arithmetic_problems(num_problems, seed=seed, split=split)
+    if num_fewshot:
+        prompts = [fewshot_prompt(question, num_fewshot, prompt_style, system_prompt) for question, _ in problems]
+    else:
+        prompts = [build_prompt(question, prompt_style, system_prompt) for question, _ in problems]
     rows = {
         "id": [f"arithmetic-{split}-{seed}-{index}" for index in range(len(problems))],
         "problem": [question for question, _ in problems],
         "answer": [str(answer) for _, answer in problems],
         "solution": [str(answer) for _, answer in problems],
-        "prompt": [build_prompt(question, prompt_style, system_prompt) for question, _ in problems],
+        "prompt": prompts,
         "data_source": [ARITHMETIC] * len(problems),
     }
     return Dataset.from_dict(rows, features=ROW_FEATURES)
