@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -30,6 +32,7 @@ from .config import STAPOConfig
 from .diagnostics.token_dump import SilencedTokenDump, StepTokens
 from .distributed import all_reduce_sum
 from .fused_stats import resolve_backend, token_logprob_entropy
+from .fused_stats.generation import GenerationStatsRecorder
 from .model_card import PAPER_ID, PAPER_TITLE, STAPO_CITATION, write_card_sections
 from .resume import EpochSeededSampler, resolve_resume_checkpoint
 from .token_rules import STAREController, apply_token_rules
@@ -131,6 +134,13 @@ class STAPOTrainer(GRPOTrainer):
 
     # (log_probs, entropies) of every `_get_per_token_logps_and_entropies` call during a training generation, or None.
     _captured_token_stats: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None
+    # The recorder of the training generation under way, and how many generate() calls it has seen.
+    _generation_recorder: GenerationStatsRecorder | None = None
+    _generation_calls: int = 0
+    token_stats_origin: str | None = None
+    """Where the last training generation's p and H came from: ``"trl_pass"`` (TRL's old-log-prob pass),
+    ``"generate"`` (recorded while sampling), ``"statistics_pass"`` (STAPO's own no-grad pass) or ``"deferred"`` (the
+    ``"loss"`` source computes them when the step starts)."""
 
     def __init__(self, model, reward_funcs=None, args: STAPOConfig | None = None, *positional, **kwargs):
         if args is None:
@@ -236,13 +246,40 @@ class STAPOTrainer(GRPOTrainer):
                 entropies = None
         return logps, entropies, aux_loss
 
+    @contextmanager
+    def _side_effect_free_pass(self):
+        """Run a forward that changes nothing but its result: dropout off (every module in eval mode, each module's
+        mode restored afterwards), and the torch, CUDA, NumPy and Python random streams forked, so that the training
+        run draws the same numbers with or without this pass."""
+        import numpy as np
+
+        modes = [(module, module.training) for module in self.model.modules()]
+        python_state, numpy_state = random.getstate(), np.random.get_state()
+        cuda_devices = (
+            [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+        )
+        with torch.random.fork_rng(devices=cuda_devices):
+            self.model.eval()
+            try:
+                yield
+            finally:
+                for module, training in modes:
+                    module.training = training
+                random.setstate(python_state)
+                np.random.set_state(numpy_state)
+
     @torch.no_grad()
     def compute_token_stats(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token ``(log_probs, entropies)`` ``[B, C]`` of the completions in a TRL batch under the current policy.
 
-        Runs without gradients, in chunks of ``per_device_train_batch_size`` sequences, with the configured
-        ``token_stats_backend``. Padding positions get 0.
+        Runs without gradients, with dropout off and the random streams untouched (see `_side_effect_free_pass`), in
+        chunks of ``per_device_train_batch_size`` sequences, with the configured ``token_stats_backend``. Padding
+        positions get 0.
         """
+        with self._side_effect_free_pass():
+            return self._token_stats_forward(batch)
+
+    def _token_stats_forward(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         prompt_ids, completion_ids = batch["prompt_ids"], batch["completion_ids"]
         completion_mask = batch["completion_mask"]
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
@@ -294,21 +331,78 @@ class STAPOTrainer(GRPOTrainer):
         return torch.cat(log_probs).to(device), torch.cat(entropies).to(device)
 
     # ------------------------------------------------------------------ generation
+    def generation_stats_blocker(self) -> str | None:
+        """Why p and H cannot be recorded while `generate()` samples in this run, or None when they can.
+
+        Recording needs TRL's own `generate()` path, called once per generation, on a model whose LM-head output is
+        the logits the loss uses."""
+        if self.use_vllm:
+            return "vLLM generates the completions"
+        if getattr(self.args, "use_transformers_paged", False):
+            return "paged generation (generate_batch) is used"
+        if self.rollout_func is not None:
+            return "a rollout_func generates the completions"
+        if self.tools or getattr(self, "environment_factories", None):
+            return "tool calls make several generate() calls per completion"
+        if self._is_vlm:
+            return "vision-language model"
+        text_config = self._policy_parts()[0].config.get_text_config()
+        transforms = [name for name in LOGIT_TRANSFORM_ATTRIBUTES if getattr(text_config, name, None) is not None]
+        if transforms:
+            return f"the model transforms its logits after the LM head ({', '.join(transforms)})"
+        sharding = self._sharded_parameters()
+        if sharding is not None:
+            return f"{sharding} shards the LM head"
+        return None
+
+    def _generate_single_turn(self, prompt_ids, *args, **kwargs):
+        recorder = self._generation_recorder
+        self._generation_calls += 1
+        if recorder is None or self._generation_calls > 1:
+            return super()._generate_single_turn(prompt_ids, *args, **kwargs)
+        base, _, lm_head = self._policy_parts()
+        with recorder.attached(base, lm_head):
+            completion_ids, logprobs = super()._generate_single_turn(prompt_ids, *args, **kwargs)
+        return completion_ids, logprobs
+
+    def _recorded_stats(self, output: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The recorded statistics aligned with ``output["completion_ids"]``, padding set to 0, or None."""
+        recorder = self._generation_recorder
+        if recorder is None or self._generation_calls != 1:
+            return None
+        completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]
+        recorded = recorder.finish(completion_ids)
+        if recorded is None:
+            return None
+        keep = completion_mask.bool()
+        log_probs, entropies = (values.to(completion_ids.device).masked_fill(~keep, 0.0) for values in recorded)
+        return log_probs, entropies
+
     def _generate_and_score_completions(self, inputs):
         collect = bool(self.token_rules) and self.model.training
         self._captured_token_stats = [] if collect else None
+        self._generation_calls = 0
+        self._generation_recorder = (
+            GenerationStatsRecorder(self.temperature) if collect and self.generation_stats_blocker() is None else None
+        )
         try:
             output = super()._generate_and_score_completions(inputs)
+            recorded = self._recorded_stats(output) if collect else None
         finally:
             captured, self._captured_token_stats = self._captured_token_stats, None
+            self._generation_recorder = None
         if not collect:
             return output
 
         old_log_probs = output.get("old_per_token_logps")
         stats = next((pair for pair in captured if old_log_probs is not None and pair[0] is old_log_probs), None)
+        origin = "trl_pass" if stats is not None else None
+        if stats is None and recorded is not None:
+            stats, origin = recorded, "generate"
         # STARE's gate reads the generating policy's entropy, so it needs generation-time statistics either way.
         if stats is None and (self.args.token_stats_source == "generation" or self.stare_controller is not None):
-            stats = self.compute_token_stats(output)
+            stats, origin = self.compute_token_stats(output), "statistics_pass"
+        self.token_stats_origin = origin or "deferred"
         if stats is not None:
             output[LOG_PROBS_KEY], output[ENTROPIES_KEY] = stats
         output[UNMASKED_TOOL_MASK_KEY] = output.get("tool_mask")

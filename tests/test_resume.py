@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from resume_worker import TOTAL_STEPS, build_trainer
 from transformers import TrainerCallback
 from trl import GRPOTrainer
@@ -56,8 +57,18 @@ def outcome(trainer):
     }
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Every run here uses one torch thread, as the signalled workers do (OMP_NUM_THREADS=1): the statistics recorded
+    while sampling come from small per-step matrix products, whose rounding depends on the thread count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory):
+def straight(tmp_path_factory, one_thread):
     trainer = build_trainer(tmp_path_factory.mktemp("straight"))
     trainer.train()
     return outcome(trainer)

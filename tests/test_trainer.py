@@ -69,6 +69,74 @@ def test_mask_on_with_nothing_to_mask_trains_exactly_like_grpo(tmp_path, loss_ty
         assert torch.equal(value, grpo_parameters[name]), name
 
 
+def dropout_model(kind):
+    """(model, peft_config) with dropout that is live in training: LoRA dropout, or attention dropout."""
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_qwen3(tokenizer)
+    if kind == "lora":
+        lora = LoraConfig(
+            r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"
+        )
+        return model, lora
+    model.config.attention_dropout = 0.1
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.1
+    return model, None
+
+
+@pytest.mark.parametrize("kind", ["lora", "full"])
+@pytest.mark.parametrize(
+    ("where", "source"),
+    [("recorded", "generation"), ("pass", "generation"), ("pass", "loss")],
+    ids=["recorded-while-generating", "statistics-pass", "loss-source-pass"],
+)
+def test_a_run_that_silences_nothing_is_bit_identical_to_grpo_with_dropout(tmp_path, monkeypatch, kind, where, source):
+    common = {"max_steps": 3, "epsilon_high": 0.28, "temperature": 1.0}
+    model, lora = dropout_model(kind)
+    grpo = tiny_trainer(
+        GRPOTrainer, tiny_config(GRPOConfig, tmp_path / "grpo", **common), model=model, peft_config=lora
+    )
+    grpo.train()
+
+    if where == "pass":  # the no-grad statistics pass runs at every generation
+        monkeypatch.setattr(STAPOTrainer, "generation_stats_blocker", lambda self: "this test runs the pass")
+    passes = []
+    original = STAPOTrainer.compute_token_stats
+    monkeypatch.setattr(
+        STAPOTrainer, "compute_token_stats", lambda self, batch: passes.append(1) or original(self, batch)
+    )
+    model, lora = dropout_model(kind)
+    config = tiny_config(STAPOConfig, tmp_path / "stapo", prob_threshold=1e-30, token_stats_source=source, **common)
+    stapo = tiny_trainer(STAPOTrainer, config, model=model, peft_config=lora)
+    stapo.train()
+
+    assert len(passes) == (3 if where == "pass" else 0)
+    assert [e["s2t/num_masked"] for e in stapo.state.log_history if "loss" in e] == [0, 0, 0]
+    assert train_losses(stapo) == train_losses(grpo)
+    assert [e["grad_norm"] for e in stapo.state.log_history if "loss" in e] == [
+        e["grad_norm"] for e in grpo.state.log_history if "loss" in e
+    ]
+    grpo_parameters = parameters(grpo)
+    for name, value in parameters(stapo).items():
+        assert torch.equal(value, grpo_parameters[name]), name
+
+
+def test_the_statistics_pass_draws_no_random_numbers_and_restores_every_modules_mode(tmp_path):
+    model, lora = dropout_model("lora")
+    trainer = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path), model=model, peft_config=lora)
+    batch = next(iter(trainer.get_train_dataloader()))
+    trainer.model.train()
+    trainer.model.get_base_model().model.layers[0].eval()  # a mixed state, to be left as found
+    modes = {name: module.training for name, module in trainer.model.named_modules()}
+    output = trainer._generate_and_score_completions(batch)
+    state = torch.get_rng_state()
+    first = trainer.compute_token_stats(output)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert {name: module.training for name, module in trainer.model.named_modules()} == modes
+    second = trainer.compute_token_stats(output)
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))  # dropout off: deterministic
+
+
 def assert_trains_and_logs(trainer, before):
     after = parameters(trainer)
     changed = {name: not torch.equal(before[name], after[name]) for name in before}

@@ -197,3 +197,19 @@ def test_log_averages_metric_lists_and_skips_nan(trainer):
     trainer._metrics["train"]["s2t/entropy_threshold"].extend([1.0, float("nan"), 3.0])
     trainer.log({})
     assert trainer.state.log_history[-1]["s2t/entropy_threshold"] == 2.0
+
+
+def test_generation_runs_through_generate_single_turn_and_the_models_generate():
+    """`STAPOTrainer._generate_single_turn` hooks the LM head around TRL's call of `unwrapped_model.generate`; the
+    recording is exact only if TRL 1.16 still samples the whole batch in one `generate()` call there."""
+    parameters = list(inspect.signature(GRPOTrainer._generate_single_turn).parameters)
+    assert parameters[:2] == ["self", "prompt_ids"], (
+        f"trl {trl.__version__}: GRPOTrainer._generate_single_turn changed its signature; check the "
+        "generation-statistics seam in stapo_trl/trainer.py"
+    )
+    source = inspect.getsource(GRPOTrainer._generate_single_turn)
+    assert source.count("unwrapped_model.generate(") == 1, (
+        f"trl {trl.__version__}: _generate_single_turn no longer makes one generate() call; the recorder of p and H "
+        "while sampling assumes it does"
+    )
+    assert "self._generate_single_turn(" in inspect.getsource(GRPOTrainer._generate)

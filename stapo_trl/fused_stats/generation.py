@@ -1,0 +1,78 @@
+"""Per-token log p and entropy recorded while `generate()` samples, at no extra forward.
+
+At every decoding step `generate()` runs the model's LM head on the newest position. A forward hook on the LM head
+reads those raw logits and forms ``log_softmax(logits / T)`` and its entropy: the same distribution, at the same
+temperature, that the statistics pass and the loss use. A forward pre-hook on the model reads the token fed back at
+the next step, which is the token just sampled, and keeps its log-probability. Only one ``[B, V]`` row of
+log-probabilities is alive at a time; what is kept is ``[B, steps]``.
+
+The hooks see the logits before any logits processor (repetition penalty, top-k, top-p, min-p) and before sampling,
+so the recorded statistics are those of the policy's own distribution whatever the sampler did with it. They are
+exact for the generating policy up to the floating-point difference between incremental decoding with a KV cache
+and one full forward (measured in `tests/test_generation_stats.py`).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+
+class GenerationStatsRecorder:
+    """Records ``(log_probs, entropies)`` ``[B, steps]`` of the tokens sampled by one `generate()` call.
+
+    Use :meth:`attached` around the call, then :meth:`finish` with the generated completion token ids.
+    """
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self._pending: torch.Tensor | None = None
+        self._log_probs: list[torch.Tensor] = []
+        self._entropies: list[torch.Tensor] = []
+        self._calls = 0
+
+    @contextmanager
+    def attached(self, model: torch.nn.Module, lm_head: torch.nn.Module):
+        """Hook `model` (the transformers model whose forward `generate()` calls) and its `lm_head`."""
+        handles = [
+            model.register_forward_pre_hook(self._before_forward, with_kwargs=True),
+            lm_head.register_forward_hook(self._after_lm_head),
+        ]
+        try:
+            yield self
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _before_forward(self, module, args, kwargs):
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        if self._pending is not None and input_ids is not None:
+            self._take(input_ids[:, -1])
+        self._calls += 1
+
+    def _after_lm_head(self, module, args, output):
+        logits = output[:, -1, :] if output.dim() == 3 else output
+        log_probs = torch.log_softmax(logits.detach().float() / self.temperature, dim=-1)
+        self._entropies.append(-(log_probs.exp() * log_probs).sum(-1))
+        self._pending = log_probs
+
+    def _take(self, tokens: torch.Tensor) -> None:
+        self._log_probs.append(self._pending.gather(-1, tokens.to(self._pending.device).long().unsqueeze(-1))[:, 0])
+        self._pending = None
+
+    def finish(self, completion_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(log_probs, entropies)`` aligned with ``completion_ids`` ``[B, C]`` (the generated tokens, one column per
+        decoding step), or None when the hooks did not see one LM-head call per generated token."""
+        if self._pending is not None:
+            last = len(self._log_probs)
+            if last < completion_ids.size(1):
+                self._take(completion_ids[:, last])
+        if not self._log_probs or len(self._log_probs) != len(self._entropies):
+            return None
+        if len(self._log_probs) < completion_ids.size(1):
+            return None
+        columns = completion_ids.size(1)
+        log_probs = torch.stack(self._log_probs[:columns], dim=1)
+        entropies = torch.stack(self._entropies[:columns], dim=1)
+        return log_probs, entropies

@@ -1,0 +1,167 @@
+"""p and H recorded while `generate()` samples: equal to the no-grad statistics pass, and used instead of it.
+
+The recorder hooks the LM head, so it sees the policy's logits before any logits processor: the statistics stay those
+of ``softmax(logits / T)`` whatever top-k, top-p, min-p or a repetition penalty did to the sampling.
+"""
+
+import pytest
+import torch
+from tiny import tiny_config, tiny_trainer
+
+from stapo_trl import STAPOConfig, STAPOTrainer, spurious_token_mask
+from stapo_trl.fused_stats.generation import GenerationStatsRecorder
+from stapo_trl.trainer import ENTROPIES_KEY, LOG_PROBS_KEY, UNMASKED_TOOL_MASK_KEY
+
+PROB_THRESHOLD = 0.2  # the tiny model is far less confident than a real one, so this makes S2T fire
+
+
+class GenerationCapturingTrainer(STAPOTrainer):
+    """Keeps the output of every training generation, and counts STAPO's own statistics passes."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.generations, self.origins, self.statistics_passes = [], [], 0
+
+    def compute_token_stats(self, batch):
+        self.statistics_passes += 1
+        return super().compute_token_stats(batch)
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        if self.model.training:
+            self.generations.append(output)
+            self.origins.append(self.token_stats_origin)
+        return output
+
+
+def train(tmp_path, **overrides):
+    values = {"max_steps": 2, "prob_threshold": PROB_THRESHOLD, "temperature": 0.9}
+    values.update(overrides)
+    trainer = tiny_trainer(GenerationCapturingTrainer, tiny_config(STAPOConfig, tmp_path, **values))
+    trainer.train()
+    return trainer
+
+
+def s2t_mask(batch, log_probs, entropies, args):
+    loss_mask = batch["completion_mask"].bool()
+    if batch.get(UNMASKED_TOOL_MASK_KEY) is not None:
+        loss_mask &= batch[UNMASKED_TOOL_MASK_KEY].bool()
+    mask, _ = spurious_token_mask(
+        log_probs,
+        entropies,
+        batch["advantages"],
+        loss_mask,
+        prob_threshold=args.prob_threshold,
+        entropy_quantile=args.entropy_quantile,
+    )
+    return mask
+
+
+SAMPLERS = {
+    "plain": {},
+    "top_p": {"top_p": 0.8},
+    "top_k": {"top_k": 5},
+    "min_p": {"min_p": 0.1},
+    "repetition_penalty": {"repetition_penalty": 1.5},
+}
+
+
+@pytest.mark.parametrize("sampler", sorted(SAMPLERS))
+def test_recorded_statistics_equal_the_no_grad_pass_and_give_the_same_mask(tmp_path, sampler):
+    trainer = train(tmp_path, **SAMPLERS[sampler])
+    assert trainer.origins == ["generate", "generate"]
+    assert trainer.statistics_passes == 0  # no extra forward
+
+    # The first generation came from the initial weights; a fresh trainer holds them still.
+    batch = trainer.generations[0]
+    values = {"prob_threshold": PROB_THRESHOLD, "temperature": 0.9, **SAMPLERS[sampler]}
+    fresh = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path / "fresh", **values))
+    log_probs, entropies = fresh.compute_token_stats(batch)
+    completion = batch["completion_mask"].bool()
+    assert torch.allclose(batch[LOG_PROBS_KEY][completion], log_probs[completion], atol=1e-5)
+    assert torch.allclose(batch[ENTROPIES_KEY][completion], entropies[completion], atol=1e-5)
+    assert torch.all(batch[LOG_PROBS_KEY][~completion] == 0) and torch.all(batch[ENTROPIES_KEY][~completion] == 0)
+    recorded = s2t_mask(batch, batch[LOG_PROBS_KEY], batch[ENTROPIES_KEY], trainer.args)
+    assert torch.equal(recorded, s2t_mask(batch, log_probs, entropies, trainer.args))
+    assert recorded.any(), "the comparison should cover silenced tokens"
+
+
+def test_the_statistics_pass_runs_when_recording_is_not_possible(tmp_path, monkeypatch):
+    monkeypatch.setattr(GenerationCapturingTrainer, "generation_stats_blocker", lambda self: "a test says so")
+    trainer = train(tmp_path)
+    assert trainer.origins == ["statistics_pass", "statistics_pass"]
+    assert trainer.statistics_passes == 2
+
+
+def test_a_model_that_soft_caps_its_logits_is_not_recorded(tmp_path):
+    from tiny import build_char_tokenizer, build_tiny_qwen3
+
+    model = build_tiny_qwen3(build_char_tokenizer())
+    model.config.final_logit_softcapping = 30.0
+    trainer = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path), model=model)
+    assert trainer.generation_stats_blocker() == (
+        "the model transforms its logits after the LM head (final_logit_softcapping)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("attribute", "value", "reason"),
+    [
+        ("use_vllm", True, "vLLM generates the completions"),
+        ("rollout_func", lambda prompts, trainer: {}, "a rollout_func generates the completions"),
+        ("tools", [print], "tool calls make several generate() calls per completion"),
+        ("_is_vlm", True, "vision-language model"),
+    ],
+)
+def test_each_generation_path_that_cannot_be_recorded_says_why(tmp_path, attribute, value, reason):
+    trainer = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path))
+    assert trainer.generation_stats_blocker() is None
+    setattr(trainer, attribute, value)
+    assert trainer.generation_stats_blocker() == reason
+
+
+def test_the_loss_source_recomputes_only_after_the_policy_moved(tmp_path):
+    # One generation per optimizer step: the policy has not moved since sampling, so the recording serves.
+    trainer = train(tmp_path / "aligned", token_stats_source="loss")
+    assert (trainer.origins, trainer.statistics_passes) == (["generate", "generate"], 0)
+    # Two optimizer steps per generation: TRL runs its old-log-prob pass, which serves the first step; the second
+    # step's two micro-batches get a pass under the updated policy.
+    trainer = train(
+        tmp_path / "two-steps",
+        per_device_train_batch_size=4,
+        steps_per_generation=4,
+        gradient_accumulation_steps=2,
+        token_stats_source="loss",
+    )
+    assert (trainer.origins, trainer.statistics_passes) == (["trl_pass"], 2)
+
+
+def test_the_recorder_keeps_one_vocabulary_row_per_sequence_at_a_time():
+    torch.manual_seed(0)
+    vocab, batch, steps = 11, 3, 4
+    head = torch.nn.Linear(5, vocab)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lm_head = head
+
+        def forward(self, input_ids):
+            return self.lm_head(torch.randn(input_ids.size(0), 1, 5))
+
+    model, recorder = Model(), GenerationStatsRecorder(temperature=0.7)
+    tokens = torch.randint(vocab, (batch, steps))
+    logits = []
+    with recorder.attached(model, model.lm_head):
+        handle = model.lm_head.register_forward_hook(lambda module, args, output: logits.append(output[:, -1]))
+        model(input_ids=torch.zeros(batch, 6, dtype=torch.long))  # the prompt
+        for step in range(steps - 1):
+            model(input_ids=tokens[:, step : step + 1])
+            assert recorder._pending.shape == (batch, vocab)  # only the newest distribution is kept whole
+            assert all(row.shape == (batch,) for row in recorder._log_probs + recorder._entropies)
+        handle.remove()
+    log_probs, entropies = recorder.finish(tokens)
+    expected = torch.log_softmax(torch.stack(logits, 1) / 0.7, -1)
+    assert torch.allclose(log_probs, expected.gather(-1, tokens.unsqueeze(-1))[..., 0])
+    assert torch.allclose(entropies, -(expected.exp() * expected).sum(-1))
+    assert not model._forward_pre_hooks and not head._forward_hooks  # detached afterwards
