@@ -28,8 +28,9 @@ class STAPOConfig(GRPOConfig):
         > Parameters of the S2T (silencing spurious tokens) mask
 
         use_s2t_mask (`bool`, *optional*, defaults to `True`):
-            Silence spurious tokens and renormalize the loss over the kept ones. With `False`, training is exactly
-            GRPO.
+            Silence spurious tokens and renormalize the loss over the kept ones (under `dr_grpo` and `luspo`, whose
+            denominators count no tokens, silenced tokens only leave the numerator). With `False`, training is
+            exactly GRPO.
         prob_threshold (`float`, *optional*, defaults to `0.002`):
             `tau_p`: a token of a positive-advantage response is a candidate when its probability is below this.
         entropy_quantile (`float`, *optional*, defaults to `0.8`):
@@ -113,8 +114,10 @@ class STAPOConfig(GRPOConfig):
     loss_type: str = field(
         default="dapo",
         metadata={
-            "help": "Loss aggregation, as in `GRPOConfig.loss_type`. STAPO uses 'dapo': token-level, normalized by "
-            "the number of kept tokens in the global accumulated batch.",
+            "help": "Loss aggregation, as in `GRPOConfig.loss_type`. STAPO uses 'dapo': token-level, divided by the "
+            "loss tokens of the optimizer step over all processes, with S2T the kept ones. That count is exact when "
+            "each generation feeds one optimizer step (steps_per_generation == gradient_accumulation_steps); "
+            "otherwise it is TRL's average per step over the generation, minus the step's silenced tokens.",
             "choices": list(LOSS_TYPES),
         },
     )
@@ -122,7 +125,8 @@ class STAPOConfig(GRPOConfig):
     use_s2t_mask: bool = field(
         default=True,
         metadata={
-            "help": "Silence spurious tokens (S2T) and renormalize the loss over the kept tokens. With `False`, "
+            "help": "Silence spurious tokens (S2T) and renormalize the loss over the kept tokens (under dr_grpo and "
+            "luspo, whose denominators count no tokens, silenced tokens only leave the numerator). With `False`, "
             "training is exactly GRPO."
         },
     )

@@ -4,9 +4,11 @@
 How the rules reach TRL's loss without copying it, at the start of each optimizer step:
 
 - A keep-mask is folded into ``tool_mask``. In ``GRPOTrainer._compute_loss`` the single tensor
-  ``completion_mask * tool_mask`` is both the multiplier of the per-token loss and every denominator, and the
-  token-level losses (``dapo``, ``cispo``, ``vespo``) divide by ``num_items_in_batch``, from which the silenced tokens
-  are subtracted. Every loss type is thereby renormalized over the kept tokens, with TRL's own aggregation code.
+  ``completion_mask * tool_mask`` multiplies the per-token loss and is the token count of the ``grpo`` and ``sapo``
+  denominators (per sequence) and of ``bnpo``'s (per micro-batch): those are renormalized over the kept tokens by TRL's
+  own code. The ``dapo``, ``cispo`` and ``vespo`` losses divide by a count derived from ``num_items_in_batch`` instead,
+  from which the silenced tokens are subtracted (see `STAPOTrainer.apply_token_rules` for when that count is exact).
+  ``dr_grpo`` and ``luspo`` have no token count in their denominators: silenced tokens only leave the numerator.
 - Weights multiply the per-token advantage (TRL accepts ``[B, T]`` advantages). Every TRL 1.16 per-token loss is
   ``A`` times a factor that depends only on the sign of ``A``, so a positive weight scales the token's policy-gradient
   term, clip included, and leaves every denominator alone: a token mean not divided by the weights, as STARE asks.
@@ -505,8 +507,13 @@ class STAPOTrainer(GRPOTrainer):
             self._metrics["train"]["token_dump/written"].append(dumped["written"])
             self._metrics["train"]["token_dump/dropped"].append(dumped["dropped"])
 
-        # TRL's dapo normalizer is num_items_in_batch * GA / steps_per_generation: an optimizer step's share of the
-        # generation's tokens. Subtracting the step's silenced tokens at that scale leaves kept tokens per step.
+        # dapo, cispo and vespo: each process divides its micro-batch's loss sum by num_items_in_batch / P * GA / spg,
+        # where num_items_in_batch counts the loss tokens of the whole generation over all P processes and spg is
+        # steps_per_generation. Once the gradients are averaged over processes and summed over the GA micro-batches,
+        # the step's loss is divided by num_items_in_batch * GA / spg: the generation's tokens per optimizer step, on
+        # average. Subtracting each silenced token spg / GA times turns that into the average minus this step's
+        # silenced tokens. It is this step's kept tokens exactly when spg == GA (one generation per optimizer step);
+        # otherwise it is off by as much as TRL's own count (this step's tokens minus the generation's average).
         silenced_at_generation_scale = num_silenced * (
             self.args.steps_per_generation // self.args.gradient_accumulation_steps
         )

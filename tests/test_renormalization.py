@@ -99,6 +99,30 @@ def test_silenced_tokens_scale_with_optimizer_steps_per_generation(tmp_path):
     assert loss.item() == pytest.approx(-0.5 / 5, rel=1e-6)
 
 
+def test_with_several_steps_per_generation_the_dapo_count_is_trls_average_minus_the_silenced_tokens(tmp_path):
+    # TRL divides each step by the generation's tokens per step on average (14 tokens over 2 steps: 7), not by the
+    # step's own 6. With one token silenced the count is 7 - 1 = 6 against 5 kept: as inexact as TRL's own 7 vs 6.
+    trainer = make_trainer(tmp_path, loss_type="dapo", steps_per_generation=2)
+    batch = known_batch()
+    batch[UNMASKED_NUM_ITEMS_KEY] = batch["num_items_in_batch"] = torch.tensor(14)
+    trainer.apply_token_rules([batch])
+    assert batch["num_items_in_batch"].item() == 14 - 2
+    loss = trainer.compute_loss(trainer.model, batch)
+    assert loss.item() == pytest.approx(-0.5 / 6, rel=1e-6)
+
+
+def test_under_grpo_a_fully_silenced_sequence_counts_as_zero_in_the_mean_over_sequences(tmp_path):
+    # Row 0: all three tokens are candidates with H = 0.1; row 1 (positive too) has three candidates with H = 0.9.
+    # tau_h, the 0.8-quantile of three 0.1s and three 0.9s, is 0.9, so row 0 is silenced whole and row 1 kept. TRL's grpo loss averages the
+    # per-sequence means over all B sequences, so row 0 adds 0 and still counts: (0 + (-0.5)) / 2, not -0.5 / 1.
+    trainer = make_trainer(tmp_path, loss_type="grpo")
+    batch = make_batch(torch.full((2, 3), LOW), torch.tensor([[0.1] * 3, [0.9] * 3]), [1.0, 0.5])
+    trainer.apply_token_rules([batch])
+    assert batch[SILENCED_KEY].tolist() == [[True] * 3, [False] * 3]
+    loss = trainer.compute_loss(trainer.model, batch)
+    assert loss.item() == pytest.approx((0.0 - 0.5) / 2, rel=1e-6)
+
+
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
 def test_an_all_masked_micro_batch_gives_finite_zero_loss_and_zero_gradient(tmp_path, loss_type):
     # One optimizer step of two micro-batches. Every token is a candidate; the first micro-batch holds the
