@@ -49,7 +49,11 @@ def run_seed(seed: int, output_root: Path, environment: dict) -> dict:
         "reward_last_quarter": summary["reward_last"],
         "masked_fraction": summary["masked_fraction"],
         "masked_tokens": summary["masked_tokens"],
+        "candidates": summary["candidates"],
+        "steps": summary["steps"],
+        "steps_with_silenced_tokens": summary["masked_steps"],
         "heldout_problems": summary["accuracy_after"]["total"],
+        "silenced_examples": summary["silenced_examples"],
     }
     print(json.dumps(record), flush=True)
     return record
@@ -79,6 +83,8 @@ def main() -> None:
         "mean_gain": statistics.mean(gains),
         "gain_stdev_over_seeds": statistics.stdev(gains) if len(gains) > 1 else None,
         "max_wall_seconds": max(record["wall_seconds"] for record in records),
+        "steps_with_silenced_tokens": [record["steps_with_silenced_tokens"] for record in records],
+        "silenced_of_candidates": [[record["masked_tokens"], record["candidates"]] for record in records],
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2) + "\n")

@@ -115,10 +115,13 @@ class STAPOTrainer(GRPOTrainer):
 
     - `"generation"` (default): the policy that generated the batch. When TRL already runs its old-log-prob pass
       (vLLM importance-sampling correction, or `num_iterations > 1`, or misaligned accumulation) the statistics are
-      taken from that pass, at no extra forward; otherwise one no-grad pass runs per generation. When every generation
-      feeds exactly one optimizer step (`steps_per_generation == gradient_accumulation_steps`, `num_iterations == 1`)
-      that policy *is* the policy being optimized, so the mask equals the loss-time mask. Otherwise the statistics are
-      stale by at most `steps_per_generation / gradient_accumulation_steps * num_iterations - 1` updates.
+      taken from that pass; on TRL's `generate()` path they are recorded while sampling (a hook on the LM head, see
+      `stapo_trl.fused_stats.generation`); otherwise one no-grad pass runs per generation (`generation_stats_blocker`
+      says why). Only that last case costs a forward, and it runs with dropout off and leaves the random streams
+      untouched. When every generation feeds exactly one optimizer step
+      (`steps_per_generation == gradient_accumulation_steps`, `num_iterations == 1`) that policy *is* the policy
+      being optimized, so the mask equals the loss-time mask. Otherwise the statistics are stale by at most
+      `steps_per_generation / gradient_accumulation_steps * num_iterations - 1` updates.
     - `"loss"`: the policy being optimized in the step, as in the paper. A no-grad pass over the step's micro-batches
       runs when the step starts, except in the first step after a generation whose statistics already exist.
 

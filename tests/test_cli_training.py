@@ -94,6 +94,30 @@ def test_train_with_method_grpo_logs_no_mask(tmp_path, tiny_model_dir):
     assert "reward" in record and not any(key.startswith("s2t/") for key in record)
 
 
+def test_lora_layers_puts_adapters_on_the_last_layers_only(tmp_path, tiny_model_dir):
+    code, output_dir = run_tiny(
+        tmp_path,
+        tiny_model_dir,
+        "--max_steps",
+        "1",
+        use_peft=True,
+        lora_r=4,
+        lora_layers=1,
+        lora_target_modules=["q_proj", "v_proj"],
+    )
+    assert code == 0
+    adapter = json.loads((output_dir / "adapter_config.json").read_text())
+    assert adapter["layers_to_transform"] == [1]  # the tiny Qwen3 has layers 0 and 1
+    weights = load_file(output_dir / "adapter_model.safetensors")
+    assert weights and all(".layers.1." in name for name in weights)
+
+
+def test_lora_layers_without_peft_is_refused(tmp_path, tiny_model_dir, capsys):
+    code, _ = run_tiny(tmp_path, tiny_model_dir, lora_layers=2)
+    assert code == 2
+    assert "lora_layers is set, but use_peft is false" in capsys.readouterr().err
+
+
 def test_train_reports_a_missing_model_without_a_traceback(tmp_path, capsys):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump({"use_cpu": True, "output_dir": str(tmp_path), "report_to": "none"}))

@@ -44,6 +44,10 @@ class TrainScriptArguments:
             first reward function; 0 turns the evaluation off.
         heldout_max_new_tokens (`int`, *optional*):
             Token budget of the greedy evaluation; defaults to `max_completion_length`.
+        lora_layers (`int`, *optional*):
+            With `use_peft`, put the LoRA adapters on the last this many transformer layers only (PEFT's
+            `layers_to_transform`). The backward pass then stops at the first adapted layer, which makes a step
+            cheaper; on the CPU quickstart, the last 8 of 30 layers cut a step by about a fifth.
         reward_funcs (`list[str]`, *optional*, defaults to `["boxed"]`):
             Reward functions, by registered name (`dapo`, `boxed`, `math_verify`, `think_format`) or dotted path.
         dry_run (`bool`, *optional*, defaults to `False`):
@@ -108,6 +112,13 @@ class TrainScriptArguments:
         default=None,
         metadata={"help": "Token budget of the held-out greedy evaluation; defaults to max_completion_length."},
     )
+    lora_layers: int | None = field(
+        default=None,
+        metadata={
+            "help": "With use_peft: put the LoRA adapters on the last this many transformer layers only (PEFT's "
+            "layers_to_transform); the backward pass stops at the first adapted layer."
+        },
+    )
     reward_funcs: list[str] = field(
         default_factory=lambda: ["boxed"],
         metadata={
@@ -136,6 +147,8 @@ class TrainScriptArguments:
                     f"problems); got dataset_name {self.dataset_name!r}. Remove num_fewshot, or put your own examples "
                     "in system_prompt."
                 )
+        if self.lora_layers is not None and self.lora_layers < 1:
+            raise ValueError(f"lora_layers must be a positive number of layers, got {self.lora_layers}.")
         if self.heldout_problems < 0:
             raise ValueError(f"heldout_problems must be 0 (off) or a positive count, got {self.heldout_problems}.")
         if not self.reward_funcs:

@@ -98,7 +98,7 @@ def _number(value: Fraction | int) -> str:
     return str(int(value))
 
 
-def describe_model(model_args: Any, training: Any) -> str:
+def describe_model(model_args: Any, training: Any, script: Any = None) -> str:
     from ..gguf import is_gguf_reference
 
     name = model_args.model_name_or_path or "(none: set model_name_or_path)"
@@ -107,7 +107,8 @@ def describe_model(model_args: Any, training: Any) -> str:
         details.insert(0, "GGUF, converted once to a cached safetensors checkpoint")
     if model_args.use_peft:
         targets = ",".join(model_args.lora_target_modules or ["PEFT defaults"])
-        details.append(f"LoRA r={model_args.lora_r} alpha={model_args.lora_alpha} on {targets}")
+        where = f" of the last {script.lora_layers} layers" if script is not None and script.lora_layers else ""
+        details.append(f"LoRA r={model_args.lora_r} alpha={model_args.lora_alpha} on {targets}{where}")
     else:
         details.append("full fine-tuning")
     if training.gradient_checkpointing:
@@ -156,7 +157,7 @@ def format_plan(request: Any) -> str:
     rows = [
         ("recipe", str(request.recipe_path) if request.recipe_path else "(command line only)"),
         ("method", f"{preset.name}: {preset.summary}"),
-        ("model", describe_model(model, training)),
+        ("model", describe_model(model, training, script)),
         ("dataset", data),
         ("rewards", ", ".join(script.reward_funcs)),
         ("token rule", describe_token_rule(training)),

@@ -350,6 +350,11 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
         remaining = [*remaining[:index], "--config_file", str(config_file), *remaining[index + 2 :]]
     launch_args += remaining
 
+    if script.lora_layers is not None and not model.use_peft:
+        raise RecipeError(
+            f"{where}: lora_layers is set, but use_peft is false. Set use_peft: true, or remove lora_layers."
+        )
+
     world_size, world_size_source = _world_size(launch_args)
     try:
         plan = batch_plan(

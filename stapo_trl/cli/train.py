@@ -124,6 +124,23 @@ def load_datasets(script: Any, tokenizer, seed: int):
     return train, heldout
 
 
+def last_layers(model_path: str, count: int, revision: str | None, trust_remote_code: bool) -> list[int]:
+    """The indices of the model's last `count` transformer layers, read from its config."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(
+        model_path, revision=revision, trust_remote_code=trust_remote_code
+    ).get_text_config()
+    total = getattr(config, "num_hidden_layers", None)
+    if total is None:
+        raise RecipeError(
+            f"lora_layers: the model's config has no num_hidden_layers, so the last {count} are unknown."
+        )
+    if count > total:
+        raise RecipeError(f"lora_layers is {count}, but the model has {total} layers.")
+    return list(range(total - count, total))
+
+
 @dataclass
 class RunSummary:
     """What `stapo-trl train` prints at the end and writes to `run_summary.json`."""
@@ -271,6 +288,12 @@ def run_training(request: TrainRequest) -> RunSummary:
     except (FileNotFoundError, ValueError) as error:
         raise RecipeError(str(error)) from None
 
+    peft_config = get_peft_config(model_args)
+    if script.lora_layers is not None:
+        peft_config.layers_to_transform = last_layers(
+            model_path, script.lora_layers, model_args.model_revision, training.trust_remote_code
+        )
+
     model_init_kwargs = {
         "revision": model_args.model_revision,
         "trust_remote_code": training.trust_remote_code,
@@ -284,7 +307,7 @@ def run_training(request: TrainRequest) -> RunSummary:
         args=training,
         train_dataset=train_dataset,
         processing_class=tokenizer,
-        peft_config=get_peft_config(model_args),
+        peft_config=peft_config,
         quantization_config=get_quantization_config(model_args),
     )
     trainer.add_callback(MetricsFileCallback(Path(training.output_dir) / METRICS_FILE))

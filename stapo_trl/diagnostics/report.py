@@ -192,6 +192,8 @@ class Series:
     label: str
     steps: list[int]
     values: list[float | None]
+    band: tuple[list[float | None], list[float | None]] | None = None
+    """Optional ``(low, high)`` per step, drawn as a shaded band (for example mean ± sd over seeds)."""
 
     @property
     def defined(self) -> list[tuple[int, float]]:
@@ -371,6 +373,11 @@ def draw_line_panel(axis, panel: LinePanel) -> None:
     for series in panel.series:
         values = np.array([np.nan if value is None else value for value in series.values], dtype=float)
         (line,) = axis.plot(series.steps, values, marker="o", markersize=3, linewidth=1.5, label=series.label)
+        if series.band is not None:
+            low, high = (np.array([np.nan if v is None else v for v in edge], dtype=float) for edge in series.band)
+            if panel.y_floor is not None:
+                low = np.maximum(low, panel.y_floor)
+            axis.fill_between(series.steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
         undefined = series.undefined_steps
         if undefined:
             label = panel.undefined_label if not marked_undefined else None

