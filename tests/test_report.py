@@ -176,6 +176,7 @@ def test_masking_of_a_run_that_silenced_nothing_says_why_and_never_goes_below_ze
     fraction, threshold = masking_panels([load_run(write_state(tmp_path / "quiet", history=NOTHING_SILENCED))])
     assert fraction.series[0].values == [0.0, 0.0, 0.0]
     assert fraction.series[0].label == "quiet: 0 of 1 candidates silenced"
+    assert fraction.notes == ["quiet: 0% at every step"]  # a line on the x axis is easy to miss
     assert threshold.series[0].undefined_steps == [1, 2, 3]
     assert threshold.notes == ["no candidates, so no tau_h at every logged step"]  # not "not logged"
 
@@ -200,8 +201,9 @@ def test_masking_of_runs_overlaid_has_one_line_per_run_and_a_note_for_a_run_with
         "quiet: 0 of 1 candidates silenced",
     ]
     assert [line.label for line in threshold.series] == ["stapo", "quiet"]
-    for panel in (fraction, threshold):
-        assert panel.notes == ["grpo: no S2T statistics (the run did not use the S2T mask)"]
+    without_s2t = "grpo: no S2T statistics (the run did not use the S2T mask)"
+    assert fraction.notes == [without_s2t, "quiet: 0% at every step"]
+    assert threshold.notes == [without_s2t]
     entropy = line_panel(runs, "entropy", "entropy", y_floor=0.0)
     assert [line.values for line in entropy.series] == [[0.8, 0.7, 0.5, 0.4], [0.5, 0.5, 0.5], [0.9, 0.6]]
 
@@ -212,6 +214,9 @@ def test_top_silenced_tokens_of_a_run_with_silenced_tokens_a_run_without_and_a_r
     bars = token_bars(load_run(stapo))
     assert (bars.tokens, bars.counts, bars.note) == (["␣the", "7", "↵"], [2, 1, 1], None)
     assert bars.title == "stapo\n4 dumped of 6 silenced"
+    bars = token_bars(load_run(stapo), limit=2)
+    assert (bars.tokens, bars.counts) == (["␣the", "7"], [2, 1])
+    assert bars.title == "stapo\n4 dumped of 6 silenced; 2 of 3 distinct tokens, most frequent first"
 
     quiet = write_state(tmp_path / "quiet", history=NOTHING_SILENCED)
     write_dump(quiet, tokens=())

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import UsageError
+from ..jsonl import read_json_lines
 from ..resume import TRAINER_STATE_FILE, last_complete_checkpoint
 from .token_dump import DUMP_STATS_FILE, SILENCED_TOKENS_FILE
 
@@ -33,7 +35,7 @@ FIGURES = {
 }
 
 
-class ReportError(ValueError):
+class ReportError(UsageError, ValueError):
     """A run directory that cannot be reported on, with what is missing and how to get it."""
 
 
@@ -71,10 +73,16 @@ def read_history(source: Path) -> list[dict[str, Any]]:
     record, which has ``train_runtime``, is left out)."""
     from ..plots import read_metrics
 
-    if source.name == METRICS_FILE:
-        records = read_metrics(source)
-    else:
-        records = json.loads(source.read_text()).get("log_history", [])
+    try:
+        if source.name == METRICS_FILE:
+            records = read_metrics(source)
+        else:
+            records = json.loads(source.read_text()).get("log_history", [])
+    except ValueError as error:  # json.JSONDecodeError is a ValueError
+        raise ReportError(
+            f"{source} cannot be read ({error}); the file is damaged. Point the report at a checkpoint-N/ of the run, "
+            "whose trainer_state.json holds the log up to that step."
+        ) from None
     return [record for record in records if "step" in record and "train_runtime" not in record]
 
 
@@ -109,16 +117,10 @@ def load_run(directory: str | Path, label: str | None = None) -> RunLogs:
 def read_silenced_tokens(path: Path) -> list[dict[str, Any]]:
     """The records of a ``silenced_tokens.jsonl``. A last line cut off mid-write (what a killed run leaves) is left
     out; any other line that is not JSON is a :class:`ReportError`."""
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    records = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as error:
-            if number == len(lines):
-                break
-            raise ReportError(f"{path}, line {number}: not a JSON record ({error}).") from None
-    return records
+    try:
+        return read_json_lines(path)
+    except ValueError as error:
+        raise ReportError(str(error)) from None
 
 
 def series(history: list[dict[str, Any]], key: str, scale: float = 1.0) -> tuple[list[int], list[float]]:
@@ -263,6 +265,8 @@ def masking_panels(runs: list[RunLogs]) -> tuple[LinePanel, LinePanel]:
     by_label = {run.label: summarize_run(run) for run in runs}
     for series in fraction.series:
         summary = by_label[series.label]
+        if series.defined and all(value == 0.0 for _, value in series.defined):
+            fraction.notes.append(f"{series.label}: 0% at every step")
         series.label = f"{series.label}: {summary['masked_tokens']} of {summary['candidates']} candidates silenced"
     threshold = line_panel(
         runs,
@@ -293,6 +297,9 @@ def token_bars(run: RunLogs, limit: int = 15) -> TokenBars:
     silenced = run.dump_stats.get("silenced", written)
     title = f"{run.label}\n{written} dumped of {silenced} silenced"
     top = top_silenced_tokens(run, limit)
+    distinct = len({record["token"] for record in run.silenced_tokens or []})
+    if distinct > len(top):
+        title += f"; {len(top)} of {distinct} distinct tokens, most frequent first"
     if not top:
         steps = len(run.dump_stats.get("steps", [])) or max(record["step"] for record in run.history)
         candidates = summarize_run(run).get("candidates")
@@ -383,12 +390,12 @@ def draw_line_panel(axis, panel: LinePanel) -> None:
             label = panel.undefined_label if not marked_undefined else None
             axis.plot(
                 undefined,
-                [0.02] * len(undefined),
+                [0.04] * len(undefined),
                 linestyle="none",
-                marker="|",
-                markersize=10,
+                marker="x",
+                markersize=7,
+                markeredgewidth=1.5,
                 color=line.get_color(),
-                alpha=0.6,
                 transform=axis.get_xaxis_transform(),
                 label=label,
             )
@@ -490,7 +497,7 @@ def plot_token_density(runs: list[RunLogs], path: Path) -> Path:
                     edgecolor="red",
                     linestyle="--",
                     linewidth=1.5,
-                    label=f"masked: p < {10**log10_threshold:.3g}, H < {tau_h:.2f} (median tau_h)",
+                    label=f"masked: p < {10**log10_threshold:.3g}, H < {tau_h:.2f}\n(the median of the per-step tau_h)",
                 )
             )
         elif panel.threshold_only is not None:
