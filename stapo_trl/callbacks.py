@@ -1,9 +1,13 @@
-"""Trainer callbacks of `stapo-trl train`: a JSON-lines metrics file, and one summary line per logged step."""
+"""Trainer callbacks of `stapo-trl train`: a JSON-lines metrics file, one summary line per logged step, and a Ctrl-C
+that stops at a checkpoint."""
 
 from __future__ import annotations
 
 import json
 import math
+import signal
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -82,3 +86,46 @@ class StepSummaryProgressCallback(ProgressCallback):
             )
             return
         self.training_bar.write(step_summary(logs, state.global_step, state.max_steps))
+
+
+class StopAtCheckpointOnInterrupt(TrainerCallback):
+    """The first Ctrl-C (SIGINT) ends training after the current optimizer step, and the trainer saves a checkpoint
+    the usual way (weights, optimizer, scheduler, RNG and STAPO's state), so that `resume_from_checkpoint: last`
+    continues exactly there. A second Ctrl-C raises ``KeyboardInterrupt`` at once, without a checkpoint.
+
+    Install it in a single-process run only, on the main thread: with several processes each would receive the signal
+    at a different step. ``interrupted`` says whether training stopped this way.
+    """
+
+    def __init__(self) -> None:
+        self.interrupted = False
+        self._previous_handler = None
+
+    def _handle(self, signum, frame) -> None:
+        if self.interrupted:
+            self._restore()
+            raise KeyboardInterrupt
+        self.interrupted = True
+        print(
+            "\nCtrl-C: training stops after this optimizer step and saves a checkpoint to resume from. "
+            "Press Ctrl-C again to stop at once, without one.",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def _restore(self) -> None:
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGINT, self._previous_handler)
+            self._previous_handler = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if threading.current_thread() is threading.main_thread():
+            self._previous_handler = signal.signal(signal.SIGINT, self._handle)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.interrupted:
+            control.should_save = True
+            control.should_training_stop = True
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._restore()

@@ -283,6 +283,7 @@ class STAPOConfig(GRPOConfig):
 
     def __post_init__(self):
         self._validate_number_types()
+        self._validate_sizes()
         if self.use_liger_kernel:
             raise ValueError(
                 "STAPOConfig does not accept use_liger_kernel=True. In TRL 1.16 that flag is deprecated, only patches "
@@ -371,6 +372,20 @@ class STAPOConfig(GRPOConfig):
         """Those of ``names`` whose value differs from the field's default (for "would be ignored" checks)."""
         fields = type(self).__dataclass_fields__
         return [name for name in names if getattr(self, name) != fields[name].default]
+
+    def _validate_sizes(self) -> None:
+        """Counts that must be positive. TRL accepts 0 for several of them and fails later, for example in torch's
+        sampler at the first step."""
+        for name in (
+            "per_device_train_batch_size",
+            "gradient_accumulation_steps",
+            "num_iterations",
+            "steps_per_generation",
+            "generation_batch_size",
+        ):
+            value = getattr(self, name)
+            if value is not None and isinstance(value, int) and value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}.")
 
     def _validate_number_types(self) -> None:
         """A string in a numeric field (from a dict or YAML read without TrlParser) would fail later, in a comparison

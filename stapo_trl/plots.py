@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 PANELS = (
@@ -14,14 +13,11 @@ PANELS = (
 
 
 def read_metrics(path: str | Path) -> list[dict]:
-    """The training records of a `metrics.jsonl` file (the final summary record is left out)."""
-    records = []
-    for line in Path(path).read_text().splitlines():
-        if line.strip():
-            record = json.loads(line)
-            if "train_runtime" not in record:
-                records.append(record)
-    return records
+    """The training records of a `metrics.jsonl` file (the final summary record is left out; a last line cut off
+    mid-write is left out with a warning)."""
+    from .jsonl import read_json_lines
+
+    return [record for record in read_json_lines(path) if "train_runtime" not in record]
 
 
 def training_curve_panels(records: list[dict], label: str = "run") -> list:

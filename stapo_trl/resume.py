@@ -25,11 +25,17 @@ import torch
 from torch.utils.data import Sampler
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from .errors import UsageError
+
 logger = logging.getLogger(__name__)
 
 TRAINER_STATE_FILE = "trainer_state.json"
 LAST_CHECKPOINT_VALUES = ("true", "last")
 _CHECKPOINT_NAME = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+
+
+class ResumeError(UsageError, ValueError):
+    """A ``resume_from_checkpoint`` that cannot be resumed from; the message says which checkpoint can."""
 
 
 def is_complete_checkpoint(path: str | os.PathLike) -> bool:
@@ -70,23 +76,47 @@ def resolve_resume_checkpoint(value: str | bool | None, output_dir: str | os.Pat
     if value is True or (isinstance(value, str) and value.lower() in LAST_CHECKPOINT_VALUES):
         checkpoint = last_complete_checkpoint(output_dir)
         if checkpoint is None:
-            raise ValueError(
+            raise ResumeError(
                 f"resume_from_checkpoint={value!r}, but {output_dir} holds no complete {PREFIX_CHECKPOINT_DIR}-N "
                 f"directory (one with {TRAINER_STATE_FILE}). Start without resume_from_checkpoint, or point it at a "
                 "checkpoint directory."
             )
+        check_checkpoint_files(checkpoint)
         return str(checkpoint)
     path = Path(value)
     if not path.is_dir():
-        raise ValueError(f"resume_from_checkpoint={value!r} is not a directory.")
+        raise ResumeError(
+            f"resume_from_checkpoint={value!r} is not a directory. Pass a {PREFIX_CHECKPOINT_DIR}-N directory, or "
+            "'last' for the newest complete checkpoint of output_dir."
+        )
     if not is_complete_checkpoint(path):
         newest = last_complete_checkpoint(path.parent)
         hint = f" The newest complete checkpoint is {newest}." if newest is not None else ""
-        raise ValueError(
+        raise ResumeError(
             f"{path} has no {TRAINER_STATE_FILE}: its save was interrupted, and resuming from it would restart at "
             f"step 0.{hint}"
         )
+    check_checkpoint_files(path)
     return str(path)
+
+
+def check_checkpoint_files(path: str | os.PathLike) -> None:
+    """Raise ``ResumeError`` when a ``*.safetensors`` file of the checkpoint has a header that cannot be read (a file
+    cut short or overwritten), before any model is loaded from it. Reads the headers only."""
+    from safetensors import safe_open
+
+    for weights in sorted(Path(path).glob("*.safetensors")):
+        try:
+            with safe_open(str(weights), framework="pt") as handle:
+                handle.keys()
+        except Exception as error:  # safetensors raises its own SafetensorError, or OSError
+            newest = [
+                other
+                for other in checkpoints_by_step(Path(path).parent)
+                if other != Path(path) and is_complete_checkpoint(other)
+            ]
+            hint = f" Resume from an earlier checkpoint, such as {newest[-1]}." if newest else ""
+            raise ResumeError(f"{weights} cannot be read ({error}): the checkpoint is damaged.{hint}") from None
 
 
 class EpochSeededSampler(Sampler):

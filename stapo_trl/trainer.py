@@ -21,6 +21,7 @@ import logging
 import os
 import random
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,8 +36,9 @@ from .diagnostics.token_dump import SilencedTokenDump, StepTokens
 from .distributed import all_reduce_sum
 from .fused_stats import resolve_backend, token_logprob_entropy
 from .fused_stats.generation import GenerationStatsRecorder
-from .model_card import PAPER_ID, PAPER_TITLE, STAPO_CITATION, write_card_sections
+from .model_card import PAPER_ID, PAPER_TITLE, STAPO_CITATION, name_local_base_model, write_card_sections
 from .resume import EpochSeededSampler, resolve_resume_checkpoint
+from .rewards import resolve_reward_funcs
 from .token_rules import STAREController, apply_token_rules
 
 logger = logging.getLogger(__name__)
@@ -92,6 +94,19 @@ def _as_stapo_config(args: TrainingArguments) -> STAPOConfig:
         config.epsilon_high,
     )
     return config
+
+
+def _check_prompt_column(dataset) -> None:
+    """Refuse a training dataset without the ``prompt`` column that TRL's generation step reads (TRL itself fails
+    with a ``KeyError`` at the first step, after the model has loaded). Datasets whose columns are unknown until
+    iterated (``column_names`` is None), and dicts of datasets, are left to TRL."""
+    columns = getattr(dataset, "column_names", None)
+    if isinstance(columns, list) and "prompt" not in columns:
+        raise ValueError(
+            f"train_dataset has no 'prompt' column (its columns: {', '.join(columns) or 'none'}). STAPOTrainer, like "
+            "GRPOTrainer, samples completions for the 'prompt' of each row: rename the column that holds the "
+            "prompts, for example dataset.rename_column('question', 'prompt')."
+        )
 
 
 class STAPOTrainer(GRPOTrainer):
@@ -153,6 +168,8 @@ class STAPOTrainer(GRPOTrainer):
             args = STAPOConfig(f"{model_name.split('/')[-1]}-STAPO")
         elif not isinstance(args, STAPOConfig):
             args = _as_stapo_config(args)
+        reward_funcs = resolve_reward_funcs(reward_funcs)
+        _check_prompt_column(positional[0] if positional else kwargs.get("train_dataset"))
         super().__init__(model, reward_funcs, args, *positional, **kwargs)
         self._generation_global_step: int | None = None
         self.token_rules = args.active_token_rules
@@ -567,6 +584,11 @@ class STAPOTrainer(GRPOTrainer):
         path = os.path.join(self.args.output_dir, "README.md")
         if not self.is_world_process_zero() or not os.path.isfile(path):
             return
+        card = Path(path)
+        card.write_text(
+            name_local_base_model(card.read_text(encoding="utf-8"), get_config_model_id(self.model.config)),
+            encoding="utf-8",
+        )
         write_card_sections(path, self.args, self.state.log_history, self.args.output_dir)
 
     # ------------------------------------------------------------------ checkpoints

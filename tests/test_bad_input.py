@@ -29,7 +29,16 @@ from stapo_trl.cli import main
 from stapo_trl.data import DatasetSchemaError, load_dapo_math
 from stapo_trl.rewards import get_reward_func
 
-CATEGORIES = ("recipe YAML", "config values", "dataset schema", "reward inputs", "CLI arguments", "model paths")
+CATEGORIES = (
+    "recipe YAML",
+    "config values",
+    "dataset schema",
+    "reward inputs",
+    "CLI arguments",
+    "model paths",
+    "output and resume",
+    "Python API",
+)
 CASE_SECONDS = 60
 PACKAGE_DIR = Path(stapo_trl.__file__).resolve().parent
 
@@ -42,6 +51,13 @@ class Workspace:
     tmp: Path
     model: Path
     capsys: pytest.CaptureFixture
+
+    def write(self, files: dict[str, str | bytes]) -> None:
+        """Create `files` (paths relative to `tmp`, text or bytes) before a case runs."""
+        for name, content in files.items():
+            path = self.tmp / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
 
     def fill(self, value: Any) -> Any:
         if not isinstance(value, str):
@@ -100,8 +116,10 @@ class TrainRun:
     the model is loaded."""
 
     keys: dict
+    files: dict = field(default_factory=dict)
 
     def run(self, workspace: Workspace) -> CliResult:
+        workspace.write(self.files)
         recipe = {
             "model_name_or_path": "{model}",
             "dataset_name": "sample",
@@ -127,9 +145,42 @@ class Command:
     """A `stapo-trl` command line."""
 
     argv: tuple[str, ...]
+    files: dict = field(default_factory=dict)
 
     def run(self, workspace: Workspace) -> CliResult:
+        workspace.write(self.files)
         return workspace.cli(list(self.argv))
+
+
+@dataclass(frozen=True)
+class TrainerInit:
+    """`STAPOTrainer(model, reward_funcs=..., args=..., train_dataset=...)` in Python, on the tiny model; returns the
+    names of the reward functions the trainer ended up with."""
+
+    reward_funcs: Any = "dapo"
+    columns: dict = field(default_factory=lambda: {"prompt": ["1+1?"] * 4, "solution": ["2"] * 4})
+
+    def run(self, workspace: Workspace) -> list[str]:
+        from datasets import Dataset
+
+        from stapo_trl import STAPOTrainer
+
+        config = STAPOConfig(
+            output_dir=str(workspace.tmp / "api"),
+            per_device_train_batch_size=4,
+            num_generations=4,
+            max_completion_length=4,
+            report_to="none",
+            use_cpu=True,
+            bf16=False,
+        )
+        trainer = STAPOTrainer(
+            str(workspace.model),
+            reward_funcs=self.reward_funcs,
+            args=config,
+            train_dataset=Dataset.from_dict(self.columns),
+        )
+        return [function.__name__ for function in trainer.reward_funcs]
 
 
 @dataclass(frozen=True)
@@ -208,6 +259,19 @@ class Exits:
 
 
 @dataclass(frozen=True)
+class Succeeds:
+    """The command line exits with 0, prints no traceback, and its output matches `message`."""
+
+    message: str
+
+    def check(self, given, workspace: Workspace) -> None:
+        result = given.run(workspace)
+        assert result.code == 0, result.err
+        assert "Traceback" not in result.out + result.err
+        assert re.search(self.message, result.out + result.err), result.out + result.err
+
+
+@dataclass(frozen=True)
 class Returns:
     value: list
 
@@ -219,8 +283,8 @@ class Returns:
 class Case:
     id: str
     category: str
-    given: Recipe | TrainRun | Command | Config | DataFile | RewardCall
-    expect: Raises | Exits | Returns
+    given: Recipe | TrainRun | Command | Config | DataFile | RewardCall | TrainerInit
+    expect: Raises | Exits | Succeeds | Returns
 
 
 def jsonl(*rows: str) -> str:
@@ -417,7 +481,10 @@ CASES = [
         "no row has a gold answer",
         "dataset schema",
         DataFile("rows.jsonl", jsonl(VERL_ROW_WITHOUT_ANSWER, VERL_ROW_WITHOUT_ANSWER)),
-        Raises(DatasetSchemaError, r"none of its 2 rows has a gold answer \(reward_model\.ground_truth is missing"),
+        Raises(
+            DatasetSchemaError,
+            r"none of its 2 rows has both a problem and a gold answer \(2 rows have no reward_model\.ground_truth",
+        ),
     ),
     Case(
         "numeric gold answers",
@@ -606,6 +673,140 @@ CASES = [
         Command(("eval", "--model", "{model}", "--adapter", "{tmp}/no-adapter", "--output_dir", "{tmp}/eval")),
         Exits(2, r"The adapter directory '.*no-adapter' does not exist"),
     ),
+    Case(
+        "a boxed prompt graded by the Answer: reward",
+        "recipe YAML",
+        Recipe({"prompt_style": "boxed", "reward_funcs": ["dapo"]}),
+        Exits(
+            2, r"prompt_style 'boxed' asks for the answer in \\boxed\{\}, but the reward 'dapo' grades an 'Answer:'"
+        ),
+    ),
+    Case(
+        "zero completions per device",
+        "config values",
+        Recipe({"per_device_train_batch_size": 0}),
+        Exits(2, r"per_device_train_batch_size must be at least 1, got 0"),
+    ),
+    Case(
+        "zero completions per device, in Python",
+        "config values",
+        Config({"per_device_train_batch_size": 0}),
+        Raises(ValueError, r"per_device_train_batch_size must be at least 1, got 0"),
+    ),
+    Case(
+        "every prompt empty",
+        "dataset schema",
+        DataFile("rows.jsonl", jsonl('{"prompt": "", "solution": "2"}', '{"prompt": "  ", "solution": "3"}')),
+        Raises(DatasetSchemaError, r"none of its 2 rows has both a problem and a gold answer .*2 an empty prompt"),
+    ),
+    Case(
+        "one prompt empty",
+        "dataset schema",
+        DataFile("rows.jsonl", jsonl('{"prompt": "", "solution": "2"}', '{"prompt": "1+2?", "solution": "3"}')),
+        Returns(["3"]),
+    ),
+    Case(
+        "train: vLLM asked for but not installed",
+        "CLI arguments",
+        TrainRun({"use_vllm": True}),
+        Exits(2, r"use_vllm is true, but vLLM is not installed here.*set use_vllm: false"),
+    ),
+    Case(
+        "dry run: vLLM asked for but not installed",
+        "CLI arguments",
+        Recipe({"use_vllm": True}),
+        Succeeds(r"note: use_vllm is true, but vLLM is not installed here.*a real run on this machine would stop"),
+    ),
+    Case(
+        "output_dir is a file",
+        "output and resume",
+        TrainRun({"output_dir": "{loose_file}"}),
+        Exits(2, r"output_dir '.*weights\.bin' is a file, not a directory"),
+    ),
+    Case(
+        "output_dir holds a finished run",
+        "output and resume",
+        TrainRun({}, files={"run/run_summary.json": "{}", "run/model.safetensors": b"weights"}),
+        Exits(2, r"holds an earlier run \(run_summary\.json, model\.safetensors\).*--overwrite_output_dir true"),
+    ),
+    Case(
+        "output_dir holds checkpoints of an unfinished run",
+        "output and resume",
+        TrainRun({}, files={"run/checkpoint-2/trainer_state.json": "{}"}),
+        Exits(2, r"holds an earlier run \(checkpoint-2\).*Continue it with --resume_from_checkpoint last"),
+    ),
+    Case(
+        "resume from a directory that does not exist",
+        "output and resume",
+        TrainRun({"resume_from_checkpoint": "{tmp}/run/checkpoint-9"}),
+        Exits(2, r"resume_from_checkpoint='.*checkpoint-9' is not a directory"),
+    ),
+    Case(
+        "resume from the last checkpoint when there is none",
+        "output and resume",
+        TrainRun({"resume_from_checkpoint": "last"}),
+        Exits(2, r"resume_from_checkpoint='last', but .*run holds no complete checkpoint-N"),
+    ),
+    Case(
+        "resume from a checkpoint with damaged weights",
+        "output and resume",
+        TrainRun(
+            {"resume_from_checkpoint": "last"},
+            files={"run/checkpoint-1/trainer_state.json": "{}", "run/checkpoint-1/model.safetensors": b"\x08garbage"},
+        ),
+        Exits(2, r"checkpoint-1/model\.safetensors cannot be read .*the checkpoint is damaged"),
+    ),
+    Case(
+        "resume and overwrite together",
+        "output and resume",
+        TrainRun({"resume_from_checkpoint": "last", "overwrite_output_dir": True}),
+        Exits(2, r"overwrite_output_dir would delete it first\. Set only one of them"),
+    ),
+    Case(
+        "report: metrics.jsonl cut off mid-line",
+        "output and resume",
+        Command(
+            ("report", "{tmp}/killed", "--output_dir", "{tmp}/report"),
+            files={"killed/metrics.jsonl": '{"step": 1, "reward": 0.5, "entropy": 1.0}\n{"step": 2, "rew'},
+        ),
+        Succeeds(r"killed: 1 steps"),
+    ),
+    Case(
+        "report: trainer_state.json damaged",
+        "output and resume",
+        Command(("report", "{tmp}/broken"), files={"broken/trainer_state.json": '{"log_history": [{"st'}),
+        Exits(2, r"trainer_state\.json cannot be read .*the file is damaged"),
+    ),
+    Case(
+        "a registered reward name",
+        "Python API",
+        TrainerInit(reward_funcs="dapo"),
+        Returns(["dapo_reward"]),
+    ),
+    Case(
+        "a list of registered reward names",
+        "Python API",
+        TrainerInit(reward_funcs=["dapo", "boxed"]),
+        Returns(["dapo_reward", "boxed_reward"]),
+    ),
+    Case(
+        "a reward name that is nothing",
+        "Python API",
+        TrainerInit(reward_funcs="dapoo"),
+        Raises(ValueError, r"'dapoo' is neither a registered reward \(.*dapo.*\) nor a reward model"),
+    ),
+    Case(
+        "a dataset without a prompt column",
+        "Python API",
+        TrainerInit(columns={"question": ["1+1?"] * 4, "solution": ["2"] * 4}),
+        Raises(ValueError, r"train_dataset has no 'prompt' column \(its columns: question, solution\)"),
+    ),
+    Case(
+        "impossible generation batch, in Python",
+        "Python API",
+        Config({"generation_batch_size": 0}),
+        Raises(ValueError, r"generation_batch_size must be at least 1, got 0"),
+    ),
 ]
 
 
@@ -636,8 +837,8 @@ def time_limit(seconds: int):
         signal.signal(signal.SIGALRM, previous)
 
 
-def test_the_table_has_at_least_30_cases_over_all_six_categories():
-    assert len(CASES) >= 30
+def test_the_table_has_at_least_45_cases_over_all_categories():
+    assert len(CASES) >= 45
     per_category = Counter(case.category for case in CASES)
     assert set(per_category) == set(CATEGORIES)
     assert min(per_category.values()) >= 5

@@ -70,6 +70,7 @@ def test_train_runs_a_recipe_end_to_end_and_writes_every_output(tmp_path, tiny_m
     card = (output_dir / "README.md").read_text()
     assert "STAPO" in card and "2602.15620" in card and "stapo" in card
     assert "# Model Card for run" in card
+    assert f"fine-tuned version of the local model `{tiny_model_dir}`" in card and "[None]" not in card
     # The card embeds the recipe as run (recipe.yaml) and the held-out evaluation (run_summary.json).
     recipe = (output_dir / "recipe.yaml").read_text()
     assert recipe.startswith(f"# stapo-trl train --config {tmp_path / 'recipe.yaml'} --heldout_problems 2")
@@ -108,6 +109,7 @@ def test_lora_layers_puts_adapters_on_the_last_layers_only(tmp_path, tiny_model_
     assert code == 0
     adapter = json.loads((output_dir / "adapter_config.json").read_text())
     assert adapter["layers_to_transform"] == [1]  # the tiny Qwen3 has layers 0 and 1
+    assert adapter["base_model_name_or_path"] == str(tiny_model_dir)  # as given, so it loads on another machine
     weights = load_file(output_dir / "adapter_model.safetensors")
     assert weights and all(".layers.1." in name for name in weights)
 
@@ -150,6 +152,12 @@ def test_the_quickstart_recipe_trains_smollm2_for_real(tmp_path, monkeypatch, ca
     assert code == 0
     assert list((tmp_path / "cache" / "gguf").glob("SmolLM2-135M-Instruct.Q4_1-*/model.safetensors"))
     assert (output_dir / "adapter_model.safetensors").is_file()  # the recipe trains LoRA adapters
+    # The adapter and the card name the Hub model, not this machine's GGUF conversion.
+    adapter = json.loads((output_dir / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    card = (output_dir / "README.md").read_text()
+    assert "fine-tuned version of [HuggingFaceTB/SmolLM2-135M-Instruct]" in card and "[None]" not in card
+    assert "## Base model" in card and "a dequantized GGUF quantization of it" in card
     assert (output_dir / "README.md").is_file() and (output_dir / "training_curves.png").is_file()
     records = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
     assert [record["step"] for record in records if "reward" in record] == [1, 2]

@@ -1,15 +1,19 @@
-"""The README's offline snippet runs and prints what its comment says; its test command is the one CI runs."""
+"""The Python snippets of the README and of docs/ run offline and print what their comments say; the README's test
+command is the one CI runs."""
 
 import contextlib
 import io
 import re
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]
 
 
 def python_blocks():
-    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+    """Every ```python block of the README and the docs pages."""
+    return [block for page in PAGES for block in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.DOTALL)]
 
 
 def test_mask_snippet_prints_its_documented_output():

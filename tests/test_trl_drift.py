@@ -102,6 +102,30 @@ def test_trainer_state_json_is_the_last_file_a_checkpoint_save_writes():
     assert source.index("self._save_rng_state(output_dir)") < state
 
 
+def test_save_model_pushes_unless_internal_call():
+    """`stapo-trl train` saves the final model into a staging directory with `_internal_call=True`, so that
+    transformers does not push a half-moved output_dir to the Hub; it pushes once the files are in place."""
+    from transformers import Trainer
+
+    assert list(inspect.signature(Trainer.save_model).parameters) == ["self", "output_dir", "_internal_call"]
+    assert "if self.args.push_to_hub and not _internal_call:" in inspect.getsource(Trainer.save_model)
+
+
+def test_trls_card_names_a_local_base_model_none_the_way_we_replace():
+    """TRL's template renders a local base model (base_model=None) as the text `name_local_base_model` replaces."""
+    from stapo_trl.model_card import TRL_NONE_BASE_MODEL
+
+    template = "fine-tuned version of [{{ base_model }}](https://huggingface.co/{{ base_model }})"
+    assert template in _lm_card_template()
+    assert template.replace("{{ base_model }}", "None") == TRL_NONE_BASE_MODEL
+
+
+def _lm_card_template() -> str:
+    from importlib import resources
+
+    return resources.files("trl").joinpath("templates/lm_model_card.md").read_text()
+
+
 def test_the_model_card_hooks_we_extend_exist():
     """STAPOTrainer.create_model_card calls TRL's and inserts its sections before the template's "## Citations";
     TRL writes the card when it saves a checkpoint, and transformers on push_to_hub."""

@@ -17,7 +17,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stapo-trl",
         description="STAPO (Spurious-Token-Aware Policy Optimization) for Hugging Face TRL.",
-        epilog="Run `stapo-trl train -h`, `stapo-trl eval -h` or `stapo-trl report -h` for every option.",
+        epilog="Run `stapo-trl train -h`, `stapo-trl eval -h` or `stapo-trl report -h` for every option. `--debug` "
+        "(or STAPO_TRL_DEBUG=1) prints the traceback of an error as well as its message.",
     )
     subcommands = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in COMMANDS.items():
@@ -25,8 +26,51 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+DEBUG_FLAG = "--debug"
+DEBUG_ENVIRONMENT = "STAPO_TRL_DEBUG"
+
+
+def _versions() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for package in ("stapo-trl", "trl", "transformers", "torch"):
+        try:
+            found.append(f"{package} {version(package)}")
+        except PackageNotFoundError:
+            found.append(f"{package} not installed")
+    return ", ".join(found)
+
+
+def _run(command: str, argv: list[str]) -> int:
+    if command == "train":
+        from .train import train_command
+
+        return train_command(argv)
+    if command == "eval":
+        from .evaluate import eval_command
+
+        return eval_command(argv)
+    if command == "report":
+        from .report import report_command
+
+        return report_command(argv)
+    raise AssertionError(command)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. Every mistake in the input (a `UsageError`) becomes one line on stderr and exit code 2; with
+    `--debug` anywhere on the command line, or `STAPO_TRL_DEBUG=1`, its traceback is printed too. Ctrl-C exits with
+    130 after the command has said how to resume. Any other exception is a bug: its traceback is printed under a line
+    that says how to report it."""
+    import os
+    import traceback
+
+    from ..errors import UsageError
+
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = DEBUG_FLAG in argv or os.environ.get(DEBUG_ENVIRONMENT, "") not in ("", "0")
+    argv = [token for token in argv if token != DEBUG_FLAG]
     parser = _parser()
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
@@ -34,16 +78,22 @@ def main(argv: list[str] | None = None) -> int:
     command = argv[0]
     if command not in COMMANDS:
         parser.error(f"unknown command {command!r}; choose one of: {', '.join(COMMANDS)}")
-    if command == "train":
-        from .train import train_command
-
-        return train_command(argv[1:])
-    if command == "eval":
-        from .evaluate import eval_command
-
-        return eval_command(argv[1:])
-    if command == "report":
-        from .report import report_command
-
-        return report_command(argv[1:])
-    raise AssertionError(command)
+    try:
+        return _run(command, argv[1:])
+    except UsageError as error:
+        if debug:
+            traceback.print_exc()
+        print(f"stapo-trl {command}: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if debug:
+            traceback.print_exc()
+        print(f"\nstapo-trl {command}: interrupted.", file=sys.stderr)
+        return 130
+    except Exception:
+        print(
+            f"stapo-trl {command}: unexpected error. This is a bug in stapo-trl or in a library it uses; please report "
+            f"it with the traceback below, the command line and these versions: {_versions()}.",
+            file=sys.stderr,
+        )
+        raise

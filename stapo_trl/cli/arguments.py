@@ -16,7 +16,7 @@ class TrainScriptArguments:
 
     Parameters:
         method (`str`, *optional*, defaults to `"stapo"`):
-            The one switch between the methods of the paper's comparison: `stapo`, `grpo`, `20-entropy` or `justrl`.
+            The one switch between the methods: `stapo`, `grpo`, `20-entropy`, `justrl` or `stare`.
             It sets that method's defaults; keys written in the recipe or on the command line still override them.
         dataset_name (`str`, *optional*, defaults to `"BytedTsinghua-SIA/DAPO-Math-17k"`):
             DAPO-Math-17K as a Hub id or a local file or directory (verl or open-r1 schema), `sample` for the rows
@@ -26,7 +26,8 @@ class TrainScriptArguments:
         dataset_train_split (`str`, *optional*, defaults to `"train"`):
             The split to train on.
         prompt_style (`str`, *optional*, defaults to `"boxed"`):
-            `boxed` asks for the answer in `\\boxed{}` (STAPO, JustRL); `dapo` asks for an `Answer:` line (DAPO).
+            `boxed` asks for the answer in `\\boxed{}` (STAPO, JustRL); `dapo` asks for an `Answer:` line (DAPO). A
+            style paired with the other style's reward (`boxed` with `dapo`, or `dapo` with `boxed`) is refused.
         system_prompt (`str`, *optional*):
             A system message put before every prompt.
         dedupe (`bool`, *optional*, defaults to `True`):
@@ -52,12 +53,15 @@ class TrainScriptArguments:
             Reward functions, by registered name (`dapo`, `boxed`, `math_verify`, `think_format`) or dotted path.
         dry_run (`bool`, *optional*, defaults to `False`):
             Resolve the recipe, print the plan and exit without loading the model or the data.
+        overwrite_output_dir (`bool`, *optional*, defaults to `False`):
+            Start afresh in an `output_dir` that holds an earlier run (its checkpoints or its final files): those are
+            deleted first. Without it, such an `output_dir` is refused unless `resume_from_checkpoint` continues it.
     """
 
     method: str = field(
         default="stapo",
         metadata={
-            "help": "The method: stapo, grpo, 20-entropy or justrl. Sets that method's defaults; keys in the recipe "
+            "help": f"The method: {', '.join(METHOD_NAMES)}. Sets that method's defaults; keys in the recipe "
             "or on the command line override them.",
             "choices": list(METHOD_NAMES),
         },
@@ -130,6 +134,13 @@ class TrainScriptArguments:
         default=False,
         metadata={"help": "Resolve the recipe, print the plan and exit without loading the model or the data."},
     )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Start afresh in an output_dir that holds an earlier run: its checkpoints and run files are "
+            "deleted first. Without it such an output_dir is refused, unless resume_from_checkpoint continues it."
+        },
+    )
 
     def __post_init__(self):
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
@@ -156,6 +167,16 @@ class TrainScriptArguments:
         from ..rewards import available_rewards
 
         known = available_rewards()
+        other_format = {"dapo": "boxed", "boxed": "dapo"}
+        if self.prompt_style in other_format:
+            grader = other_format[self.prompt_style]
+            if grader in self.reward_funcs and self.prompt_style not in self.reward_funcs:
+                asks = {"dapo": "an 'Answer:' line", "boxed": "the answer in \\boxed{}"}
+                raise ValueError(
+                    f"prompt_style {self.prompt_style!r} asks for {asks[self.prompt_style]}, but the reward "
+                    f"{grader!r} grades {asks[grader]}: a right answer in the asked format would score -1. Use "
+                    f"reward_funcs: [{self.prompt_style}], or prompt_style: {grader}."
+                )
         for name in self.reward_funcs:
             if name not in known and "." not in name and ":" not in name:
                 raise ValueError(

@@ -47,29 +47,16 @@ def describe_setting(label: str, setting: dict[str, Any], graders: list[str]) ->
 
 
 def eval_command(argv: list[str]) -> int:
-    from ..data.sources import DatasetSchemaError
-    from ..evaluation import (
-        BackendUnavailableError,
-        EvalConfigError,
-        ModelNotFoundError,
-        ResumeMismatchError,
-        evaluate,
-    )
+    from ..errors import UsageError
+    from ..evaluation import EvalConfigError, evaluate
 
-    expected = (
-        EvalConfigError,
-        ModelNotFoundError,
-        BackendUnavailableError,
-        DatasetSchemaError,
-        ResumeMismatchError,
-        FileNotFoundError,
-    )
     try:
         config = parse_eval_args(argv)
         result = evaluate(config)
-    except expected as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 2
+    except FileNotFoundError as error:
+        if isinstance(error, UsageError):
+            raise
+        raise EvalConfigError(str(error)) from error
     except KeyboardInterrupt:
         print(
             f"\n{PROG}: interrupted. Every finished batch of samples is saved in the output directory; run the same "

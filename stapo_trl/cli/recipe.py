@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from ..errors import UsageError
 from ..methods import method_preset
 from .arguments import TrainScriptArguments
 from .plan import BatchPlan, batch_plan
@@ -36,7 +37,7 @@ ACCELERATE_CONFIG_KEY = "accelerate_config"
 RESERVED_KEYS = {"env"}
 
 
-class RecipeError(ValueError):
+class RecipeError(UsageError, ValueError):
     """A recipe or command line that cannot be run as written; the message says what to change."""
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 
@@ -39,16 +38,9 @@ def report_command(argv: list[str]) -> int:
 
     args = _parser().parse_args(argv)
     if args.top_tokens < 1:
-        print("stapo-trl report: error: --top_tokens must be at least 1.", file=sys.stderr)
-        return 2
+        raise ReportError(f"--top_tokens is {args.top_tokens}; it must be at least 1.")
     output_dir = Path(args.output_dir) if args.output_dir else default_output_dir(args.run_dirs)
-    try:
-        report = write_report(
-            args.run_dirs, output_dir, labels=args.labels, html=args.html, top_tokens=args.top_tokens
-        )
-    except ReportError as error:
-        print(f"stapo-trl report: error: {error}", file=sys.stderr)
-        return 2
+    report = write_report(args.run_dirs, output_dir, labels=args.labels, html=args.html, top_tokens=args.top_tokens)
     from ..diagnostics.report import entropy_trend
 
     for summary in report.summaries:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .preflight import check_output_dir, check_vllm
 from .recipe import RecipeError, TrainRequest, is_launched, parse_train_args
 
 logger = logging.getLogger("stapo_trl")
@@ -42,13 +43,26 @@ def launch(request: TrainRequest, argv: list[str], launch_tokens: list[str]) -> 
     return 0
 
 
+class CurrentStderrHandler(logging.StreamHandler):
+    """Writes each record to ``sys.stderr`` as it is when the record is logged: notebooks and test runners replace
+    ``sys.stderr``, and a handler bound to an earlier one would write to a closed stream."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
 def configure_logging(main_process: bool) -> None:
     """INFO from stapo-trl on the main process (data reports, conversions), warnings only elsewhere."""
     level = logging.INFO if main_process else logging.WARNING
     package_logger = logging.getLogger("stapo_trl")
     package_logger.setLevel(level)
     if not package_logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = CurrentStderrHandler()
         handler.setFormatter(logging.Formatter("[stapo-trl] %(message)s"))
         package_logger.addHandler(handler)
         package_logger.propagate = False
@@ -102,16 +116,14 @@ def load_datasets(script: Any, tokenizer, seed: int):
         if script.heldout_problems:
             heldout = load_arithmetic(script.heldout_problems, split="heldout", **options)
     else:
-        train, report = load_dapo_math(
+        train = load_dapo_math(
             script.dataset_name,
             split=script.dataset_train_split,
             config_name=script.dataset_config,
             prompt_style=script.prompt_style,
             system_prompt=script.system_prompt,
             dedupe=script.dedupe,
-            return_report=True,
         )
-        logger.info("%s: %s", script.dataset_name, report)
         if script.heldout_problems:
             train, heldout = split_heldout(train, script.heldout_problems, seed)
         if script.num_train_problems:
@@ -150,6 +162,10 @@ class RunSummary:
     steps: int
     seconds_total: float
     seconds_training: float
+    base_model: str | None = None
+    """The model that saved adapters and the card name as their base: a Hub id where one is known."""
+    model_source: str | None = None
+    """``model_name_or_path`` as given (a GGUF file's reference, not its conversion in this machine's cache)."""
     reward_first: float | None = None
     reward_last: float | None = None
     masked_fraction: float | None = None
@@ -197,6 +213,56 @@ class RunSummary:
         )
         lines += [f"  {label + ':':<25} {path}" for label, path in self.files.items()]
         return lines
+
+
+def name_base_model(trainer, model_name_or_path: str) -> str:
+    """The base model as it resolves on another machine: the Hub id of a known GGUF file, otherwise
+    ``model_name_or_path`` as given (never the GGUF's conversion in this machine's cache). TRL's model card reads it
+    from the model's config, so it is set there; `save_final_model` writes it into the saved adapter's config."""
+    from peft import PeftModel
+
+    from ..gguf import hub_source
+
+    name = hub_source(model_name_or_path) or model_name_or_path
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    if isinstance(model, PeftModel):
+        model = model.get_base_model()
+    model.config._name_or_path = name
+    return name
+
+
+FINAL_STAGING_DIR = ".final-model-staging"
+
+
+def save_final_model(trainer, output_dir: Path, base_model: str | None = None) -> None:
+    """``trainer.save_model(output_dir)``, written first into a staging directory inside ``output_dir`` and moved into
+    place file by file (each move is an atomic rename) only once every file is written. A save that fails (a full
+    disk, a permission) raises and leaves the weights already in ``output_dir`` as they were.
+
+    A saved adapter's ``base_model_name_or_path`` is set to ``base_model``. It is written into the file rather than
+    into the live PEFT config: PEFT looks a Hub id up on the Hub at every save."""
+    import shutil
+
+    staging = output_dir / FINAL_STAGING_DIR
+    if trainer.accelerator.is_main_process and staging.exists():
+        shutil.rmtree(staging)
+    trainer.accelerator.wait_for_everyone()
+    # transformers pushes to the Hub from save_model unless it is an internal call; run_training pushes once, after the
+    # files are in place.
+    trainer.save_model(str(staging), _internal_call=True)
+    trainer.accelerator.wait_for_everyone()
+    if trainer.accelerator.is_main_process:
+        adapter_config = staging / "adapter_config.json"
+        if base_model and adapter_config.is_file():
+            values = json.loads(adapter_config.read_text())
+            values["base_model_name_or_path"] = base_model
+            adapter_config.write_text(json.dumps(values, indent=2, sort_keys=True) + "\n")
+        for path in sorted(staging.iterdir()):
+            target = output_dir / path.name
+            if target.is_dir() and path.is_dir():
+                shutil.rmtree(target)
+            os.replace(path, target)
+        staging.rmdir()
 
 
 def write_recipe(request: TrainRequest, output_dir: Path) -> Path:
@@ -254,10 +320,16 @@ def run_training(request: TrainRequest) -> RunSummary:
     from transformers import AutoTokenizer, ProgressCallback
     from trl import get_peft_config, get_quantization_config
 
-    from ..callbacks import METRICS_FILE, MetricsFileCallback, StepSummaryProgressCallback
+    from ..callbacks import (
+        METRICS_FILE,
+        MetricsFileCallback,
+        StepSummaryProgressCallback,
+        StopAtCheckpointOnInterrupt,
+    )
     from ..diagnostics.token_dump import SILENCED_TOKENS_FILE
     from ..evaluation import greedy_accuracy
     from ..plots import plot_training_curves, read_metrics
+    from ..resume import resolve_resume_checkpoint
     from ..rewards import get_reward_func
     from ..trainer import STAPOTrainer
 
@@ -267,6 +339,12 @@ def run_training(request: TrainRequest) -> RunSummary:
     configure_logging(state.is_main_process)
     if not model_args.model_name_or_path:
         raise RecipeError("No model: set model_name_or_path in the recipe or on the command line.")
+    check_vllm(training.use_vllm)
+    if state.is_main_process:
+        note = check_output_dir(training.output_dir, training.resume_from_checkpoint, script.overwrite_output_dir)
+        if note:
+            logger.info(note)
+    resolve_resume_checkpoint(training.resume_from_checkpoint, training.output_dir)
     if script.heldout_problems and state.num_processes > 1:
         raise RecipeError(
             "heldout_problems runs a greedy evaluation in one process; it is not supported with several processes. "
@@ -310,6 +388,7 @@ def run_training(request: TrainRequest) -> RunSummary:
         peft_config=peft_config,
         quantization_config=get_quantization_config(model_args),
     )
+    base_model = name_base_model(trainer, model_args.model_name_or_path)
     trainer.add_callback(MetricsFileCallback(Path(training.output_dir) / METRICS_FILE))
     if not training.disable_tqdm and trainer.pop_callback(ProgressCallback) is not None:
         trainer.add_callback(StepSummaryProgressCallback)
@@ -327,19 +406,31 @@ def run_training(request: TrainRequest) -> RunSummary:
         logger.info("Held-out greedy accuracy %s training: %s", label, result)
         return result.to_dict()
 
+    interrupt = StopAtCheckpointOnInterrupt() if state.num_processes == 1 else None
+    if interrupt is not None:
+        trainer.add_callback(interrupt)
+
     accuracy_before = evaluate("before") if heldout is not None else None
     training_started = time.perf_counter()
-    trainer.train(resume_from_checkpoint=training.resume_from_checkpoint)
+    try:
+        trainer.train(resume_from_checkpoint=training.resume_from_checkpoint)
+    finally:
+        if interrupt is not None:
+            interrupt.on_train_end(None, None, None)
+    if interrupt is not None and interrupt.interrupted:
+        raise TrainingInterrupted(trainer.state.global_step)
     seconds_training = time.perf_counter() - training_started
     accuracy_after = evaluate("after") if heldout is not None else None
 
     output_dir = Path(training.output_dir)
-    trainer.save_model(str(output_dir))
+    save_final_model(trainer, output_dir, base_model)
     trainer.save_state()
 
     summary = RunSummary(
         method=script.method,
         model=model_args.model_name_or_path,
+        base_model=base_model,
+        model_source=model_args.model_name_or_path,
         steps=trainer.state.global_step,
         seconds_total=0.0,
         seconds_training=seconds_training,
@@ -383,22 +474,74 @@ def run_training(request: TrainRequest) -> RunSummary:
     return summary
 
 
-def train_command(argv: list[str]) -> int:
-    from .plan import format_plan
+class TrainingInterrupted(Exception):
+    """Ctrl-C stopped training after optimizer step ``step``, and the trainer saved a checkpoint there."""
 
-    try:
-        request = parse_train_args(argv)
-    except RecipeError as error:
-        print(f"stapo-trl train: error: {error}", file=sys.stderr)
-        return 2
+    def __init__(self, step: int):
+        super().__init__(f"interrupted after optimizer step {step}")
+        self.step = step
+
+
+RESUME_FLAGS = ("--resume_from_checkpoint", "--overwrite_output_dir")
+
+
+def resume_command(request: TrainRequest) -> str:
+    """The command that continues ``request``'s run from its newest complete checkpoint."""
+    import shlex
+
+    kept, skip = [], False
+    for token in request.argv:
+        if skip:
+            skip = False
+        elif token in RESUME_FLAGS:
+            skip = True
+        elif not token.startswith(tuple(f"{flag}=" for flag in RESUME_FLAGS)):
+            kept.append(token)
+    extra = ["--resume_from_checkpoint", "last"]
+    if request.script.overwrite_output_dir:
+        extra += ["--overwrite_output_dir", "false"]
+    return shlex.join(["stapo-trl", "train", *kept, *extra])
+
+
+def interrupted_message(request: TrainRequest) -> str:
+    from ..resume import last_complete_checkpoint
+
+    checkpoint = last_complete_checkpoint(request.training.output_dir)
+    if checkpoint is None:
+        return (
+            "stapo-trl train: interrupted before any checkpoint was saved. Run the same command again to start over "
+            "(add --overwrite_output_dir true if it refuses the output_dir)."
+        )
+    return (
+        f"stapo-trl train: interrupted. The newest complete checkpoint is {checkpoint}. Continue from it with:\n"
+        f"  {resume_command(request)}"
+    )
+
+
+def train_command(argv: list[str]) -> int:
+    from .help import HELP_ALL_FLAG, short_help
+    from .plan import format_plan
+    from .preflight import VLLM_MISSING, vllm_installed
+
+    if HELP_ALL_FLAG in argv:
+        from .recipe import make_train_parser
+
+        make_train_parser().print_help()
+        return 0
+    if "-h" in argv or "--help" in argv:
+        print(short_help())
+        return 0
+    request = parse_train_args(argv)
     if request.script.dry_run:
+        if request.training.use_vllm and not vllm_installed():
+            request.notes.append(f"{VLLM_MISSING}: a real run on this machine would stop at this")
         print(format_plan(request))
         return 0
     if request.launch_args and not is_launched():
         return launch(request, argv, request.cli_launch_tokens)
     try:
         run_training(request)
-    except RecipeError as error:
-        print(f"stapo-trl train: error: {error}", file=sys.stderr)
-        return 2
+    except (TrainingInterrupted, KeyboardInterrupt):
+        print(f"\n{interrupted_message(request)}", file=sys.stderr, flush=True)
+        return 130
     return 0

@@ -19,7 +19,7 @@ class BenchmarkSpec:
     """Where a benchmark lives on the Hub and which of its fields hold the problem, answer and id.
 
     Field lists are tried in order, so a local copy or a mirror with `question` instead of `problem` also loads.
-    `samples_per_problem` is the N of the paper's avg@N (DESIGN §1.2: 32 for AIME and AMC, 4 for the rest).
+    `samples_per_problem` is the N of the paper's avg@N (32 for AIME and AMC, 4 for the rest).
     """
 
     name: str

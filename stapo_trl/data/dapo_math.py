@@ -32,10 +32,11 @@ class DedupReport:
     rows_after: int
     rows_without_answer: int = 0
     conflicting_problems: int = 0
+    rows_without_problem: int = 0
 
     @property
     def duplicate_rows(self) -> int:
-        return self.rows_before - self.rows_without_answer - self.rows_after
+        return self.rows_before - self.rows_without_answer - self.rows_without_problem - self.rows_after
 
     def __str__(self) -> str:
         text = (
@@ -44,6 +45,8 @@ class DedupReport:
         )
         if self.rows_without_answer:
             text += f", {self.rows_without_answer:,} rows without a gold answer dropped"
+        if self.rows_without_problem:
+            text += f", {self.rows_without_problem:,} rows with an empty prompt dropped"
         if self.conflicting_problems:
             text += f"; {self.conflicting_problems:,} problems had conflicting gold answers, the first was kept"
         return text + ")"
@@ -99,7 +102,8 @@ def _normalize_rows(batch: dict[str, list], indices: list[int], *, schema: str, 
 
 
 def dedupe_by_problem(dataset: Dataset) -> tuple[Dataset, DedupReport]:
-    """Keep the first row of each problem (whitespace-insensitive) and drop rows without a gold answer.
+    """Keep the first row of each problem (whitespace-insensitive) and drop rows without a gold answer or with an
+    empty problem text (which would otherwise all count as one problem).
 
     DAPO-Math-17K's published file repeats each of its ~17.4k problems about 100 times; a few problems appear with
     different gold answers, which are counted in the report and resolved by keeping the first.
@@ -109,10 +113,13 @@ def dedupe_by_problem(dataset: Dataset) -> tuple[Dataset, DedupReport]:
     first_row: dict[str, int] = {}
     keep: list[int] = []
     conflicts: set[str] = set()
-    without_answer = 0
+    without_answer = without_problem = 0
     for row, (problem, answer) in enumerate(zip(problems, answers, strict=True)):
         if answer is None:
             without_answer += 1
+            continue
+        if not problem.strip():
+            without_problem += 1
             continue
         key = " ".join(problem.split())
         seen = first_row.get(key)
@@ -126,6 +133,7 @@ def dedupe_by_problem(dataset: Dataset) -> tuple[Dataset, DedupReport]:
         rows_after=len(keep),
         rows_without_answer=without_answer,
         conflicting_problems=len(conflicts),
+        rows_without_problem=without_problem,
     )
     return dataset.select(keep), report
 
@@ -206,14 +214,25 @@ def load_dapo_math(
         dataset, report = dedupe_by_problem(dataset)
     else:
         missing = sum(answer is None for answer in dataset["answer"])
-        if missing:
-            dataset = dataset.filter(lambda row: row["answer"] is not None, desc="Dropping rows without an answer")
-        report = DedupReport(rows_before=len(raw), rows_after=len(dataset), rows_without_answer=missing)
+        empty = sum(
+            answer is not None and not problem.strip()
+            for problem, answer in zip(dataset["problem"], dataset["answer"], strict=True)
+        )
+        if missing or empty:
+            dataset = dataset.filter(
+                lambda row: row["answer"] is not None and bool(row["problem"].strip()),
+                desc="Dropping rows without an answer or a prompt",
+            )
+        report = DedupReport(
+            rows_before=len(raw), rows_after=len(dataset), rows_without_answer=missing, rows_without_problem=empty
+        )
     logger.info("%s: %s", label, report)
     if len(dataset) == 0:
+        answer_field = "reward_model.ground_truth" if schema == "verl" else "solution"
         raise DatasetSchemaError(
-            f"{label}: none of its {report.rows_before:,} rows has a gold answer "
-            f"({'reward_model.ground_truth' if schema == 'verl' else 'solution'} is missing or empty in every row)."
+            f"{label}: none of its {report.rows_before:,} rows has both a problem and a gold answer "
+            f"({report.rows_without_answer:,} rows have no {answer_field}, {report.rows_without_problem:,} an empty "
+            "prompt)."
         )
     if report.conflicting_problems:
         logger.warning(

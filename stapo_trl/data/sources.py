@@ -8,6 +8,8 @@ from pathlib import Path
 from datasets import Dataset, DatasetDict, Features, List, Value, load_dataset, load_from_disk
 from datasets.exceptions import DatasetGenerationError
 
+from ..errors import UsageError
+
 logger = logging.getLogger(__name__)
 
 SAMPLES_DIR = Path(__file__).with_name("samples")
@@ -29,7 +31,7 @@ ROW_FEATURES = Features(
 _FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv", ".arrow": "arrow"}
 
 
-class DatasetSchemaError(ValueError):
+class DatasetSchemaError(UsageError, ValueError):
     """A dataset lacks the fields a loader needs."""
 
 

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from ..jsonl import read_json_lines
+
 SILENCED_TOKENS_FILE = "silenced_tokens.jsonl"
 DUMP_STATS_FILE = "silenced_tokens_stats.json"
 
@@ -204,9 +206,9 @@ class SilencedTokenDump:
         if resumed and self.records_path.is_file():
             covered = max((entry["step"] for entry in self.stats["steps"]), default=0)
             kept_lines = [
-                line
-                for line in self.records_path.read_text().splitlines()
-                if line.strip() and json.loads(line)["step"] <= covered
+                json.dumps(record, ensure_ascii=False)
+                for record in read_json_lines(self.records_path)
+                if record["step"] <= covered
             ]
         self.records_path.write_text("".join(line + "\n" for line in kept_lines))
 

@@ -16,10 +16,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..errors import UsageError
+
 BACKENDS = ("transformers", "vllm")
 
 
-class BackendUnavailableError(RuntimeError):
+class BackendUnavailableError(UsageError, RuntimeError):
     """The requested backend cannot run here (for example, vLLM is not installed)."""
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from ..data.benchmarks import BENCHMARKS, benchmark_spec
 from ..data.prompts import PROMPT_STYLES
+from ..errors import UsageError
 from .backends import BACKENDS
 from .grading import DEFAULT_GRADERS
 from .sampling import DEFAULT_MAX_NEW_TOKENS, SAMPLING_PRESETS
@@ -13,7 +14,7 @@ from .sampling import DEFAULT_MAX_NEW_TOKENS, SAMPLING_PRESETS
 ALL_BENCHMARKS = list(BENCHMARKS)
 
 
-class EvalConfigError(ValueError):
+class EvalConfigError(UsageError, ValueError):
     """An evaluation setting is invalid; the message says what to change."""
 
 

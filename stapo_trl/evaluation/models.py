@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import UsageError
 from ..gguf import gguf_checkpoint, is_gguf_reference
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -16,7 +17,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _SIZE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)[bB](?![a-zA-Z0-9])")
 
 
-class ModelNotFoundError(FileNotFoundError):
+class ModelNotFoundError(UsageError, FileNotFoundError):
     """The model, adapter or base model named for an evaluation does not exist."""
 
 

@@ -1,5 +1,5 @@
 """The STAPO paper's Table 2 (arXiv 2602.15620, v1-v3): avg@32 on AIME24/25 and AMC23, avg@4 on the rest, for
-Qwen3 Base models trained on DAPO-Math-17K in veRL. Percentages, as printed in the paper (DESIGN §1.2)."""
+Qwen3 Base models trained on DAPO-Math-17K in veRL. Percentages, as printed in the paper."""
 
 from __future__ import annotations
 

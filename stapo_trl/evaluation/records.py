@@ -14,10 +14,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..errors import UsageError
+
 logger = logging.getLogger(__name__)
 
 
-class ResumeMismatchError(ValueError):
+class ResumeMismatchError(UsageError, ValueError):
     """The results file in the output directory was made with different settings."""
 
 

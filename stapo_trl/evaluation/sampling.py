@@ -1,4 +1,4 @@
-"""The paper's two evaluation sampling settings (STAPO, arXiv 2602.15620, Table 2; DESIGN §1.2)."""
+"""The paper's two evaluation sampling settings (STAPO, arXiv 2602.15620, Table 2)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,14 @@ from typing import Any
 from .exact_match import BOXED_WINDOW_CHARS, DAPO_WINDOW_CHARS, boxed_reward, dapo_reward
 from .extraction import last_answer_line, last_boxed_content, normalize_final_answer
 from .math_verify import MathVerifyError, MathVerifyReward, Verdict, math_verify_reward
-from .registry import REWARD_REGISTRY, PlainTextCompletions, available_rewards, get_reward_func, register_reward
+from .registry import (
+    REWARD_REGISTRY,
+    PlainTextCompletions,
+    available_rewards,
+    get_reward_func,
+    register_reward,
+    resolve_reward_funcs,
+)
 from .text import completion_text, gold_text
 
 register_reward("dapo", description="DAPO: +1/-1 exact match of the last `Answer:` line (final 300 chars).")(
@@ -62,6 +69,7 @@ def _build_soft_overlong_punishment(*, max_completion_len: int, soft_punish_cach
 
 
 __all__ = [
+    "resolve_reward_funcs",
     "BOXED_WINDOW_CHARS",
     "DAPO_WINDOW_CHARS",
     "REWARD_REGISTRY",

@@ -1,0 +1,82 @@
+"""What `stapo-trl train` checks before it loads a model: the output directory, the checkpoint to resume from, and
+vLLM. Each check refuses input that would otherwise fail minutes later, or overwrite an earlier run."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+from ..resume import checkpoints_by_step, last_complete_checkpoint
+from .recipe import RecipeError
+
+RUN_FILES = (
+    "run_summary.json",
+    "metrics.jsonl",
+    "trainer_state.json",
+    "training_curves.png",
+    "silenced_tokens.jsonl",
+    "silenced_tokens_stats.json",
+    "adapter_model.safetensors",
+    "model.safetensors",
+)
+"""Files that a finished or running `stapo-trl train` leaves in its output directory. Together with the
+``checkpoint-N`` directories they mark an earlier run, and they are what ``overwrite_output_dir`` deletes (the
+other files a run writes, such as the tokenizer and the model card, are written again by the new run)."""
+
+
+def earlier_run(output_dir: Path) -> list[str]:
+    """The names of the earlier run's checkpoints and files in ``output_dir`` (empty for a new or empty directory)."""
+    if not output_dir.is_dir():
+        return []
+    found = [path.name for path in checkpoints_by_step(output_dir)]
+    return found + [name for name in RUN_FILES if (output_dir / name).is_file()]
+
+
+def _shown(names: list[str], limit: int = 4) -> str:
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def check_output_dir(output_dir: str, resume_from_checkpoint, overwrite: bool) -> str | None:
+    """Refuse an ``output_dir`` that is a file, or that holds an earlier run which would be overwritten. With
+    ``overwrite``, delete that earlier run and return a note saying so; ``resume_from_checkpoint`` continues it."""
+    directory = Path(output_dir)
+    if directory.exists() and not directory.is_dir():
+        raise RecipeError(f"output_dir {output_dir!r} is a file, not a directory. Choose another --output_dir.")
+    resuming = resume_from_checkpoint not in (None, False, "")
+    if resuming and overwrite:
+        raise RecipeError(
+            "resume_from_checkpoint continues the run in output_dir, and overwrite_output_dir would delete it first. "
+            "Set only one of them."
+        )
+    found = earlier_run(directory)
+    if not found or resuming:
+        return None
+    if overwrite:
+        for name in found:
+            path = directory / name
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+        return f"overwrite_output_dir: deleted the earlier run's {_shown(found)} in {output_dir}"
+    hints = []
+    if last_complete_checkpoint(directory) is not None:
+        hints.append("continue it with --resume_from_checkpoint last")
+    hints.append("replace it with --overwrite_output_dir true")
+    hints.append("or choose another --output_dir")
+    advice = "; ".join(hints)
+    raise RecipeError(
+        f"output_dir {output_dir!r} holds an earlier run ({_shown(found)}), which this run would overwrite. "
+        f"{advice[0].upper()}{advice[1:]}."
+    )
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+VLLM_MISSING = "use_vllm is true, but vLLM is not installed here (pip install 'stapo-trl[vllm]', on a GPU machine)"
+
+
+def check_vllm(use_vllm: bool) -> None:
+    """Refuse ``use_vllm`` without vLLM before loading anything (TRL would fail with an ImportError later)."""
+    if use_vllm and not vllm_installed():
+        raise RecipeError(f"{VLLM_MISSING}. Install it, or set use_vllm: false to generate with transformers.")

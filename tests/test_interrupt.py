@@ -1,0 +1,135 @@
+"""Ctrl-C during `stapo-trl train`: the run stops at a checkpoint, says how to resume, exits 130, and resumes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from tiny import save_tiny_chat_model
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def start_training(recipe: Path, *flags: str) -> subprocess.Popen:
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "stapo_trl", "train", "--config", str(recipe), *flags]
+    return subprocess.Popen(
+        command, cwd=REPO, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def wait_for_step(metrics: Path, process: subprocess.Popen, step: int, timeout: float = 240.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"training ended before step {step}:\n{process.stderr.read()[-3000:]}")
+        if metrics.is_file() and re.search(rf'"step": {step}[,}}]', metrics.read_text()):
+            return
+        time.sleep(0.2)
+    process.kill()
+    raise AssertionError(f"no step {step} within {timeout} s")
+
+
+@pytest.fixture
+def recipe(tmp_path) -> Path:
+    model = save_tiny_chat_model(tmp_path / "model")
+    path = tmp_path / "recipe.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "model_name_or_path": str(model),
+                "dataset_name": "sample",
+                "reward_funcs": ["boxed"],
+                "per_device_train_batch_size": 4,
+                "num_generations": 4,
+                "max_completion_length": 8,
+                "max_steps": 400,
+                "logging_steps": 1,
+                "use_cpu": True,
+                "bf16": False,
+                "report_to": "none",
+                "save_strategy": "no",
+                "disable_tqdm": True,
+                "output_dir": str(tmp_path / "run"),
+            }
+        )
+    )
+    return path
+
+
+def test_ctrl_c_saves_a_checkpoint_prints_the_resume_command_exits_130_and_the_run_resumes(recipe, tmp_path):
+    run = tmp_path / "run"
+    process = start_training(recipe)
+    wait_for_step(run / "metrics.jsonl", process, step=2)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=240)
+
+    assert process.returncode == 130, err[-3000:]
+    assert "Traceback" not in err
+    assert "Ctrl-C: training stops after this optimizer step and saves a checkpoint" in err
+    checkpoints = sorted(run.glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
+    assert checkpoints and (checkpoints[-1] / "trainer_state.json").is_file()
+    stopped_at = int(checkpoints[-1].name.split("-")[1])
+    assert 2 <= stopped_at < 400
+    assert not (run / "run_summary.json").exists()  # an interrupted run is not a finished one
+    hint = err.strip().splitlines()[-1].strip()
+    assert hint.startswith("stapo-trl train --config") and hint.endswith("--resume_from_checkpoint last"), err
+
+    command = [*shlex.split(hint)[2:], "--max_steps", str(stopped_at + 2)]
+    resumed = subprocess.run(
+        [sys.executable, "-m", "stapo_trl", "train", *command],
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    state = json.loads((run / "trainer_state.json").read_text())
+    assert state["global_step"] == stopped_at + 2
+    steps = [record["step"] for record in state["log_history"] if "loss" in record]
+    assert steps == list(range(1, stopped_at + 3))  # the steps before the interrupt and after the resume, once each
+
+
+def test_a_second_run_into_a_finished_output_dir_is_refused_and_overwrite_replaces_it(recipe, tmp_path):
+    first = subprocess.run(
+        [sys.executable, "-m", "stapo_trl", "train", "--config", str(recipe), "--max_steps", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    summary = (tmp_path / "run" / "run_summary.json").read_text()
+
+    again = subprocess.run(
+        [sys.executable, "-m", "stapo_trl", "train", "--config", str(recipe), "--max_steps", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode == 2 and "Traceback" not in again.stderr
+    assert "holds an earlier run" in again.stderr and "--overwrite_output_dir true" in again.stderr
+    assert (tmp_path / "run" / "run_summary.json").read_text() == summary  # untouched
+
+    replaced = subprocess.run(
+        [sys.executable, "-m", "stapo_trl", "train", "--config", str(recipe), "--max_steps", "2"]
+        + ["--overwrite_output_dir", "true"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert replaced.returncode == 0, replaced.stderr[-3000:]
+    assert "overwrite_output_dir: deleted the earlier run's" in replaced.stderr
+    assert json.loads((tmp_path / "run" / "run_summary.json").read_text())["steps"] == 2
