@@ -11,8 +11,11 @@ silently wrong result:
 from __future__ import annotations
 
 import math
+import os
 import re
 import signal
+import subprocess
+import sys
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -50,7 +53,9 @@ class Workspace:
 
     tmp: Path
     model: Path
-    capsys: pytest.CaptureFixture
+    capsys: pytest.CaptureFixture | None
+    separate_process: bool = False
+    """Run command lines as `python -m stapo_trl ...` in their own process instead of calling `main()`."""
 
     def write(self, files: dict[str, str | bytes]) -> None:
         """Create `files` (paths relative to `tmp`, text or bytes) before a case runs."""
@@ -71,6 +76,15 @@ class Workspace:
         )
 
     def cli(self, argv: list[str]) -> CliResult:
+        if self.separate_process:
+            result = subprocess.run(
+                [sys.executable, "-m", "stapo_trl", *[self.fill(token) for token in argv]],
+                capture_output=True,
+                text=True,
+                timeout=CASE_SECONDS,
+                env={**os.environ, "OMP_NUM_THREADS": "1"},
+            )
+            return CliResult(result.returncode, result.stdout, result.stderr)
         try:
             code = main([self.fill(token) for token in argv])
         except SystemExit as exit_info:
@@ -815,12 +829,16 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return save_tiny_chat_model(tmp_path_factory.mktemp("tiny-model"))
 
 
-@pytest.fixture
-def workspace(tmp_path, tiny_model_dir, capsys) -> Workspace:
+def prepare(tmp_path: Path) -> Path:
     (tmp_path / "empty-dir").mkdir()
     (tmp_path / "weights.bin").write_bytes(b"\0" * 16)
     (tmp_path / "list.yaml").write_text("- model\n")
-    return Workspace(tmp=tmp_path, model=tiny_model_dir, capsys=capsys)
+    return tmp_path
+
+
+@pytest.fixture
+def workspace(tmp_path, tiny_model_dir, capsys) -> Workspace:
+    return Workspace(tmp=prepare(tmp_path), model=tiny_model_dir, capsys=capsys)
 
 
 @contextmanager
@@ -849,3 +867,23 @@ def test_the_table_has_at_least_45_cases_over_all_categories():
 def test_bad_input_gives_a_clear_error_or_a_defined_result(case, workspace):
     with time_limit(CASE_SECONDS):
         case.expect.check(case.given, workspace)
+
+
+COMMAND_LINE_CASES = [
+    case
+    for case in CASES
+    if isinstance(case.given, (Recipe, Command, TrainRun)) and isinstance(case.expect, (Exits, Succeeds))
+]
+
+
+def test_at_least_45_cases_go_through_the_command_line():
+    assert len(COMMAND_LINE_CASES) >= 45
+
+
+@pytest.mark.parametrize("case", COMMAND_LINE_CASES, ids=lambda case: f"{case.category}: {case.id}")
+def test_each_command_line_case_in_its_own_process(case, tmp_path, tiny_model_dir):
+    """The same outcome from `python -m stapo_trl ...` as a process: its real exit code and its real stderr, with the
+    logging, warnings and exception hooks a user's shell sees."""
+    case.expect.check(
+        case.given, Workspace(tmp=prepare(tmp_path), model=tiny_model_dir, capsys=None, separate_process=True)
+    )

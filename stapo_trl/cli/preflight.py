@@ -7,7 +7,6 @@ import importlib.util
 import shutil
 from pathlib import Path
 
-from ..resume import checkpoints_by_step, last_complete_checkpoint
 from .recipe import RecipeError
 
 RUN_FILES = (
@@ -27,6 +26,8 @@ other files a run writes, such as the tokenizer and the model card, are written 
 
 def earlier_run(output_dir: Path) -> list[str]:
     """The names of the earlier run's checkpoints and files in ``output_dir`` (empty for a new or empty directory)."""
+    from ..resume import checkpoints_by_step
+
     if not output_dir.is_dir():
         return []
     found = [path.name for path in checkpoints_by_step(output_dir)]
@@ -57,6 +58,8 @@ def check_output_dir(output_dir: str, resume_from_checkpoint, overwrite: bool) -
             path = directory / name
             shutil.rmtree(path) if path.is_dir() else path.unlink()
         return f"overwrite_output_dir: deleted the earlier run's {_shown(found)} in {output_dir}"
+    from ..resume import last_complete_checkpoint
+
     hints = []
     if last_complete_checkpoint(directory) is not None:
         hints.append("continue it with --resume_from_checkpoint last")

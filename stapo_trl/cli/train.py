@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .preflight import check_output_dir, check_vllm
 from .recipe import RecipeError, TrainRequest, is_launched, parse_train_args
 
 logger = logging.getLogger("stapo_trl")
@@ -332,6 +331,7 @@ def run_training(request: TrainRequest) -> RunSummary:
     from ..resume import resolve_resume_checkpoint
     from ..rewards import get_reward_func
     from ..trainer import STAPOTrainer
+    from .preflight import check_output_dir, check_vllm
 
     started = time.perf_counter()
     script, training, model_args = request.script, request.training, request.model
