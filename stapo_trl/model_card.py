@@ -251,13 +251,20 @@ def stapo_card_sections(config: Any, history: list[dict[str, Any]], output_dir: 
 
 
 TRL_NONE_BASE_MODEL = "fine-tuned version of [None](https://huggingface.co/None)"
+TRL_NONE_PIPELINE_MODEL = 'pipeline("text-generation", model="None"'
 
 
-def name_local_base_model(card: str, name: str | None) -> str:
-    """TRL's card, with its "fine-tuned version of [None](...)" (what TRL writes when the base model is a local
-    directory) replaced by the local model's name."""
-    described = f"fine-tuned version of the local model `{name}`" if name else "fine-tuned version of a local model"
-    return card.replace(TRL_NONE_BASE_MODEL, described)
+def fill_trl_nones(card: str, base_model: str | None, model_location: str) -> str:
+    """TRL's card without the "None" its template prints for what it does not know: the base model when that is a
+    local directory ("fine-tuned version of [None](...)"), and the quick start's model when the run is not pushed to
+    the Hub (``model="None"``), which becomes ``model_location``, the directory the model was saved to."""
+    described = (
+        f"fine-tuned version of the local model `{base_model}`"
+        if base_model
+        else "fine-tuned version of a local model"
+    )
+    card = card.replace(TRL_NONE_BASE_MODEL, described)
+    return card.replace(TRL_NONE_PIPELINE_MODEL, f'pipeline("text-generation", model={json.dumps(model_location)}')
 
 
 def base_model_section(output_dir: str | Path) -> list[str]:

@@ -36,7 +36,7 @@ from .diagnostics.token_dump import SilencedTokenDump, StepTokens
 from .distributed import all_reduce_sum
 from .fused_stats import resolve_backend, token_logprob_entropy
 from .fused_stats.generation import GenerationStatsRecorder
-from .model_card import PAPER_ID, PAPER_TITLE, STAPO_CITATION, name_local_base_model, write_card_sections
+from .model_card import PAPER_ID, PAPER_TITLE, STAPO_CITATION, fill_trl_nones, write_card_sections
 from .resume import EpochSeededSampler, resolve_resume_checkpoint
 from .rewards import resolve_reward_funcs
 from .token_rules import STAREController, apply_token_rules
@@ -586,7 +586,9 @@ class STAPOTrainer(GRPOTrainer):
             return
         card = Path(path)
         card.write_text(
-            name_local_base_model(card.read_text(encoding="utf-8"), get_config_model_id(self.model.config)),
+            fill_trl_nones(
+                card.read_text(encoding="utf-8"), get_config_model_id(self.model.config), str(self.args.output_dir)
+            ),
             encoding="utf-8",
         )
         write_card_sections(path, self.args, self.state.log_history, self.args.output_dir)

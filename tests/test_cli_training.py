@@ -70,7 +70,8 @@ def test_train_runs_a_recipe_end_to_end_and_writes_every_output(tmp_path, tiny_m
     card = (output_dir / "README.md").read_text()
     assert "STAPO" in card and "2602.15620" in card and "stapo" in card
     assert "# Model Card for run" in card
-    assert f"fine-tuned version of the local model `{tiny_model_dir}`" in card and "[None]" not in card
+    assert f"fine-tuned version of the local model `{tiny_model_dir}`" in card and "None" not in card
+    assert f'pipeline("text-generation", model="{output_dir}"' in card  # not pushed: the saved directory
     # The card embeds the recipe as run (recipe.yaml) and the held-out evaluation (run_summary.json).
     recipe = (output_dir / "recipe.yaml").read_text()
     assert recipe.startswith(f"# stapo-trl train --config {tmp_path / 'recipe.yaml'} --heldout_problems 2")
@@ -156,7 +157,7 @@ def test_the_quickstart_recipe_trains_smollm2_for_real(tmp_path, monkeypatch, ca
     adapter = json.loads((output_dir / "adapter_config.json").read_text())
     assert adapter["base_model_name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
     card = (output_dir / "README.md").read_text()
-    assert "fine-tuned version of [HuggingFaceTB/SmolLM2-135M-Instruct]" in card and "[None]" not in card
+    assert "fine-tuned version of [HuggingFaceTB/SmolLM2-135M-Instruct]" in card and "None" not in card
     assert "## Base model" in card and "a dequantized GGUF quantization of it" in card
     assert (output_dir / "README.md").is_file() and (output_dir / "training_curves.png").is_file()
     records = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
