@@ -252,7 +252,7 @@ class STAPOTrainer(GRPOTrainer):
     def _get_per_token_logps_and_entropies(
         self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, **kwargs
     ):
-        capture = self._captured_token_stats is not None
+        capture = self._captured_token_stats is not None and not self._is_reference_forward(model)
         logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(
             model,
             input_ids,
@@ -267,6 +267,21 @@ class STAPOTrainer(GRPOTrainer):
             if not compute_entropy:
                 entropies = None
         return logps, entropies, aux_loss
+
+    def _is_reference_forward(self, model) -> bool:
+        """Whether TRL is computing the reference log-probs of its KL term (``beta > 0``): with the separate
+        ``ref_model``, or with the policy's PEFT adapters switched off or switched to the ``"ref"`` adapter. STAPO's
+        statistics come only from the policy's own passes, and the reference model's head may not compute entropy."""
+        if self.ref_model is not None and model is self.ref_model:
+            return True
+        unwrapped = self.accelerator.unwrap_model(model)
+        if not is_peft_model(unwrapped):
+            return False
+        if unwrapped.active_adapter == "ref":
+            return True
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        return any(isinstance(module, BaseTunerLayer) and module.disable_adapters for module in unwrapped.modules())
 
     @contextmanager
     def _side_effect_free_pass(self):

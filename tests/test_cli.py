@@ -474,3 +474,26 @@ def test_train_help_fits_a_screen_lists_every_method_and_only_options_that_exist
     assert main(["train", "--help-all"]) == 0
     everything = capsys.readouterr().out
     assert len(everything.splitlines()) > 300 and "--top_entropy_quantile" in everything
+
+
+def test_debug_adds_the_traceback_to_a_usage_error_and_a_bug_keeps_its_traceback_under_a_report_line(
+    tmp_path, capsys, monkeypatch
+):
+    missing = str(tmp_path / "missing.yaml")
+    assert main(["train", "--config", missing, "--dry_run"]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+    assert main(["train", "--config", missing, "--dry_run", "--debug"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.rstrip().splitlines()[-1].startswith("stapo-trl train: error: Recipe not found")
+
+    import stapo_trl.cli.report as report_cli
+
+    def broken(argv):
+        raise RuntimeError("something no check anticipated")
+
+    monkeypatch.setattr(report_cli, "report_command", broken)
+    with pytest.raises(RuntimeError, match="no check anticipated"):
+        main(["report", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert err.startswith("stapo-trl report: unexpected error. This is a bug in stapo-trl or in a library it uses")
+    assert "trl 1.16" in err

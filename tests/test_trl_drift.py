@@ -237,3 +237,15 @@ def test_generation_runs_through_generate_single_turn_and_the_models_generate():
         "while sampling assumes it does"
     )
     assert "self._generate_single_turn(" in inspect.getsource(GRPOTrainer._generate)
+
+
+def test_the_reference_pass_is_the_ref_model_or_the_policy_with_adapters_off_or_ref():
+    """`STAPOTrainer._is_reference_forward` recognizes TRL's reference log-prob pass by its model: `self.ref_model`, or
+    the policy inside `use_adapter(model, "ref" or None)` (a "ref" adapter, or every adapter disabled)."""
+    from trl.trainer import utils as trl_utils
+
+    source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    assert "self._get_per_token_logps_and_entropies(\n                        self.ref_model," in source
+    assert 'use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None)' in source
+    adapter_source = inspect.getsource(trl_utils.use_adapter)
+    assert "model.disable_adapter()" in adapter_source and "model.set_adapter(adapter_name)" in adapter_source

@@ -61,8 +61,8 @@ def _run(command: str, argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Run one command. Every mistake in the input (a `UsageError`) becomes one line on stderr and exit code 2; with
     `--debug` anywhere on the command line, or `STAPO_TRL_DEBUG=1`, its traceback is printed too. Ctrl-C exits with
-    130 after the command has said how to resume. Any other exception is a bug: its traceback is printed under a line
-    that says how to report it."""
+    130 (`train` and `eval` first say how to resume). Any other exception is a bug: its traceback is printed under a
+    line that says how to report it."""
     import os
     import traceback
 
