@@ -69,6 +69,9 @@ def train(method: str, seed: int, steps: int, root: Path, save_steps: int, threa
     if checkpoint is not None:
         print(f"  {output_dir.name}: resuming from {checkpoint.name}", flush=True)
         command += ["--resume_from_checkpoint", "true"]
+    elif output_dir.is_dir():
+        print(f"  {output_dir.name}: stopped before its first checkpoint, starting it again", flush=True)
+        command += ["--overwrite_output_dir", "true"]
     environment = {**os.environ, "PYTHONUNBUFFERED": "1"}  # the step lines arrive as they are printed
     if threads is not None:
         environment["OMP_NUM_THREADS"] = str(threads)
