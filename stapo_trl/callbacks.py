@@ -103,7 +103,7 @@ class StopAtCheckpointOnInterrupt(TrainerCallback):
 
     def _handle(self, signum, frame) -> None:
         if self.interrupted:
-            self._restore()
+            self.restore()
             raise KeyboardInterrupt
         self.interrupted = True
         print(
@@ -113,7 +113,8 @@ class StopAtCheckpointOnInterrupt(TrainerCallback):
             flush=True,
         )
 
-    def _restore(self) -> None:
+    def restore(self) -> None:
+        """Put back the SIGINT handler that was there before training began (a no-op once done)."""
         if self._previous_handler is not None:
             signal.signal(signal.SIGINT, self._previous_handler)
             self._previous_handler = None
@@ -128,4 +129,4 @@ class StopAtCheckpointOnInterrupt(TrainerCallback):
             control.should_training_stop = True
 
     def on_train_end(self, args, state, control, **kwargs):
-        self._restore()
+        self.restore()

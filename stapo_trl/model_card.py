@@ -175,22 +175,26 @@ def find_eval_summaries(output_dir: str | Path) -> list[Path]:
     return found
 
 
-def evaluation_section(output_dir: str | Path) -> list[str]:
-    """The held-out accuracy of `stapo-trl train` and the tables of any `stapo-trl eval` summaries; empty if none."""
+def read_run_summary(output_dir: str | Path) -> dict[str, Any]:
+    """The `run_summary.json` that `stapo-trl train` wrote in ``output_dir``, or ``{}`` for a run without one."""
+    path = Path(output_dir) / RUN_SUMMARY_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def evaluation_section(output_dir: str | Path, run_summary: dict[str, Any]) -> list[str]:
+    """The held-out accuracy of `stapo-trl train` (from its ``run_summary``) and the tables of any `stapo-trl eval`
+    summaries in ``output_dir``; empty if none."""
     from .evaluation.table import markdown_table, summary_rows
 
     output_dir = Path(output_dir)
     lines: list[str] = []
-    run_summary = output_dir / RUN_SUMMARY_FILE
-    if run_summary.is_file():
-        summary = json.loads(run_summary.read_text())
-        before, after = summary.get("accuracy_before"), summary.get("accuracy_after")
-        if before and after:
-            lines += [
-                f"- Held-out greedy accuracy ({after['total']} problems): {before['accuracy']:.3f} before training, "
-                f"{after['accuracy']:.3f} ± {after['standard_error']:.3f} after.",
-                "",
-            ]
+    before, after = run_summary.get("accuracy_before"), run_summary.get("accuracy_after")
+    if before and after:
+        lines += [
+            f"- Held-out greedy accuracy ({after['total']} problems): {before['accuracy']:.3f} before training, "
+            f"{after['accuracy']:.3f} ± {after['standard_error']:.3f} after.",
+            "",
+        ]
     for path in find_eval_summaries(output_dir):
         summary = json.loads(path.read_text())
         lines += [
@@ -239,11 +243,12 @@ def recipe_section(config: Any, output_dir: str | Path) -> list[str]:
 
 def stapo_card_sections(config: Any, history: list[dict[str, Any]], output_dir: str | Path) -> str:
     """The Markdown that `STAPOTrainer` inserts into TRL's model card, between the stapo-trl markers."""
+    run_summary = read_run_summary(output_dir)
     parts = [
         method_section(config),
-        base_model_section(output_dir),
+        base_model_section(run_summary),
         statistics_section(config, history),
-        evaluation_section(output_dir),
+        evaluation_section(output_dir, run_summary),
         recipe_section(config, output_dir),
     ]
     body = "\n\n".join("\n".join(part) for part in parts if part)
@@ -267,14 +272,10 @@ def fill_trl_nones(card: str, base_model: str | None, model_location: str) -> st
     return card.replace(TRL_NONE_PIPELINE_MODEL, f'pipeline("text-generation", model={json.dumps(model_location)}')
 
 
-def base_model_section(output_dir: str | Path) -> list[str]:
-    """Where the trained weights came from, when `stapo-trl train` loaded them from a local source other than the
-    base model it names (a GGUF conversion in this machine's cache)."""
-    path = Path(output_dir) / "run_summary.json"
-    if not path.is_file():
-        return []
-    summary = json.loads(path.read_text())
-    base, source = summary.get("base_model"), summary.get("model_source")
+def base_model_section(run_summary: dict[str, Any]) -> list[str]:
+    """Where the trained weights came from, when `stapo-trl train` (its ``run_summary``) loaded them from a local
+    source other than the base model it names (a GGUF conversion in this machine's cache)."""
+    base, source = run_summary.get("base_model"), run_summary.get("model_source")
     if not base or not source or source == base:
         return []
     return [

@@ -19,11 +19,27 @@ from tiny import save_tiny_chat_model
 REPO = Path(__file__).resolve().parents[1]
 
 
+ENVIRONMENT = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def train_command(*arguments: str) -> list[str]:
+    return [sys.executable, "-m", "stapo_trl", "train", *arguments]
+
+
 def start_training(recipe: Path, *flags: str) -> subprocess.Popen:
-    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "stapo_trl", "train", "--config", str(recipe), *flags]
     return subprocess.Popen(
-        command, cwd=REPO, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        train_command("--config", str(recipe), *flags),
+        cwd=REPO,
+        env=ENVIRONMENT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def run_training(*arguments: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        train_command(*arguments), cwd=REPO, env=ENVIRONMENT, capture_output=True, text=True, timeout=300
     )
 
 
@@ -84,15 +100,7 @@ def test_ctrl_c_saves_a_checkpoint_prints_the_resume_command_exits_130_and_the_r
     hint = err.strip().splitlines()[-1].strip()
     assert hint.startswith("stapo-trl train --config") and hint.endswith("--resume_from_checkpoint last"), err
 
-    command = [*shlex.split(hint)[2:], "--max_steps", str(stopped_at + 2)]
-    resumed = subprocess.run(
-        [sys.executable, "-m", "stapo_trl", "train", *command],
-        cwd=REPO,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    resumed = run_training(*shlex.split(hint)[2:], "--max_steps", str(stopped_at + 2))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     state = json.loads((run / "trainer_state.json").read_text())
     assert state["global_step"] == stopped_at + 2
@@ -101,35 +109,16 @@ def test_ctrl_c_saves_a_checkpoint_prints_the_resume_command_exits_130_and_the_r
 
 
 def test_a_second_run_into_a_finished_output_dir_is_refused_and_overwrite_replaces_it(recipe, tmp_path):
-    first = subprocess.run(
-        [sys.executable, "-m", "stapo_trl", "train", "--config", str(recipe), "--max_steps", "1"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    first = run_training("--config", str(recipe), "--max_steps", "1")
     assert first.returncode == 0, first.stderr[-3000:]
     summary = (tmp_path / "run" / "run_summary.json").read_text()
 
-    again = subprocess.run(
-        [sys.executable, "-m", "stapo_trl", "train", "--config", str(recipe), "--max_steps", "1"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    again = run_training("--config", str(recipe), "--max_steps", "1")
     assert again.returncode == 2 and "Traceback" not in again.stderr
     assert "holds an earlier run" in again.stderr and "--overwrite_output_dir true" in again.stderr
     assert (tmp_path / "run" / "run_summary.json").read_text() == summary  # untouched
 
-    replaced = subprocess.run(
-        [sys.executable, "-m", "stapo_trl", "train", "--config", str(recipe), "--max_steps", "2"]
-        + ["--overwrite_output_dir", "true"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    replaced = run_training("--config", str(recipe), "--max_steps", "2", "--overwrite_output_dir", "true")
     assert replaced.returncode == 0, replaced.stderr[-3000:]
     assert "overwrite_output_dir: deleted the earlier run's" in replaced.stderr
     assert json.loads((tmp_path / "run" / "run_summary.json").read_text())["steps"] == 2

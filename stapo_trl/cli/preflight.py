@@ -7,17 +7,24 @@ import importlib.util
 import shutil
 from pathlib import Path
 
+from peft.utils import SAFETENSORS_WEIGHTS_NAME as ADAPTER_WEIGHTS_FILE
+from transformers.utils import SAFE_WEIGHTS_NAME as MODEL_WEIGHTS_FILE
+
+from ..callbacks import METRICS_FILE
+from ..diagnostics.token_dump import DUMP_STATS_FILE, SILENCED_TOKENS_FILE
+from ..resume import TRAINER_STATE_FILE, checkpoints_by_step, last_complete_checkpoint
 from .recipe import RecipeError
+from .train import PLOT_FILE, SUMMARY_FILE
 
 RUN_FILES = (
-    "run_summary.json",
-    "metrics.jsonl",
-    "trainer_state.json",
-    "training_curves.png",
-    "silenced_tokens.jsonl",
-    "silenced_tokens_stats.json",
-    "adapter_model.safetensors",
-    "model.safetensors",
+    SUMMARY_FILE,
+    METRICS_FILE,
+    TRAINER_STATE_FILE,
+    PLOT_FILE,
+    SILENCED_TOKENS_FILE,
+    DUMP_STATS_FILE,
+    ADAPTER_WEIGHTS_FILE,
+    MODEL_WEIGHTS_FILE,
 )
 """Files that a finished or running `stapo-trl train` leaves in its output directory. Together with the
 ``checkpoint-N`` directories they mark an earlier run, and they are what ``overwrite_output_dir`` deletes (the
@@ -26,8 +33,6 @@ other files a run writes, such as the tokenizer and the model card, are written 
 
 def earlier_run(output_dir: Path) -> list[str]:
     """The names of the earlier run's checkpoints and files in ``output_dir`` (empty for a new or empty directory)."""
-    from ..resume import checkpoints_by_step
-
     if not output_dir.is_dir():
         return []
     found = [path.name for path in checkpoints_by_step(output_dir)]
@@ -58,8 +63,6 @@ def check_output_dir(output_dir: str, resume_from_checkpoint, overwrite: bool) -
             path = directory / name
             shutil.rmtree(path) if path.is_dir() else path.unlink()
         return f"overwrite_output_dir: deleted the earlier run's {_shown(found)} in {output_dir}"
-    from ..resume import last_complete_checkpoint
-
     hints = []
     if last_complete_checkpoint(directory) is not None:
         hints.append("continue it with --resume_from_checkpoint last")

@@ -416,7 +416,7 @@ def run_training(request: TrainRequest) -> RunSummary:
         trainer.train(resume_from_checkpoint=training.resume_from_checkpoint)
     finally:
         if interrupt is not None:
-            interrupt.on_train_end(None, None, None)
+            interrupt.restore()
     if interrupt is not None and interrupt.interrupted:
         raise TrainingInterrupted(trainer.state.global_step)
     seconds_training = time.perf_counter() - training_started
