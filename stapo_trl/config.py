@@ -284,14 +284,6 @@ class STAPOConfig(GRPOConfig):
     def __post_init__(self):
         self._validate_number_types()
         self._validate_sizes()
-        if self.use_liger_kernel:
-            raise ValueError(
-                "STAPOConfig does not accept use_liger_kernel=True. In TRL 1.16 that flag is deprecated, only patches "
-                "the norm, RoPE and MLP layers with Triton kernels (it fails on CPU at the first forward), and does "
-                "not give STAPO its fused log-prob/entropy. For Liger's fused linear cross-entropy with entropy "
-                "output, set use_liger_kernel=False and token_stats_backend='liger' (or 'auto', which picks Liger on "
-                "CUDA when it is installed). For Hub layer kernels use model_init_kwargs={'use_kernels': True}."
-            )
         super().__post_init__()
 
         if self.loss_type not in LOSS_TYPES:

@@ -375,8 +375,8 @@ class STAPOTrainer(GRPOTrainer):
         the logits the loss uses."""
         if self.use_vllm:
             return "vLLM generates the completions"
-        if getattr(self.args, "use_transformers_paged", False):
-            return "paged generation (generate_batch) is used"
+        if self.args.use_transformers_continuous_batching:
+            return "transformers' continuous batching generates the completions"
         if self.rollout_func is not None:
             return "a rollout_func generates the completions"
         if self.tools or getattr(self, "environment_factories", None):

@@ -70,7 +70,6 @@ def test_every_stapo_field_has_help():
         ({"entropy_quantile": -0.5}, r"entropy_quantile must be in \[0, 1\]"),
         ({"token_stats_source": "rollout"}, r"token_stats_source must be one of \('generation', 'loss'\)"),
         ({"token_stats_backend": "cuda"}, r"token_stats_backend must be one of"),
-        ({"use_liger_kernel": True}, r"set use_liger_kernel=False and token_stats_backend='liger'"),
         ({"top_entropy_quantile": 0.2}, r"set top_entropy_quantile=1.0 for STAPO, or use_s2t_mask=False"),
         (
             {"gradient_accumulation_steps": 4, "steps_per_generation": 6},

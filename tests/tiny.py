@@ -113,3 +113,42 @@ def save_tiny_chat_model(directory, max_position_embeddings: int = 1024, seed: i
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+TOOL_SPECIAL_TOKENS = [
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+]
+
+
+def save_tiny_tool_model(directory, seed: int = 0):
+    """A tiny Qwen3 whose tokenizer writes Qwen3's chat template (so TRL recognizes it and parses tool calls): every
+    printable ASCII character is a token, and Qwen3's markers are special tokens."""
+    from trl.chat_template_utils import qwen3_chat_template
+
+    vocab = {token: index for index, token in enumerate(TOOL_SPECIAL_TOKENS)}
+    for character in [chr(code) for code in range(32, 127)] + ["\n"]:
+        vocab[character] = len(vocab)
+    vocab["<unk>"] = len(vocab)
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="<|endoftext|>",
+        eos_token="<|im_end|>",
+        unk_token="<unk>",
+        additional_special_tokens=TOOL_SPECIAL_TOKENS[3:],
+        padding_side="left",
+    )
+    tokenizer.chat_template = qwen3_chat_template
+    build_tiny_qwen3(tokenizer, seed=seed, max_position_embeddings=1024).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
