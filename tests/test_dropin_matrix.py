@@ -17,7 +17,10 @@ The table in docs/reliability.md lists these families; the refusals that remain 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -433,18 +436,15 @@ def test_deliberate_refusals_run_like_grpo_with_the_mask_off(family, refusal, mo
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the run trains; this pins the CPU behaviour")
-def test_use_liger_kernel_is_passed_through_as_in_trl(models, tmp_path):
+def test_use_liger_kernel_is_passed_through_as_in_trl(tmp_path):
     """TRL 1.16 accepts the deprecated flag and patches the model's layers with Liger's Triton kernels when training
     starts; on a CPU, Triton then stops at the first forward. STAPO behaves the same, with the same error. Not run on
-    a GPU."""
-    family = Family("use_liger_kernel", {"use_liger_kernel": True})
-    errors = []
-    for trainer_class, config_class, extra in (
-        (GRPOTrainer, GRPOConfig, GRPO_SIDE),
-        (STAPOTrainer, STAPOConfig, MASK_ON),
-    ):
-        with pytest.raises(Exception) as caught:
-            train(trainer_class, config_class, family, models, tmp_path / trainer_class.__name__, **extra)
-        errors.append((type(caught.value), str(caught.value)))
-    assert errors[0] == errors[1]
-    assert "active drivers" in errors[0][1] or "liger" in errors[0][1].lower(), errors[0]
+    a GPU. The runs happen in a child process (liger_worker.py) because Liger patches the transformers modules
+    themselves, which would give every later test's Qwen3 Triton kernels."""
+    worker = Path(__file__).with_name("liger_worker.py")
+    done = subprocess.run([sys.executable, str(worker), str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    outcomes = json.loads(done.stdout.strip().splitlines()[-1])
+    assert outcomes["grpo"] is not None, "GRPOTrainer trained with Liger's kernels on a CPU"
+    assert outcomes["stapo"] == outcomes["grpo"]
+    assert "active drivers" in outcomes["grpo"][1] or "liger" in outcomes["grpo"][1].lower(), outcomes["grpo"]
