@@ -14,10 +14,12 @@ per seed, and once for each run's trained adapter.
 The script is meant to be run by hand (hours on 2 CPU cores), not in CI. It resumes where it stopped: a finished run
 (its `run_summary.json`) is skipped, and an unfinished one restarts from its newest complete checkpoint (saved every
 `--save_steps` steps). It prints each run's step lines as they come. `--parallel 2` trains two runs at once with one
-torch thread each. On this project's 2-core VM that took about 76 s per step per run, 38 s per step in all, against
-about 41 s per step for one run at a time with two threads. The runs' numbers then differ from a 2-thread run's in the
-last bits, the same way for every method. Results go to `docs/benchmarks/study.json` and
-the figure `docs/study.png` (per step, mean ± sd over seeds).
+torch thread each. On this project's 2-core VM that took 56 to 128 s per step per run (docs/benchmarks.md), against
+about 41 s per step for one run at a time with two threads; with one thread the numbers differ from a 2-thread run's in
+the last bits, the same way for every method. Each run peaks at about 8 GB of memory (20-Entropy a little more), so on
+a 24 GB machine `--parallel 3` runs out of memory. A finished run is reused only for the same `--steps`: a longer
+study needs a new `--runs_dir`. Results go to `docs/benchmarks/study.json` and the figure `docs/study.png` (per step,
+mean ± sd over seeds).
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ def train(method: str, seed: int, steps: int, root: Path, save_steps: int, threa
 
     output_dir = run_dir(root, method, seed)
     if (output_dir / "run_summary.json").is_file():
+        trained = json.loads((output_dir / "trainer_state.json").read_text())["max_steps"]
+        if trained != steps:
+            raise SystemExit(f"{output_dir} is a finished {trained}-step run, not {steps}: pass a new --runs_dir")
         print(f"  {output_dir.name}: done already, skipped", flush=True)
         return output_dir
     command = [sys.executable, "-m", "stapo_trl", "train", "--config", str(RECIPE), "--method", method]
