@@ -21,7 +21,6 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-import torch
 from torch.utils.data import Sampler
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
@@ -127,11 +126,9 @@ class EpochSeededSampler(Sampler):
         self.sampler = sampler
 
     def set_epoch(self, epoch: int) -> None:
-        if not getattr(self.sampler, "shuffle", False) or getattr(self.sampler, "seed", None) is None:
-            return
-        self.sampler.generator.manual_seed(self.sampler.seed)
-        for _ in range(epoch):
-            torch.randperm(self.sampler.num_samples, generator=self.sampler.generator)
+        from .trl_seams import reseed_repeat_sampler
+
+        reseed_repeat_sampler(self.sampler, epoch)
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.sampler)

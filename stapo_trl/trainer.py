@@ -16,65 +16,35 @@ How the rules reach TRL's loss without copying it, at the start of each optimize
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import random
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate.utils import is_peft_model
 from transformers import TrainingArguments
-from trl import GRPOTrainer
-from trl.models.utils import disable_gradient_checkpointing
-from trl.trainer.utils import get_config_model_id, maybe_gather_lm_head_ctx
 
+from . import policy_stats
 from .config import STAPOConfig
 from .diagnostics.token_dump import SilencedTokenDump, StepTokens
 from .distributed import all_reduce_sum
-from .fused_stats import resolve_backend, token_logprob_entropy
 from .fused_stats.generation import GenerationStatsRecorder
 from .model_card import PAPER_ID, PAPER_TITLE, STAPO_CITATION, fill_trl_nones, write_card_sections
 from .resume import EpochSeededSampler, resolve_resume_checkpoint
 from .rewards import resolve_reward_funcs
 from .token_rules import STAREController, apply_token_rules
+from .trl_seams import GRPOSeams, get_config_model_id
 
 logger = logging.getLogger(__name__)
 
-# Batch keys that `_get_per_token_logps_and_entropies` takes for vision-language inputs.
-MULTIMODAL_KEYS = (
-    "pixel_values",
-    "image_grid_thw",
-    "num_images",
-    "pixel_attention_mask",
-    "spatial_shapes",
-    "num_tiles",
-    "image_sizes",
-    "token_type_ids",
-    "mm_token_type_ids",
-    "image_position_ids",
-)
-# Config attributes with which TRL's fused head rescales or soft-caps logits; the direct ops do neither.
-LOGIT_TRANSFORM_ATTRIBUTES = (
-    "final_logit_softcapping",
-    "logit_scale",
-    "output_multiplier",
-    "lm_head_multiplier",
-    "logits_scaling",
-)
-
 # Keys this trainer adds to TRL's batch dicts (batch-first tensors, so TRL's shuffle and split carry them).
-LOG_PROBS_KEY = "s2t_log_probs"
-ENTROPIES_KEY = "s2t_entropies"
-UNMASKED_TOOL_MASK_KEY = "s2t_unmasked_tool_mask"
-UNMASKED_NUM_ITEMS_KEY = "s2t_unmasked_num_items"
-UNWEIGHTED_ADVANTAGES_KEY = "token_rules_unweighted_advantages"
-SILENCED_KEY = "token_rules_silenced"
-TOKEN_WEIGHTS_KEY = "token_rules_weights"
-
-STARE_STATE_FILE = "stare_controller_state.json"
+LOG_PROBS_KEY = "stapo_log_probs"
+ENTROPIES_KEY = "stapo_entropies"
+UNMASKED_TOOL_MASK_KEY = "stapo_tool_mask_before_rules"
+UNMASKED_NUM_ITEMS_KEY = "stapo_num_items_before_rules"
+UNWEIGHTED_ADVANTAGES_KEY = "stapo_advantages_before_rules"
+SILENCED_KEY = "stapo_silenced"
+TOKEN_WEIGHTS_KEY = "stapo_token_weights"
 
 
 def _as_stapo_config(args: TrainingArguments) -> STAPOConfig:
@@ -109,7 +79,7 @@ def _check_prompt_column(dataset) -> None:
         )
 
 
-class STAPOTrainer(GRPOTrainer):
+class STAPOTrainer(GRPOSeams):
     """Spurious-Token-Aware Policy Optimization: GRPO/DAPO with the S2T mask (STAPO, Algorithm 1).
 
     Takes every argument of [`~trl.GRPOTrainer`]; `args` should be a [`STAPOConfig`] (a `GRPOConfig` is converted,
@@ -148,9 +118,9 @@ class STAPOTrainer(GRPOTrainer):
     thresholds, the final token-rule statistics, evaluation results and the recipe to TRL's card.
     """
 
-    _tag_names = ["trl", "grpo", "stapo"]
-    _name = "STAPO"
-    _paper = {"title": PAPER_TITLE, "id": PAPER_ID, "citation": STAPO_CITATION}
+    card_name = "STAPO"
+    card_tags = ("trl", "grpo", "stapo")
+    card_paper = {"title": PAPER_TITLE, "id": PAPER_ID, "citation": STAPO_CITATION}
 
     # (log_probs, entropies) of every `_get_per_token_logps_and_entropies` call during a training generation, or None.
     _captured_token_stats: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None
@@ -204,56 +174,14 @@ class STAPOTrainer(GRPOTrainer):
         )
 
     # ------------------------------------------------------------------ statistics
-    def _policy_parts(self):
-        """The transformers model under any DDP/PEFT wrapping, its backbone and its LM head."""
-        unwrapped = self.accelerator.unwrap_model(self.model)
-        base = unwrapped.get_base_model() if is_peft_model(unwrapped) else unwrapped
-        return base, base.base_model, base.get_output_embeddings()
-
-    def _sharded_parameters(self) -> str | None:
-        """Why the LM head may be sharded outside its module's forward (FSDP, ZeRO-3), or None."""
-        from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
-
-        if self.is_fsdp_enabled:
-            return "FSDP"
-        if is_deepspeed_zero3_enabled():
-            return "DeepSpeed ZeRO-3"
-        return None
-
     def _resolve_token_stats_backend(self) -> str:
-        requested = self.args.token_stats_backend
-        if requested == "trl":
-            return "trl"
-        base, _, lm_head = self._policy_parts()
-        text_config = base.config.get_text_config()
-        blockers = [name for name in LOGIT_TRANSFORM_ATTRIBUTES if getattr(text_config, name, None) is not None]
-        if self._is_vlm:
-            blockers.append("vision-language inputs")
-        if blockers:
-            if requested == "auto":
-                return "trl"
-            raise ValueError(
-                f"token_stats_backend={requested!r} computes statistics from the backbone's hidden states and the LM "
-                f"head alone, which does not cover this model ({', '.join(blockers)}). Use token_stats_backend='trl' "
-                "(the model's own TRL fused head) or 'auto'."
-            )
-        sharding = self._sharded_parameters()
-        if sharding is not None:
-            if requested == "auto":
-                return "trl"
-            logger.warning(
-                "token_stats_backend=%r under %s gathers the LM head outside the model's forward; this path is not "
-                "covered by stapo-trl's tests. token_stats_backend='trl' (what 'auto' picks here) is.",
-                requested,
-                sharding,
-            )
-        return resolve_backend(requested, self.accelerator.device, has_bias=lm_head.bias is not None)
+        return policy_stats.resolve_token_stats_backend(self)
 
-    def _get_per_token_logps_and_entropies(
+    def per_token_logps_and_entropies(
         self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, **kwargs
     ):
         capture = self._captured_token_stats is not None and not self._is_reference_forward(model)
-        logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(
+        logps, entropies, aux_loss = super().per_token_logps_and_entropies(
             model,
             input_ids,
             attention_mask,
@@ -283,89 +211,14 @@ class STAPOTrainer(GRPOTrainer):
 
         return any(isinstance(module, BaseTunerLayer) and module.disable_adapters for module in unwrapped.modules())
 
-    @contextmanager
-    def _side_effect_free_pass(self):
-        """Run a forward that changes nothing but its result: dropout off (every module in eval mode, each module's
-        mode restored afterwards), and the torch, CUDA, NumPy and Python random streams forked, so that the training
-        run draws the same numbers with or without this pass."""
-        import numpy as np
-
-        modes = [(module, module.training) for module in self.model.modules()]
-        python_state, numpy_state = random.getstate(), np.random.get_state()
-        cuda_devices = (
-            [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
-        )
-        with torch.random.fork_rng(devices=cuda_devices):
-            self.model.eval()
-            try:
-                yield
-            finally:
-                for module, training in modes:
-                    module.training = training
-                random.setstate(python_state)
-                np.random.set_state(numpy_state)
-
-    @torch.no_grad()
     def compute_token_stats(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token ``(log_probs, entropies)`` ``[B, C]`` of the completions in a TRL batch under the current policy.
 
-        Runs without gradients, with dropout off and the random streams untouched (see `_side_effect_free_pass`), in
-        chunks of ``per_device_train_batch_size`` sequences, with the configured ``token_stats_backend``. Padding
-        positions get 0.
+        Runs without gradients, with dropout off and the random streams untouched, in chunks of
+        ``per_device_train_batch_size`` sequences, with the configured ``token_stats_backend``. Padding positions get
+        0 (see `stapo_trl.policy_stats`).
         """
-        with self._side_effect_free_pass():
-            return self._token_stats_forward(batch)
-
-    def _token_stats_forward(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        prompt_ids, completion_ids = batch["prompt_ids"], batch["completion_ids"]
-        completion_mask = batch["completion_mask"]
-        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-        attention_mask = torch.cat([batch["prompt_mask"], completion_mask], dim=1)
-        num_completion_tokens = completion_ids.size(1)
-        chunk = self.args.per_device_train_batch_size
-
-        with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-            if self.token_stats_backend == "trl":
-                multimodal = {key: batch[key] for key in MULTIMODAL_KEYS if batch.get(key) is not None}
-                log_probs, entropies, _ = self._get_per_token_logps_and_entropies(
-                    self.model,
-                    input_ids,
-                    attention_mask,
-                    num_completion_tokens,
-                    batch_size=chunk,
-                    compute_entropy=True,
-                    **multimodal,
-                )
-                return log_probs, entropies
-
-            _, backbone, lm_head = self._policy_parts()
-            weight, bias = lm_head.weight, lm_head.bias
-            if hasattr(weight, "full_tensor"):  # FSDP2 shards parameters as DTensors
-                weight = weight.full_tensor()
-                bias = None if bias is None else bias.full_tensor()
-            targets = completion_ids.masked_fill(completion_mask == 0, -100)
-            log_probs, entropies = [], []
-            for start in range(0, input_ids.size(0), chunk):
-                end = start + chunk
-                with self.accelerator.autocast():
-                    hidden = backbone(
-                        input_ids=input_ids[start:end], attention_mask=attention_mask[start:end], use_cache=False
-                    ).last_hidden_state
-                # The hidden state at position j predicts token j + 1.
-                hidden = hidden[:, -num_completion_tokens - 1 : -1].to(weight.device)
-                with maybe_gather_lm_head_ctx(weight, bias):
-                    chunk_log_probs, chunk_entropies = token_logprob_entropy(
-                        hidden,
-                        weight,
-                        targets[start:end].to(weight.device),
-                        bias=bias,
-                        temperature=self.temperature,
-                        backend=self.token_stats_backend,
-                    )
-                log_probs.append(chunk_log_probs.float())
-                entropies.append(chunk_entropies.float())
-        device = completion_ids.device
-        return torch.cat(log_probs).to(device), torch.cat(entropies).to(device)
+        return policy_stats.compute_token_stats(self, batch)
 
     # ------------------------------------------------------------------ generation
     def generation_stats_blocker(self) -> str | None:
@@ -381,25 +234,24 @@ class STAPOTrainer(GRPOTrainer):
             return "a rollout_func generates the completions"
         if self.tools or getattr(self, "environment_factories", None):
             return "tool calls make several generate() calls per completion"
-        if self._is_vlm:
+        if self.is_vision_language_model:
             return "vision-language model"
-        text_config = self._policy_parts()[0].config.get_text_config()
-        transforms = [name for name in LOGIT_TRANSFORM_ATTRIBUTES if getattr(text_config, name, None) is not None]
+        transforms = policy_stats.logit_transforms(policy_stats.policy_parts(self)[0])
         if transforms:
             return f"the model transforms its logits after the LM head ({', '.join(transforms)})"
-        sharding = self._sharded_parameters()
+        sharding = policy_stats.sharding(self)
         if sharding is not None:
             return f"{sharding} shards the LM head"
         return None
 
-    def _generate_single_turn(self, prompt_ids, *args, **kwargs):
+    def generate_single_turn(self, prompt_ids, *args, **kwargs):
         recorder = self._generation_recorder
         self._generation_calls += 1
         if recorder is None or self._generation_calls > 1:
-            return super()._generate_single_turn(prompt_ids, *args, **kwargs)
-        base, _, lm_head = self._policy_parts()
+            return super().generate_single_turn(prompt_ids, *args, **kwargs)
+        base, _, lm_head = policy_stats.policy_parts(self)
         with recorder.attached(base, lm_head):
-            completion_ids, logprobs = super()._generate_single_turn(prompt_ids, *args, **kwargs)
+            completion_ids, logprobs = super().generate_single_turn(prompt_ids, *args, **kwargs)
         return completion_ids, logprobs
 
     def _recorded_stats(self, output: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -415,7 +267,7 @@ class STAPOTrainer(GRPOTrainer):
         log_probs, entropies = (values.to(completion_ids.device).masked_fill(~keep, 0.0) for values in recorded)
         return log_probs, entropies
 
-    def _generate_and_score_completions(self, inputs):
+    def generate_and_score_completions(self, inputs):
         collect = bool(self.token_rules) and self.model.training
         self._captured_token_stats = [] if collect else None
         self._generation_calls = 0
@@ -423,7 +275,7 @@ class STAPOTrainer(GRPOTrainer):
             GenerationStatsRecorder(self.temperature) if collect and self.generation_stats_blocker() is None else None
         )
         try:
-            output = super()._generate_and_score_completions(inputs)
+            output = super().generate_and_score_completions(inputs)
             recorded = self._recorded_stats(output) if collect else None
         finally:
             captured, self._captured_token_stats = self._captured_token_stats, None
@@ -463,14 +315,9 @@ class STAPOTrainer(GRPOTrainer):
         total, count = all_reduce_sum(torch.stack([entropies[loss_mask].sum(), loss_mask.sum().double()])).tolist()
         return total / count if count else float("nan")
 
-    def _prepare_inputs(self, generation_batch):
-        inputs = super()._prepare_inputs(generation_batch)
-        if self.token_rules and self.model.training:
-            accumulation = self.args.gradient_accumulation_steps
-            index = self._step % self.args.steps_per_generation
-            if index % accumulation == 0:
-                self.apply_token_rules(self._buffered_inputs[index : index + accumulation])
-        return inputs
+    def on_optimizer_step_start(self, step_batches: list[dict[str, Any]]) -> None:
+        if self.token_rules:
+            self.apply_token_rules(step_batches)
 
     # ------------------------------------------------------------------ the token rules
     def token_rule_calls(self, step_batches: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
@@ -510,8 +357,8 @@ class STAPOTrainer(GRPOTrainer):
 
         On each micro-batch this sets ``tool_mask`` (the unmasked tool mask times the keep-mask), ``num_items_in_batch``
         (TRL's count minus the silenced tokens, scaled as TRL scales it) and ``advantages`` (the generation's advantages
-        times the weights, ``[B, T]``, when a rule weights a token other than 1), plus ``token_rules_silenced`` and
-        ``token_rules_weights`` for diagnostics. Returns each rule's statistics by rule name.
+        times the weights, ``[B, T]``, when a rule weights a token other than 1), plus ``stapo_silenced`` and
+        ``stapo_token_weights`` for diagnostics. Returns each rule's statistics by rule name.
         """
         stale = self.state.global_step != self._generation_global_step
         for batch in step_batches:
@@ -539,8 +386,8 @@ class STAPOTrainer(GRPOTrainer):
                     silenced=silenced,
                 ),
             )
-            self._metrics["train"]["token_dump/written"].append(dumped["written"])
-            self._metrics["train"]["token_dump/dropped"].append(dumped["dropped"])
+            self.log_metric("token_dump/written", dumped["written"])
+            self.log_metric("token_dump/dropped", dumped["dropped"])
 
         # dapo, cispo and vespo: each process divides its micro-batch's loss sum by num_items_in_batch / P * GA / spg,
         # where num_items_in_batch counts the loss tokens of the whole generation over all P processes and spg is
@@ -574,14 +421,13 @@ class STAPOTrainer(GRPOTrainer):
         return composed.stats
 
     def _log_token_rule_stats(self, stats: dict[str, dict[str, float | int]]) -> None:
-        metrics = self._metrics["train"]
         for rule, rule_stats in stats.items():
             for key, value in rule_stats.items():
-                metrics[f"{rule}/{key}"].append(value)
+                self.log_metric(f"{rule}/{key}", value)
         if self.stare_controller is not None:
-            metrics["stare/positive_weight"].append(self.stare_controller.positive_weight)
-            metrics["stare/negative_weight"].append(self.stare_controller.negative_weight)
-            metrics["stare/batch_entropy"].append(self.stare_controller.batch_entropy)
+            self.log_metric("stare/positive_weight", self.stare_controller.positive_weight)
+            self.log_metric("stare/negative_weight", self.stare_controller.negative_weight)
+            self.log_metric("stare/batch_entropy", self.stare_controller.batch_entropy)
 
     # ------------------------------------------------------------------ model card
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
@@ -596,17 +442,16 @@ class STAPOTrainer(GRPOTrainer):
         if method not in tags:
             tags.append(method)
         super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
-        path = os.path.join(self.args.output_dir, "README.md")
-        if not self.is_world_process_zero() or not os.path.isfile(path):
+        card = Path(self.args.output_dir) / "README.md"
+        if not self.is_world_process_zero() or not card.is_file():
             return
-        card = Path(path)
         card.write_text(
             fill_trl_nones(
                 card.read_text(encoding="utf-8"), get_config_model_id(self.model.config), str(self.args.output_dir)
             ),
             encoding="utf-8",
         )
-        write_card_sections(path, self.args, self.state.log_history, self.args.output_dir)
+        write_card_sections(card, self.args, self.state.log_history, self.args.output_dir)
 
     # ------------------------------------------------------------------ checkpoints
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
@@ -615,55 +460,26 @@ class STAPOTrainer(GRPOTrainer):
         checkpoint = resolve_resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
         return super().train(checkpoint, *args, **kwargs)
 
-    def _get_train_sampler(self, dataset=None):
+    def wrap_train_sampler(self, sampler):
         """TRL's sampler, moved to each epoch's shuffle on `set_epoch`, so a resumed run sees the same prompts."""
-        return EpochSeededSampler(super()._get_train_sampler(dataset))
+        return EpochSeededSampler(sampler)
 
-    def _save_optimizer_and_scheduler(self, output_dir):
+    def save_extra_state(self, output_dir):
         """Save the STARE controller and the dump with the optimizer, so both are on disk before transformers writes
         ``trainer_state.json``, the file that marks a checkpoint complete."""
-        super()._save_optimizer_and_scheduler(output_dir)
         if not self.args.should_save:
             return
         if self.stare_controller is not None:
-            with open(os.path.join(output_dir, STARE_STATE_FILE), "w") as file:
-                json.dump(self.stare_controller.state_dict(), file, indent=2)
+            self.stare_controller.save_to(output_dir)
         if self.token_dump is not None:
             self.token_dump.save_state(output_dir)
 
-    def _load_optimizer_and_scheduler(self, checkpoint):
-        super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is None:
-            return
+    def load_extra_state(self, checkpoint):
         if self.token_dump is not None and not self.token_dump.load_state(checkpoint):
             logger.warning(
                 "Resuming from %s, which holds no silenced-token dump state; %s starts over.",
                 checkpoint,
                 self.token_dump.records_path,
             )
-        if self.stare_controller is None:
-            return
-        path = os.path.join(checkpoint, STARE_STATE_FILE)
-        if not os.path.exists(path):
-            logger.warning(
-                "Resuming from %s, which has no %s (it was not saved by a STARE run); the STARE controller starts "
-                "from the configured W=%s, M=%s with the gate on.",
-                checkpoint,
-                STARE_STATE_FILE,
-                self.stare_controller.positive_weight,
-                self.stare_controller.negative_weight,
-            )
-            return
-        with open(path) as file:
-            state = json.load(file)
-        configured = (self.stare_controller.positive_weight, self.stare_controller.negative_weight)
-        self.stare_controller.load_state_dict(state)
-        restored = (self.stare_controller.positive_weight, self.stare_controller.negative_weight)
-        if not self.args.stare_adaptive and restored != configured:
-            logger.warning(
-                "The checkpoint's STARE weights W=%s, M=%s differ from the configured W=%s, M=%s; with "
-                "stare_adaptive=False the configured ones are used.",
-                *restored,
-                *configured,
-            )
-            self.stare_controller.positive_weight, self.stare_controller.negative_weight = configured
+        if self.stare_controller is not None:
+            self.stare_controller.restore_from(checkpoint)

@@ -320,7 +320,7 @@ def test_models_with_logit_soft_capping_use_the_trl_head(tmp_path):
 
 
 def test_sharded_training_uses_the_trl_head_by_default(tmp_path, monkeypatch):
-    monkeypatch.setattr(STAPOTrainer, "_sharded_parameters", lambda self: "DeepSpeed ZeRO-3")
+    monkeypatch.setattr("stapo_trl.policy_stats.sharding", lambda trainer: "DeepSpeed ZeRO-3")
     trainer = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path))
     assert trainer.token_stats_backend == "trl"
 

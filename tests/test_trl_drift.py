@@ -161,15 +161,15 @@ def test_prepare_inputs_buffers_micro_batches_by_step():
 def test_shuffle_and_split_carry_extra_keys():
     batch = {
         "completion_ids": torch.arange(8).view(4, 2),
-        "s2t_log_probs": torch.arange(8.0).view(4, 2),
-        "s2t_unmasked_tool_mask": None,
+        "stapo_log_probs": torch.arange(8.0).view(4, 2),
+        "stapo_tool_mask_before_rules": None,
         "num_items_in_batch": torch.tensor(8),
     }
     shuffled = shuffle_sequence_dict(batch)
-    assert torch.equal(shuffled["s2t_log_probs"], shuffled["completion_ids"].float())
+    assert torch.equal(shuffled["stapo_log_probs"], shuffled["completion_ids"].float())
     chunks = split_tensor_dict(shuffled, 2)
-    assert [chunk["s2t_log_probs"].shape[0] for chunk in chunks] == [2, 2]
-    assert all(chunk["s2t_unmasked_tool_mask"] is None for chunk in chunks)
+    assert [chunk["stapo_log_probs"].shape[0] for chunk in chunks] == [2, 2]
+    assert all(chunk["stapo_tool_mask_before_rules"] is None for chunk in chunks)
     assert all(chunk["num_items_in_batch"] is batch["num_items_in_batch"] for chunk in chunks)
 
 

@@ -221,12 +221,13 @@ def name_base_model(trainer, model_name_or_path: str) -> str:
     from peft import PeftModel
 
     from ..gguf import hub_source
+    from ..trl_seams import set_model_name_or_path
 
     name = hub_source(model_name_or_path) or model_name_or_path
     model = trainer.accelerator.unwrap_model(trainer.model)
     if isinstance(model, PeftModel):
         model = model.get_base_model()
-    model.config._name_or_path = name
+    set_model_name_or_path(model.config, name)
     return name
 
 
@@ -242,13 +243,13 @@ def save_final_model(trainer, output_dir: Path, base_model: str | None = None) -
     into the live PEFT config: PEFT looks a Hub id up on the Hub at every save."""
     import shutil
 
+    from ..trl_seams import save_model_without_push
+
     staging = output_dir / FINAL_STAGING_DIR
     if trainer.accelerator.is_main_process and staging.exists():
         shutil.rmtree(staging)
     trainer.accelerator.wait_for_everyone()
-    # transformers pushes to the Hub from save_model unless it is an internal call; run_training pushes once, after the
-    # files are in place.
-    trainer.save_model(str(staging), _internal_call=True)
+    save_model_without_push(trainer, str(staging))
     trainer.accelerator.wait_for_everyone()
     if trainer.accelerator.is_main_process:
         adapter_config = staging / "adapter_config.json"

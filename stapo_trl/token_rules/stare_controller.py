@@ -15,11 +15,18 @@ checkpoint and restores it on resume. ``gate_mode`` can pin the gate open (``"on
 
 from __future__ import annotations
 
+import json
+import logging
 import math
+import os
 from dataclasses import asdict, dataclass
+
+logger = logging.getLogger(__name__)
 
 GATE_MODES = ("entropy", "on", "off")
 STATE_KEYS = ("gate_on", "positive_weight", "negative_weight", "batch_entropy", "num_updates")
+STATE_FILE = "stare_controller_state.json"
+"""The controller's file in a checkpoint directory."""
 
 
 def _sign(value: float) -> float:
@@ -74,3 +81,37 @@ class STAREController:
         self.negative_weight = float(state["negative_weight"])
         self.batch_entropy = math.nan if state["batch_entropy"] is None else float(state["batch_entropy"])
         self.num_updates = int(state["num_updates"])
+
+    def save_to(self, directory: str | os.PathLike) -> None:
+        """Write the state into a checkpoint directory (`STATE_FILE`)."""
+        with open(os.path.join(directory, STATE_FILE), "w") as file:
+            json.dump(self.state_dict(), file, indent=2)
+
+    def restore_from(self, checkpoint: str | os.PathLike) -> None:
+        """Restore the state saved in ``checkpoint``. A checkpoint without it (not saved by a STARE run) leaves the
+        configured state, with a warning. Without ``adaptive`` the configured W and M win over saved ones that differ,
+        with a warning."""
+        path = os.path.join(checkpoint, STATE_FILE)
+        if not os.path.exists(path):
+            logger.warning(
+                "Resuming from %s, which has no %s (it was not saved by a STARE run); the STARE controller starts "
+                "from the configured W=%s, M=%s with the gate on.",
+                checkpoint,
+                STATE_FILE,
+                self.positive_weight,
+                self.negative_weight,
+            )
+            return
+        with open(path) as file:
+            state = json.load(file)
+        configured = (self.positive_weight, self.negative_weight)
+        self.load_state_dict(state)
+        restored = (self.positive_weight, self.negative_weight)
+        if not self.adaptive and restored != configured:
+            logger.warning(
+                "The checkpoint's STARE weights W=%s, M=%s differ from the configured W=%s, M=%s; with "
+                "stare_adaptive=False the configured ones are used.",
+                *restored,
+                *configured,
+            )
+            self.positive_weight, self.negative_weight = configured

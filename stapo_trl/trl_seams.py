@@ -1,0 +1,383 @@
+"""The seam between stapo-trl and the internals of TRL 1.16 and transformers.
+
+This is the only module that names a private method or attribute of TRL or transformers (a test scans the package to
+keep it so), and the only one that imports TRL's internal helpers. Everything else uses the public hooks of
+`GRPOSeams` and the functions below.
+
+Each touch point is one `Seam` in `SEAMS`: what TRL 1.16 does there, what stapo-trl relies on, and a `check` that
+reads the installed TRL and transformers and lists what no longer fits. `tests/test_trl_seams.py` runs every check;
+``python -m stapo_trl.trl_seams`` prints them, which is where a port to a new TRL starts.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import PretrainedConfig, Trainer
+from trl import GRPOTrainer
+from trl.models.utils import disable_gradient_checkpointing
+from trl.trainer.utils import RepeatSampler, get_config_model_id, maybe_gather_lm_head_ctx
+
+TESTED_TRL = "1.16"
+
+__all__ = [
+    "SEAMS",
+    "GRPOSeams",
+    "Seam",
+    "disable_gradient_checkpointing",
+    "get_config_model_id",
+    "maybe_gather_lm_head_ctx",
+    "reseed_repeat_sampler",
+    "save_model_without_push",
+    "set_model_name_or_path",
+]
+
+
+class GRPOSeams(GRPOTrainer):
+    """`GRPOTrainer` with the private methods stapo-trl extends turned into public hooks.
+
+    Each hook's default is TRL's own behaviour; a subclass overrides the hook and calls ``super()`` for TRL's part.
+    The model card's trainer name, tags and paper are the public class attributes `card_name`, `card_tags` and
+    `card_paper`.
+    """
+
+    card_name: str = "GRPO"
+    card_tags: tuple[str, ...] = ("trl", "grpo")
+    card_paper: dict[str, str] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls._name, cls._tag_names = cls.card_name, list(cls.card_tags)
+        if cls.card_paper:
+            cls._paper = dict(cls.card_paper)
+
+    # --- hooks over TRL's private methods
+    def per_token_logps_and_entropies(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
+        """TRL's ``_get_per_token_logps_and_entropies``: ``(log_probs, entropies or None, aux_loss)`` of the last
+        ``logits_to_keep`` positions. TRL calls it for the loss, the old-log-prob pass and the reference pass."""
+        return super()._get_per_token_logps_and_entropies(
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            batch_size=batch_size,
+            compute_entropy=compute_entropy,
+            **kwargs,
+        )
+
+    def _get_per_token_logps_and_entropies(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, **kwargs
+    ):
+        return self.per_token_logps_and_entropies(
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            batch_size=batch_size,
+            compute_entropy=compute_entropy,
+            **kwargs,
+        )
+
+    def generate_and_score_completions(self, inputs) -> dict[str, Any]:
+        """TRL's ``_generate_and_score_completions``: sample, score and compute advantages for one generation batch."""
+        return super()._generate_and_score_completions(inputs)
+
+    def _generate_and_score_completions(self, inputs):
+        return self.generate_and_score_completions(inputs)
+
+    def generate_single_turn(self, prompt_ids, *args, **kwargs) -> tuple[Any, Any]:
+        """TRL's ``_generate_single_turn``: one round of sampling, ``(completion_ids, logprobs)``."""
+        return super()._generate_single_turn(prompt_ids, *args, **kwargs)
+
+    def _generate_single_turn(self, prompt_ids, *args, **kwargs):
+        return self.generate_single_turn(prompt_ids, *args, **kwargs)
+
+    def on_optimizer_step_start(self, step_batches: list[dict[str, Any]]) -> None:
+        """Called in training before the first micro-batch of each optimizer step, with the step's micro-batches (TRL's
+        buffered dicts, which its loss reads later: a change made here reaches the loss). Does nothing by default."""
+
+    def _prepare_inputs(self, generation_batch):
+        inputs = super()._prepare_inputs(generation_batch)
+        if self.model.training:
+            accumulation = self.args.gradient_accumulation_steps
+            index = self._step % self.args.steps_per_generation
+            if index % accumulation == 0:
+                self.on_optimizer_step_start(self._buffered_inputs[index : index + accumulation])
+        return inputs
+
+    def wrap_train_sampler(self, sampler):
+        """The training sampler to use in place of TRL's (a ``RepeatSampler``); TRL's by default."""
+        return sampler
+
+    def _get_train_sampler(self, dataset=None):
+        return self.wrap_train_sampler(super()._get_train_sampler(dataset))
+
+    def save_extra_state(self, output_dir: str) -> None:
+        """Write extra checkpoint files: called after the optimizer is saved and before ``trainer_state.json``, the
+        file that marks a checkpoint complete."""
+
+    def _save_optimizer_and_scheduler(self, output_dir):
+        super()._save_optimizer_and_scheduler(output_dir)
+        self.save_extra_state(output_dir)
+
+    def load_extra_state(self, checkpoint: str) -> None:
+        """Read what `save_extra_state` wrote, when training resumes from ``checkpoint``."""
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None:
+            self.load_extra_state(checkpoint)
+
+    # --- TRL's private state
+    def log_metric(self, name: str, value: float, mode: str = "train") -> None:
+        """Add a value to the metric ``name``: TRL averages each metric's values (NaN skipped) at the next log."""
+        self._metrics[mode][name].append(value)
+
+    @property
+    def is_vision_language_model(self) -> bool:
+        """Whether TRL treats the model as a vision-language model (its ``_is_vlm``)."""
+        return self._is_vlm
+
+
+def reseed_repeat_sampler(sampler: RepeatSampler, epoch: int) -> None:
+    """Move a shuffling, seeded ``RepeatSampler`` to epoch ``epoch``'s permutation: reseed its generator and draw the
+    permutations of the epochs before (TRL draws one ``torch.randperm`` per pass). Others are left alone."""
+    if not getattr(sampler, "shuffle", False) or getattr(sampler, "seed", None) is None:
+        return
+    sampler.generator.manual_seed(sampler.seed)
+    for _ in range(epoch):
+        torch.randperm(sampler.num_samples, generator=sampler.generator)
+
+
+def save_model_without_push(trainer: Trainer, output_dir: str) -> None:
+    """``trainer.save_model(output_dir)`` without the Hub push that transformers makes from it when ``push_to_hub``."""
+    trainer.save_model(output_dir, _internal_call=True)
+
+
+def set_model_name_or_path(config: PretrainedConfig, name: str) -> None:
+    """Set the name transformers and TRL's model card read as the model's source (the config's ``_name_or_path``)."""
+    config._name_or_path = name
+
+
+# --- the checks ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Seam:
+    """One touch point: what TRL 1.16 does there, what stapo-trl relies on, and a check of the installed version."""
+
+    name: str
+    trl_does: str
+    we_rely_on: str
+    check: Callable[[], list[str]]
+
+
+def _source(function) -> str:
+    return inspect.getsource(function)
+
+
+def _parameters(function) -> list[str]:
+    return list(inspect.signature(function).parameters)
+
+
+def _missing(source: str, *needles: str) -> list[str]:
+    return [f"no longer contains {needle!r}" for needle in needles if needle not in source]
+
+
+def _check_per_token_logps() -> list[str]:
+    problems = []
+    expected = ["self", "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size", "compute_entropy"]
+    found = _parameters(GRPOTrainer._get_per_token_logps_and_entropies)
+    if found[:7] != expected:
+        problems.append(f"_get_per_token_logps_and_entropies takes {found}, expected {expected} first")
+    return problems + _missing(_source(GRPOTrainer._get_per_token_logps_and_entropies), "return logps, entropies")
+
+
+def _check_generate_and_score() -> list[str]:
+    problems = []
+    if _parameters(GRPOTrainer._generate_and_score_completions) != ["self", "inputs"]:
+        problems.append("_generate_and_score_completions no longer takes (self, inputs)")
+    source = _source(GRPOTrainer._generate_and_score_completions)
+    return problems + _missing(source, '"num_items_in_batch"', '"advantages"', '"completion_mask"', '"tool_mask"')
+
+
+def _check_generate_single_turn() -> list[str]:
+    return _missing(_source(GRPOTrainer._generate_single_turn), "return completion_ids, logprobs")
+
+
+def _check_prepare_inputs() -> list[str]:
+    problems = _missing(
+        _source(GRPOTrainer._prepare_inputs),
+        "self._buffered_inputs = [",
+        "inputs = self._buffered_inputs[self._step % self.args.steps_per_generation]",
+    )
+    training_step = _source(GRPOTrainer.training_step)
+    step, increment = "super().training_step(model, inputs, num_items_in_batch)", "self._step += 1"
+    if step not in training_step or increment not in training_step:
+        problems.append("training_step no longer advances self._step by one per micro-batch")
+    elif training_step.index(step) > training_step.index(increment):
+        problems.append("training_step advances self._step before the micro-batch is trained")
+    return problems
+
+
+def _check_train_sampler() -> list[str]:
+    problems = _missing(_source(GRPOTrainer._get_train_sampler), "RepeatSampler(")
+    init, iterate = _source(RepeatSampler.__init__), _source(RepeatSampler.__iter__)
+    problems += _missing(init, "self.shuffle =", "self.seed =", "self.generator =", "self.num_samples =")
+    return problems + _missing(iterate, "torch.randperm(self.num_samples, generator=self.generator)")
+
+
+def _check_checkpoint_state() -> list[str]:
+    problems = []
+    if _parameters(Trainer._save_optimizer_and_scheduler) != ["self", "output_dir"]:
+        problems.append("Trainer._save_optimizer_and_scheduler no longer takes (self, output_dir)")
+    if _parameters(Trainer._load_optimizer_and_scheduler) != ["self", "checkpoint"]:
+        problems.append("Trainer._load_optimizer_and_scheduler no longer takes (self, checkpoint)")
+    save = _source(Trainer._save_checkpoint)
+    optimizer, state = "self._save_optimizer_and_scheduler(output_dir)", "self.state.save_to_json("
+    if optimizer not in save or state not in save or save.index(optimizer) > save.index(state):
+        problems.append("Trainer._save_checkpoint no longer saves the optimizer before trainer_state.json")
+    return problems
+
+
+def _check_metrics() -> list[str]:
+    return _missing(_source(GRPOTrainer.__init__), 'self._metrics = {"train": defaultdict(list)')
+
+
+def _check_is_vlm() -> list[str]:
+    return _missing(_source(GRPOTrainer.__init__), "self._is_vlm = True", "self._is_vlm = False")
+
+
+def _check_model_card() -> list[str]:
+    names = ("_name", "_tag_names", "_paper")
+    problems = [f"GRPOTrainer has no class attribute {name}" for name in names if not hasattr(GRPOTrainer, name)]
+    return problems + _missing(_source(GRPOTrainer.create_model_card), "self._name", "self._paper", "self._tag_names")
+
+
+def _check_save_model() -> list[str]:
+    problems = []
+    if _parameters(Trainer.save_model) != ["self", "output_dir", "_internal_call"]:
+        problems.append("Trainer.save_model no longer takes (self, output_dir, _internal_call)")
+    return problems + _missing(_source(Trainer.save_model), "if self.args.push_to_hub and not _internal_call:")
+
+
+def _check_name_or_path() -> list[str]:
+    return [] if "_name_or_path" in PretrainedConfig().to_dict() else ["PretrainedConfig has no _name_or_path"]
+
+
+def _check_helpers() -> list[str]:
+    expected = {
+        disable_gradient_checkpointing: ["model", "gradient_checkpointing_kwargs"],
+        get_config_model_id: ["config"],
+        maybe_gather_lm_head_ctx: ["params"],
+    }
+    return [
+        f"{helper.__name__} now takes {_parameters(helper)}, expected {parameters}"
+        for helper, parameters in expected.items()
+        if _parameters(helper) != parameters
+    ]
+
+
+SEAMS: tuple[Seam, ...] = (
+    Seam(
+        "per_token_logps_and_entropies",
+        "_get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, batch_size, "
+        "compute_entropy, ...) returns (log_probs, entropies, aux_loss) for the loss, the old-log-prob pass and the "
+        "reference pass.",
+        "Forcing compute_entropy on the policy's passes gives p and H at no extra forward.",
+        _check_per_token_logps,
+    ),
+    Seam(
+        "generate_and_score_completions",
+        "_generate_and_score_completions(inputs) returns the generation batch: completion_mask, tool_mask, "
+        "advantages, num_items_in_batch (the loss-token count of the whole generation over all processes).",
+        "Extra batch-first keys added to that dict survive TRL's shuffle and split into micro-batches.",
+        _check_generate_and_score,
+    ),
+    Seam(
+        "generate_single_turn",
+        "_generate_single_turn(prompt_ids, ...) samples once and returns (completion_ids, logprobs).",
+        "Wrapping the first call of a generation lets the LM-head recorder see every sampling step.",
+        _check_generate_single_turn,
+    ),
+    Seam(
+        "on_optimizer_step_start",
+        "_prepare_inputs buffers a generation's micro-batches in self._buffered_inputs and returns "
+        "_buffered_inputs[self._step % steps_per_generation]; training_step then adds 1 to self._step.",
+        "At a micro-batch whose index is a multiple of gradient_accumulation_steps, the next GA buffered dicts are "
+        "the optimizer step's micro-batches, and TRL's loss reads them after they are edited.",
+        _check_prepare_inputs,
+    ),
+    Seam(
+        "wrap_train_sampler",
+        "_get_train_sampler returns a RepeatSampler whose shuffle draws torch.randperm(num_samples, generator) "
+        "from a generator seeded once with seed.",
+        "Reseeding that generator and replaying earlier epochs gives any epoch's order (resume).",
+        _check_train_sampler,
+    ),
+    Seam(
+        "save_extra_state / load_extra_state",
+        "Trainer._save_checkpoint saves the optimizer (_save_optimizer_and_scheduler) before trainer_state.json; "
+        "_load_optimizer_and_scheduler(checkpoint) runs when training resumes.",
+        "Files written after the optimizer are on disk before the checkpoint counts as complete.",
+        _check_checkpoint_state,
+    ),
+    Seam(
+        "log_metric",
+        'self._metrics = {"train": defaultdict(list), "eval": ...}; log() averages each list, NaN skipped.',
+        "Appending to self._metrics[mode][name] logs a metric with TRL's own at the next log.",
+        _check_metrics,
+    ),
+    Seam(
+        "is_vision_language_model",
+        "__init__ sets self._is_vlm from the processing class.",
+        "Vision-language batches take the TRL statistics backend and no generation-time recording.",
+        _check_is_vlm,
+    ),
+    Seam(
+        "card_name / card_tags / card_paper",
+        "create_model_card names the trainer, tags and paper from the class attributes _name, _tag_names, _paper.",
+        "Setting them on the subclass puts STAPO's name and paper on the card.",
+        _check_model_card,
+    ),
+    Seam(
+        "save_model_without_push",
+        "Trainer.save_model(output_dir, _internal_call) pushes to the Hub unless _internal_call.",
+        "stapo-trl train saves into a staging directory first and pushes once the files are in place.",
+        _check_save_model,
+    ),
+    Seam(
+        "set_model_name_or_path",
+        "PretrainedConfig._name_or_path is what the model card names as the base model.",
+        "Setting it names a GGUF's Hub source instead of its conversion in this machine's cache.",
+        _check_name_or_path,
+    ),
+    Seam(
+        "TRL helpers",
+        "trl.models.utils.disable_gradient_checkpointing, trl.trainer.utils.get_config_model_id and "
+        "maybe_gather_lm_head_ctx are TRL internals, not part of its top-level API.",
+        "The statistics pass uses them as TRL's own passes do.",
+        _check_helpers,
+    ),
+)
+
+
+def main() -> None:
+    import trl
+
+    print(f"stapo-trl seams, tested with TRL {TESTED_TRL}.x; installed: TRL {trl.__version__}")
+    for seam in SEAMS:
+        problems = seam.check()
+        print(f"{'ok  ' if not problems else 'FAIL'} {seam.name}")
+        for problem in problems:
+            print(f"       {problem}")
+
+
+if __name__ == "__main__":
+    main()
