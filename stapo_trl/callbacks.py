@@ -13,7 +13,7 @@ from pathlib import Path
 
 from transformers import ProgressCallback, TrainerCallback
 
-METRICS_FILE = "metrics.jsonl"
+from .names import METRICS_FILE, S2T_ENTROPY_THRESHOLD, S2T_MASKED_FRACTION, STARE_GATE_ON
 
 
 def _clean(value):
@@ -57,14 +57,14 @@ def step_summary(logs: dict, step: int, max_steps: int) -> str:
         parts.append(f"reward {logs['reward']:+.3f}")
     if "entropy" in logs:
         parts.append(f"entropy {logs['entropy']:.3f}")
-    if "s2t/masked_fraction" in logs:
-        masked = logs["s2t/masked_fraction"]
+    if S2T_MASKED_FRACTION in logs:
+        masked = logs[S2T_MASKED_FRACTION]
         parts.append(f"masked {100 * masked:.3f}% ({int(logs.get('s2t/num_masked', 0))} tok)")
-    threshold = logs.get("s2t/entropy_threshold")
+    threshold = logs.get(S2T_ENTROPY_THRESHOLD)
     if threshold is not None and math.isfinite(threshold):
         parts.append(f"tau_h {threshold:.3f}")
-    if "stare/gate_on" in logs:
-        gate = "on" if logs["stare/gate_on"] >= 0.5 else "off"
+    if STARE_GATE_ON in logs:
+        gate = "on" if logs[STARE_GATE_ON] >= 0.5 else "off"
         parts.append(f"stare {gate} W {logs.get('stare/positive_weight', float('nan')):.3f}")
     if "completions/mean_length" in logs:
         parts.append(f"len {logs['completions/mean_length']:.0f}")

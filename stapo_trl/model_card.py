@@ -17,6 +17,16 @@ from typing import Any
 import yaml
 
 from .diagnostics.report import series
+from .names import (
+    EVAL_SUMMARY_FILE,
+    RUN_SUMMARY_FILE,
+    S2T_ENTROPY_THRESHOLD,
+    S2T_MASKED_FRACTION,
+    STARE_GATE_ON,
+    STARE_NEGATIVE_WEIGHT,
+    STARE_POSITIVE_WEIGHT,
+    TRAINER_STATE_FILE,
+)
 
 PAPER_TITLE = "STAPO: Stabilizing Reinforcement Learning for LLMs by Silencing Rare Spurious Tokens"
 PAPER_ID = "2602.15620"
@@ -33,8 +43,6 @@ STAPO_CITATION = textwrap.dedent("""\
 
 RECIPE_FILE = "recipe.yaml"
 """Written into the output dir by `stapo-trl train`: the recipe as given, headed by the command line."""
-RUN_SUMMARY_FILE = "run_summary.json"
-EVAL_SUMMARY_FILE = "summary.json"
 START_MARKER = "<!-- stapo-trl:start -->"
 END_MARKER = "<!-- stapo-trl:end -->"
 TRL_CITATIONS_HEADING = "## Citations"
@@ -133,8 +141,8 @@ def statistics_section(config: Any, history: list[dict[str, Any]]) -> list[str]:
             f"({len(steps)} logged steps, last step {steps[-1]['step']})."
         )
     if config.use_s2t_mask:
-        masked = _logged(steps, "s2t/masked_fraction")
-        thresholds = _logged(steps, "s2t/entropy_threshold")
+        masked = _logged(steps, S2T_MASKED_FRACTION)
+        thresholds = _logged(steps, S2T_ENTROPY_THRESHOLD)
         if masked:
             lines.append(
                 f"- S2T silenced {int(sum(_logged(steps, 's2t/num_masked')))} tokens of "
@@ -150,8 +158,8 @@ def statistics_section(config: Any, history: list[dict[str, Any]]) -> list[str]:
     else:
         lines.append("- The S2T mask was off in this run.")
     if config.use_stare:
-        gate = _logged(steps, "stare/gate_on")
-        weights = _logged(steps, "stare/positive_weight"), _logged(steps, "stare/negative_weight")
+        gate = _logged(steps, STARE_GATE_ON)
+        weights = _logged(steps, STARE_POSITIVE_WEIGHT), _logged(steps, STARE_NEGATIVE_WEIGHT)
         if gate and weights[0]:
             lines.append(
                 f"- STARE gate on in {sum(gate) / len(gate):.0%} of logged steps; final W {weights[0][-1]:.3g}, "
@@ -322,7 +330,7 @@ def refresh_model_card(output_dir: str | Path) -> Path:
     import torch
 
     output_dir = Path(output_dir)
-    card, args, state = (output_dir / name for name in ("README.md", "training_args.bin", "trainer_state.json"))
+    card, args, state = (output_dir / name for name in ("README.md", "training_args.bin", TRAINER_STATE_FILE))
     missing = [path.name for path in (card, args) if not path.is_file()]
     if missing:
         raise FileNotFoundError(

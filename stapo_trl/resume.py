@@ -25,10 +25,10 @@ from torch.utils.data import Sampler
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .errors import UsageError
+from .names import TRAINER_STATE_FILE
 
 logger = logging.getLogger(__name__)
 
-TRAINER_STATE_FILE = "trainer_state.json"
 LAST_CHECKPOINT_VALUES = ("true", "last")
 _CHECKPOINT_NAME = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 

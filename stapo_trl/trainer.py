@@ -30,21 +30,27 @@ from .diagnostics.token_dump import SilencedTokenDump, StepTokens
 from .distributed import all_reduce_sum
 from .fused_stats.generation import GenerationStatsRecorder
 from .model_card import PAPER_ID, PAPER_TITLE, STAPO_CITATION, fill_trl_nones, write_card_sections
+from .names import (
+    ADVANTAGES_BEFORE_RULES_KEY,
+    ENTROPIES_KEY,
+    LOG_PROBS_KEY,
+    NUM_ITEMS_BEFORE_RULES_KEY,
+    SILENCED_KEY,
+    STARE_BATCH_ENTROPY,
+    STARE_NEGATIVE_WEIGHT,
+    STARE_POSITIVE_WEIGHT,
+    TOKEN_DUMP_DROPPED,
+    TOKEN_DUMP_WRITTEN,
+    TOKEN_WEIGHTS_KEY,
+    TOOL_MASK_BEFORE_RULES_KEY,
+    rule_metric,
+)
 from .resume import EpochSeededSampler, resolve_resume_checkpoint
 from .rewards import resolve_reward_funcs
 from .token_rules import STAREController, apply_token_rules
 from .trl_seams import GRPOSeams, get_config_model_id
 
 logger = logging.getLogger(__name__)
-
-# Keys this trainer adds to TRL's batch dicts (batch-first tensors, so TRL's shuffle and split carry them).
-LOG_PROBS_KEY = "stapo_log_probs"
-ENTROPIES_KEY = "stapo_entropies"
-UNMASKED_TOOL_MASK_KEY = "stapo_tool_mask_before_rules"
-UNMASKED_NUM_ITEMS_KEY = "stapo_num_items_before_rules"
-UNWEIGHTED_ADVANTAGES_KEY = "stapo_advantages_before_rules"
-SILENCED_KEY = "stapo_silenced"
-TOKEN_WEIGHTS_KEY = "stapo_token_weights"
 
 
 def _as_stapo_config(args: TrainingArguments) -> STAPOConfig:
@@ -294,9 +300,9 @@ class STAPOTrainer(GRPOSeams):
         self.token_stats_origin = origin or "deferred"
         if stats is not None:
             output[LOG_PROBS_KEY], output[ENTROPIES_KEY] = stats
-        output[UNMASKED_TOOL_MASK_KEY] = output.get("tool_mask")
-        output[UNMASKED_NUM_ITEMS_KEY] = output["num_items_in_batch"]
-        output[UNWEIGHTED_ADVANTAGES_KEY] = output["advantages"]
+        output[TOOL_MASK_BEFORE_RULES_KEY] = output.get("tool_mask")
+        output[NUM_ITEMS_BEFORE_RULES_KEY] = output["num_items_in_batch"]
+        output[ADVANTAGES_BEFORE_RULES_KEY] = output["advantages"]
         self._generation_global_step = self.state.global_step
         if self.stare_controller is not None:
             self.stare_controller.update(self._mean_token_entropy(output))
@@ -305,7 +311,7 @@ class STAPOTrainer(GRPOSeams):
     @staticmethod
     def _unmasked_loss_mask(batch: dict[str, Any]) -> torch.Tensor:
         """The tokens TRL's loss counts before any token rule: completion tokens that are not tool output."""
-        tool_mask = batch[UNMASKED_TOOL_MASK_KEY]
+        tool_mask = batch[TOOL_MASK_BEFORE_RULES_KEY]
         return batch["completion_mask"] if tool_mask is None else batch["completion_mask"] * tool_mask
 
     def _mean_token_entropy(self, batch: dict[str, Any]) -> float:
@@ -368,7 +374,7 @@ class STAPOTrainer(GRPOSeams):
         loss_mask = torch.cat([self._unmasked_loss_mask(batch) for batch in step_batches]).bool()
         log_probs = torch.cat([batch[LOG_PROBS_KEY] for batch in step_batches])
         entropies = torch.cat([batch[ENTROPIES_KEY] for batch in step_batches])
-        unweighted_advantages = torch.cat([batch[UNWEIGHTED_ADVANTAGES_KEY] for batch in step_batches])
+        unweighted_advantages = torch.cat([batch[ADVANTAGES_BEFORE_RULES_KEY] for batch in step_batches])
         composed = apply_token_rules(
             self.token_rule_calls(step_batches), log_probs, entropies, unweighted_advantages, loss_mask
         )
@@ -386,8 +392,8 @@ class STAPOTrainer(GRPOSeams):
                     silenced=silenced,
                 ),
             )
-            self.log_metric("token_dump/written", dumped["written"])
-            self.log_metric("token_dump/dropped", dumped["dropped"])
+            self.log_metric(TOKEN_DUMP_WRITTEN, dumped["written"])
+            self.log_metric(TOKEN_DUMP_DROPPED, dumped["dropped"])
 
         # dapo, cispo and vespo: each process divides its micro-batch's loss sum by num_items_in_batch / P * GA / spg,
         # where num_items_in_batch counts the loss tokens of the whole generation over all P processes and spg is
@@ -408,10 +414,10 @@ class STAPOTrainer(GRPOSeams):
             step_batches, silenced.split(sizes), weight_chunks, strict=True
         ):
             keep = (~batch_silenced).to(batch["completion_mask"].dtype)
-            unmasked_tool_mask = batch[UNMASKED_TOOL_MASK_KEY]
+            unmasked_tool_mask = batch[TOOL_MASK_BEFORE_RULES_KEY]
             batch["tool_mask"] = keep if unmasked_tool_mask is None else unmasked_tool_mask * keep
-            batch["num_items_in_batch"] = batch[UNMASKED_NUM_ITEMS_KEY] - silenced_at_generation_scale
-            advantages = batch[UNWEIGHTED_ADVANTAGES_KEY]
+            batch["num_items_in_batch"] = batch[NUM_ITEMS_BEFORE_RULES_KEY] - silenced_at_generation_scale
+            advantages = batch[ADVANTAGES_BEFORE_RULES_KEY]
             if batch_weights is not None:
                 advantages = (advantages if advantages.dim() == 2 else advantages.unsqueeze(1)) * batch_weights
             batch["advantages"] = advantages
@@ -423,11 +429,11 @@ class STAPOTrainer(GRPOSeams):
     def _log_token_rule_stats(self, stats: dict[str, dict[str, float | int]]) -> None:
         for rule, rule_stats in stats.items():
             for key, value in rule_stats.items():
-                self.log_metric(f"{rule}/{key}", value)
+                self.log_metric(rule_metric(rule, key), value)
         if self.stare_controller is not None:
-            self.log_metric("stare/positive_weight", self.stare_controller.positive_weight)
-            self.log_metric("stare/negative_weight", self.stare_controller.negative_weight)
-            self.log_metric("stare/batch_entropy", self.stare_controller.batch_entropy)
+            self.log_metric(STARE_POSITIVE_WEIGHT, self.stare_controller.positive_weight)
+            self.log_metric(STARE_NEGATIVE_WEIGHT, self.stare_controller.negative_weight)
+            self.log_metric(STARE_BATCH_ENTROPY, self.stare_controller.batch_entropy)
 
     # ------------------------------------------------------------------ model card
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):

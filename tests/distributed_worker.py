@@ -42,7 +42,7 @@ def run_trainer(out_dir):
     from tiny import tiny_config, tiny_trainer
 
     from stapo_trl import STAPOConfig, STAPOTrainer
-    from stapo_trl.trainer import ENTROPIES_KEY, LOG_PROBS_KEY, UNMASKED_TOOL_MASK_KEY
+    from stapo_trl.names import ENTROPIES_KEY, LOG_PROBS_KEY, TOOL_MASK_BEFORE_RULES_KEY
 
     class RecordingTrainer(STAPOTrainer):
         records = []
@@ -58,7 +58,7 @@ def run_trainer(out_dir):
                     "loss_mask": torch.cat(
                         [
                             b["completion_mask"]
-                            * (1 if b[UNMASKED_TOOL_MASK_KEY] is None else b[UNMASKED_TOOL_MASK_KEY])
+                            * (1 if b[TOOL_MASK_BEFORE_RULES_KEY] is None else b[TOOL_MASK_BEFORE_RULES_KEY])
                             for b in step_batches
                         ]
                     ),

@@ -10,12 +10,12 @@ import torch
 from tiny import tiny_config, tiny_trainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
-from stapo_trl.trainer import (
+from stapo_trl.names import (
+    ADVANTAGES_BEFORE_RULES_KEY,
     ENTROPIES_KEY,
     LOG_PROBS_KEY,
-    UNMASKED_NUM_ITEMS_KEY,
-    UNMASKED_TOOL_MASK_KEY,
-    UNWEIGHTED_ADVANTAGES_KEY,
+    NUM_ITEMS_BEFORE_RULES_KEY,
+    TOOL_MASK_BEFORE_RULES_KEY,
 )
 
 LOW, HIGH = math.log(0.001), math.log(0.9)
@@ -41,10 +41,10 @@ def make_batch(log_probs, entropies, advantages, completion_mask=None, num_items
         "completion_ids": torch.arange(7, 7 + rows * tokens).view(rows, tokens),
         "completion_mask": completion_mask,
         "advantages": torch.tensor(advantages),
-        UNWEIGHTED_ADVANTAGES_KEY: torch.tensor(advantages),
+        ADVANTAGES_BEFORE_RULES_KEY: torch.tensor(advantages),
         "num_items_in_batch": num_items,
         LOG_PROBS_KEY: log_probs,
         ENTROPIES_KEY: entropies,
-        UNMASKED_TOOL_MASK_KEY: None,
-        UNMASKED_NUM_ITEMS_KEY: num_items,
+        TOOL_MASK_BEFORE_RULES_KEY: None,
+        NUM_ITEMS_BEFORE_RULES_KEY: num_items,
     }

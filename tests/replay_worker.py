@@ -66,12 +66,12 @@ def run(out_dir, case):
     from transformers import TrainerCallback
 
     from stapo_trl import STAPOConfig, STAPOTrainer
-    from stapo_trl.trainer import (
+    from stapo_trl.names import (
+        ADVANTAGES_BEFORE_RULES_KEY,
         ENTROPIES_KEY,
         LOG_PROBS_KEY,
         SILENCED_KEY,
         TOKEN_WEIGHTS_KEY,
-        UNWEIGHTED_ADVANTAGES_KEY,
     )
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -110,7 +110,7 @@ def run(out_dir, case):
                     "loss_mask": loss_mask,
                     "log_probs": torch.cat([batch[LOG_PROBS_KEY] for batch in step_batches]),
                     "entropies": torch.cat([batch[ENTROPIES_KEY] for batch in step_batches]),
-                    "advantages": torch.cat([batch[UNWEIGHTED_ADVANTAGES_KEY] for batch in step_batches]),
+                    "advantages": torch.cat([batch[ADVANTAGES_BEFORE_RULES_KEY] for batch in step_batches]),
                     "micro_batch_rows": [batch["completion_ids"].size(0) for batch in step_batches],
                     "num_items_in_batch": [int(batch["num_items_in_batch"]) for batch in step_batches],
                 }

@@ -28,7 +28,8 @@ from stapo_trl.diagnostics.report import (
     visible_token,
     write_report,
 )
-from stapo_trl.diagnostics.token_dump import DENSITY_BINS, DUMP_STATS_FILE, SILENCED_TOKENS_FILE
+from stapo_trl.diagnostics.token_dump import DENSITY_BINS
+from stapo_trl.names import SILENCED_TOKENS_FILE, SILENCED_TOKENS_STATS_FILE
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -79,7 +80,7 @@ def write_dump(directory, tokens=(" the", " the", "7", "\n")):
             "other": torch.zeros(DENSITY_BINS, dtype=torch.int64).tolist(),
         },
     }
-    (directory / DUMP_STATS_FILE).write_text(json.dumps(stats))
+    (directory / SILENCED_TOKENS_STATS_FILE).write_text(json.dumps(stats))
     records = [
         {
             "step": 1,
@@ -220,9 +221,9 @@ def test_top_silenced_tokens_of_a_run_with_silenced_tokens_a_run_without_and_a_r
 
     quiet = write_state(tmp_path / "quiet", history=NOTHING_SILENCED)
     write_dump(quiet, tokens=())
-    stats = json.loads((quiet / DUMP_STATS_FILE).read_text())
+    stats = json.loads((quiet / SILENCED_TOKENS_STATS_FILE).read_text())
     stats["silenced"], stats["dropped"] = 0, 0
-    (quiet / DUMP_STATS_FILE).write_text(json.dumps(stats))
+    (quiet / SILENCED_TOKENS_STATS_FILE).write_text(json.dumps(stats))
     bars = token_bars(load_run(quiet))
     assert (bars.tokens, bars.counts) == ([], [])
     assert bars.note == "no token was silenced in 3 steps, 1 candidates"

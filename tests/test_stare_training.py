@@ -11,9 +11,8 @@ from tiny import build_char_tokenizer, build_tiny_qwen3, count_vowels_reward, pr
 from trl import GRPOConfig, GRPOTrainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
+from stapo_trl.names import ADVANTAGES_BEFORE_RULES_KEY, SILENCED_KEY, STARE_STATE_FILE, TOKEN_WEIGHTS_KEY
 from stapo_trl.token_rules import TOKEN_RULES, TokenRuleResult, register_token_rule
-from stapo_trl.token_rules.stare_controller import STATE_FILE as STARE_STATE_FILE
-from stapo_trl.trainer import SILENCED_KEY, TOKEN_WEIGHTS_KEY, UNWEIGHTED_ADVANTAGES_KEY
 
 STARE = {"use_s2t_mask": False, "use_stare": True}
 P = {"half": math.log(0.5), "most": math.log(0.9), "some": math.log(0.6)}
@@ -248,5 +247,5 @@ def test_a_registered_rule_runs_in_the_trainer_from_the_config(tmp_path, first_t
     assert logged(trainer, f"{first_token_rule}/num_dropped") == [rows, rows]
     batch = trainer._buffered_inputs[0]
     assert batch[SILENCED_KEY][:, 0].all() and not batch[SILENCED_KEY][:, 1:].any()
-    doubled = batch[UNWEIGHTED_ADVANTAGES_KEY].unsqueeze(1) * 2.0
+    doubled = batch[ADVANTAGES_BEFORE_RULES_KEY].unsqueeze(1) * 2.0
     assert torch.equal(batch["advantages"], doubled.expand_as(batch["completion_mask"]))

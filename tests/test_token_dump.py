@@ -10,14 +10,13 @@ from tiny import build_char_tokenizer, tiny_config, tiny_trainer
 from stapo_trl import STAPOConfig, STAPOTrainer
 from stapo_trl.diagnostics import token_dump
 from stapo_trl.diagnostics.token_dump import (
-    DUMP_STATS_FILE,
-    SILENCED_TOKENS_FILE,
     SilencedTokenDump,
     StepTokens,
     sample_positions,
     token_density,
     token_records,
 )
+from stapo_trl.names import SILENCED_TOKENS_FILE, SILENCED_TOKENS_STATS_FILE
 
 LN10 = math.log(10)
 
@@ -124,7 +123,7 @@ def test_the_dump_writes_at_most_the_per_step_and_total_caps_and_counts_the_rest
     assert [record["step"] for record in records] == [1, 1, 2]
     for record in records:
         assert (0 if record["sample_id"].endswith("-0") else 1, record["position"]) in STEP_SILENCED[record["step"]]
-    stats = json.loads((tmp_path / DUMP_STATS_FILE).read_text())
+    stats = json.loads((tmp_path / SILENCED_TOKENS_STATS_FILE).read_text())
     assert (stats["silenced"], stats["written"], stats["dropped"]) == (10, 3, 7)
     assert stats["prob_threshold"] == 0.05 and stats["tokens_per_step"] == 2 and stats["max_tokens"] == 3
     # Every loss token of the 3 steps is in the density, all of them with a positive advantage.
@@ -146,7 +145,7 @@ def test_a_resumed_dump_matches_an_uninterrupted_one(tmp_path):
     assert resumed.load_state(checkpoint)
     record_steps(resumed, [2, 3])
 
-    for name in (SILENCED_TOKENS_FILE, DUMP_STATS_FILE):
+    for name in (SILENCED_TOKENS_FILE, SILENCED_TOKENS_STATS_FILE):
         assert (tmp_path / "resumed" / name).read_text() == (tmp_path / "straight" / name).read_text(), name
 
 
@@ -165,7 +164,7 @@ def test_the_trainer_dumps_the_tokens_s2t_silenced(tmp_path):
     trainer = tiny_trainer(STAPOTrainer, config)
     trainer.train()
     steps = [entry for entry in trainer.state.log_history if "loss" in entry]
-    stats = json.loads((tmp_path / DUMP_STATS_FILE).read_text())
+    stats = json.loads((tmp_path / SILENCED_TOKENS_STATS_FILE).read_text())
     records = [json.loads(line) for line in (tmp_path / SILENCED_TOKENS_FILE).read_text().splitlines()]
 
     assert [entry["silenced"] for entry in stats["steps"]] == [entry["s2t/num_masked"] for entry in steps]
@@ -190,7 +189,7 @@ def test_the_dump_is_off_by_default_and_computes_nothing(tmp_path, monkeypatch):
     trainer = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path, max_steps=1, **S2T_EVERYWHERE))
     trainer.train()
     assert trainer.token_dump is None
-    assert not (tmp_path / SILENCED_TOKENS_FILE).exists() and not (tmp_path / DUMP_STATS_FILE).exists()
+    assert not (tmp_path / SILENCED_TOKENS_FILE).exists() and not (tmp_path / SILENCED_TOKENS_STATS_FILE).exists()
     assert not any(key.startswith("token_dump/") for entry in trainer.state.log_history for key in entry)
 
 
@@ -201,7 +200,7 @@ def test_the_dump_survives_checkpoint_and_resume_in_the_trainer(tmp_path):
     straight.train()
     killed = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, resumed_dir, **values, **S2T_EVERYWHERE))
     killed.train()  # as if killed after step 2: its checkpoint-1 is resumed below, over the files step 2 wrote
-    assert (resumed_dir / "checkpoint-1" / DUMP_STATS_FILE).is_file()
+    assert (resumed_dir / "checkpoint-1" / SILENCED_TOKENS_STATS_FILE).is_file()
     resumed = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, resumed_dir, **values, **S2T_EVERYWHERE))
     resumed.train(resume_from_checkpoint=str(resumed_dir / "checkpoint-1"))
     straight_steps = [
@@ -209,7 +208,7 @@ def test_the_dump_survives_checkpoint_and_resume_in_the_trainer(tmp_path):
     ]
     again = [json.loads(line)["step"] for line in (resumed_dir / SILENCED_TOKENS_FILE).read_text().splitlines()]
     assert again == straight_steps and straight_steps.count(2) > 0  # step 2 is written once, not twice
-    stats = json.loads((resumed_dir / DUMP_STATS_FILE).read_text())
+    stats = json.loads((resumed_dir / SILENCED_TOKENS_STATS_FILE).read_text())
     assert [entry["step"] for entry in stats["steps"]] == [1, 2]
 
 

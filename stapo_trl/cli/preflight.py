@@ -10,19 +10,24 @@ from pathlib import Path
 from peft.utils import SAFETENSORS_WEIGHTS_NAME as ADAPTER_WEIGHTS_FILE
 from transformers.utils import SAFE_WEIGHTS_NAME as MODEL_WEIGHTS_FILE
 
-from ..callbacks import METRICS_FILE
-from ..diagnostics.token_dump import DUMP_STATS_FILE, SILENCED_TOKENS_FILE
-from ..resume import TRAINER_STATE_FILE, checkpoints_by_step, last_complete_checkpoint
+from ..names import (
+    METRICS_FILE,
+    RUN_SUMMARY_FILE,
+    SILENCED_TOKENS_FILE,
+    SILENCED_TOKENS_STATS_FILE,
+    TRAINER_STATE_FILE,
+    TRAINING_CURVES_FILE,
+)
+from ..resume import checkpoints_by_step, last_complete_checkpoint
 from .recipe import RecipeError
-from .train import PLOT_FILE, SUMMARY_FILE
 
 RUN_FILES = (
-    SUMMARY_FILE,
+    RUN_SUMMARY_FILE,
     METRICS_FILE,
     TRAINER_STATE_FILE,
-    PLOT_FILE,
+    TRAINING_CURVES_FILE,
     SILENCED_TOKENS_FILE,
-    DUMP_STATS_FILE,
+    SILENCED_TOKENS_STATS_FILE,
     ADAPTER_WEIGHTS_FILE,
     MODEL_WEIGHTS_FILE,
 )

@@ -11,12 +11,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..names import (
+    METRICS_FILE,
+    RUN_SUMMARY_FILE,
+    S2T_MASKED_FRACTION,
+    S2T_NUM_CANDIDATES,
+    S2T_NUM_MASKED,
+    SILENCED_TOKENS_FILE,
+    STARE_GATE_ON,
+    STARE_NEGATIVE_WEIGHT,
+    STARE_POSITIVE_WEIGHT,
+    TRAINING_CURVES_FILE,
+)
 from .recipe import RecipeError, TrainRequest, is_launched, parse_train_args
 
 logger = logging.getLogger("stapo_trl")
-
-SUMMARY_FILE = "run_summary.json"
-PLOT_FILE = "training_curves.png"
 
 
 def _subtract_subsequence(tokens: list[str], subsequence: list[str]) -> list[str]:
@@ -289,16 +298,16 @@ def summarize_metrics(records: list[dict]) -> dict[str, Any]:
     rewards = quarter_means([record["reward"] for record in records if record.get("reward") is not None])
     if rewards is not None:
         summary["reward_first"], summary["reward_last"] = rewards
-    masked = [record for record in records if record.get("s2t/masked_fraction") is not None]
+    masked = [record for record in records if record.get(S2T_MASKED_FRACTION) is not None]
     if masked:
-        summary["masked_tokens"] = int(sum(record.get("s2t/num_masked", 0) for record in masked))
-        summary["candidates"] = int(sum(record.get("s2t/num_candidates", 0) for record in masked))
-        summary["masked_steps"] = sum(1 for record in masked if record.get("s2t/num_masked", 0) > 0)
-        summary["masked_fraction"] = sum(record["s2t/masked_fraction"] for record in masked) / len(masked)
-    gated = [record for record in records if record.get("stare/gate_on") is not None]
+        summary["masked_tokens"] = int(sum(record.get(S2T_NUM_MASKED, 0) for record in masked))
+        summary["candidates"] = int(sum(record.get(S2T_NUM_CANDIDATES, 0) for record in masked))
+        summary["masked_steps"] = sum(1 for record in masked if record.get(S2T_NUM_MASKED, 0) > 0)
+        summary["masked_fraction"] = sum(record[S2T_MASKED_FRACTION] for record in masked) / len(masked)
+    gated = [record for record in records if record.get(STARE_GATE_ON) is not None]
     if gated:
-        summary["stare_gate_on_fraction"] = sum(record["stare/gate_on"] for record in gated) / len(gated)
-        summary["stare_final_weights"] = (gated[-1]["stare/positive_weight"], gated[-1]["stare/negative_weight"])
+        summary["stare_gate_on_fraction"] = sum(record[STARE_GATE_ON] for record in gated) / len(gated)
+        summary["stare_final_weights"] = (gated[-1][STARE_POSITIVE_WEIGHT], gated[-1][STARE_NEGATIVE_WEIGHT])
     return summary
 
 
@@ -320,13 +329,7 @@ def run_training(request: TrainRequest) -> RunSummary:
     from transformers import AutoTokenizer, ProgressCallback
     from trl import get_peft_config, get_quantization_config
 
-    from ..callbacks import (
-        METRICS_FILE,
-        MetricsFileCallback,
-        StepSummaryProgressCallback,
-        StopAtCheckpointOnInterrupt,
-    )
-    from ..diagnostics.token_dump import SILENCED_TOKENS_FILE
+    from ..callbacks import MetricsFileCallback, StepSummaryProgressCallback, StopAtCheckpointOnInterrupt
     from ..evaluation import greedy_accuracy
     from ..plots import plot_training_curves, read_metrics
     from ..resume import resolve_resume_checkpoint
@@ -448,15 +451,15 @@ def run_training(request: TrainRequest) -> RunSummary:
         summary.files["metrics"] = str(metrics_path)
         if records:
             plot = plot_training_curves(
-                records, output_dir / PLOT_FILE, title=f"{script.method} on {model_args.model_name_or_path}"
+                records, output_dir / TRAINING_CURVES_FILE, title=f"{script.method} on {model_args.model_name_or_path}"
             )
             summary.files["plot"] = str(plot)
         if training.dump_silenced_tokens:
             summary.files["silenced tokens"] = str(output_dir / SILENCED_TOKENS_FILE)
             summary.silenced_examples = silenced_examples(output_dir / SILENCED_TOKENS_FILE)
-        summary.files["summary"] = str(output_dir / SUMMARY_FILE)
+        summary.files["summary"] = str(output_dir / RUN_SUMMARY_FILE)
         summary.seconds_total = time.perf_counter() - started
-        (output_dir / SUMMARY_FILE).write_text(json.dumps(summary.__dict__, indent=2) + "\n")
+        (output_dir / RUN_SUMMARY_FILE).write_text(json.dumps(summary.__dict__, indent=2) + "\n")
 
     # The card (TRL's, plus the STAPO sections) reads run_summary.json, so it is written after it.
     # TRL's card links dataset_name to the Hub; local files and the built-in generator have no Hub page.

@@ -1,8 +1,6 @@
 """See what the token rules did: the silenced-token dump written during training, and `stapo-trl report`."""
 
 from .token_dump import (
-    DUMP_STATS_FILE,
-    SILENCED_TOKENS_FILE,
     SilencedTokenDump,
     StepTokens,
     sample_positions,
@@ -11,8 +9,6 @@ from .token_dump import (
 )
 
 __all__ = [
-    "DUMP_STATS_FILE",
-    "SILENCED_TOKENS_FILE",
     "SilencedTokenDump",
     "StepTokens",
     "sample_positions",

@@ -19,10 +19,9 @@ from typing import Any
 
 from ..errors import UsageError
 from ..jsonl import read_json_lines
-from ..resume import TRAINER_STATE_FILE, last_complete_checkpoint
-from .token_dump import DUMP_STATS_FILE, SILENCED_TOKENS_FILE
+from ..names import METRICS_FILE, SILENCED_TOKENS_FILE, SILENCED_TOKENS_STATS_FILE, TRAINER_STATE_FILE
+from ..resume import last_complete_checkpoint
 
-METRICS_FILE = "metrics.jsonl"
 REPORT_FILE = "report.md"
 HTML_FILE = "report.html"
 
@@ -106,7 +105,7 @@ def load_run(directory: str | Path, label: str | None = None) -> RunLogs:
             "(logging_steps)?"
         )
     run = RunLogs(label=label or directory.resolve().name, directory=directory, history=history, source=source)
-    records_path, stats_path = directory / SILENCED_TOKENS_FILE, directory / DUMP_STATS_FILE
+    records_path, stats_path = directory / SILENCED_TOKENS_FILE, directory / SILENCED_TOKENS_STATS_FILE
     if stats_path.is_file():
         run.dump_stats = json.loads(stats_path.read_text())
     if records_path.is_file():

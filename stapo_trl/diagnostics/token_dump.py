@@ -23,9 +23,7 @@ from typing import Any
 import torch
 
 from ..jsonl import read_json_lines
-
-SILENCED_TOKENS_FILE = "silenced_tokens.jsonl"
-DUMP_STATS_FILE = "silenced_tokens_stats.json"
+from ..names import SILENCED_TOKENS_FILE, SILENCED_TOKENS_STATS_FILE
 
 LOG10_P_RANGE = (-10.0, 0.0)
 ENTROPY_RANGE = (0.0, 12.0)
@@ -160,7 +158,7 @@ class SilencedTokenDump:
 
     @property
     def stats_path(self) -> Path:
-        return self.directory / DUMP_STATS_FILE
+        return self.directory / SILENCED_TOKENS_STATS_FILE
 
     def _fresh_stats(self) -> dict[str, Any]:
         return {
@@ -184,11 +182,11 @@ class SilencedTokenDump:
     def save_state(self, checkpoint_dir: str | os.PathLike) -> None:
         """Copy the counts and the density so far into a checkpoint (main process)."""
         if self.stats is not None and self.is_main_process:
-            (Path(checkpoint_dir) / DUMP_STATS_FILE).write_text(json.dumps(self.stats) + "\n")
+            (Path(checkpoint_dir) / SILENCED_TOKENS_STATS_FILE).write_text(json.dumps(self.stats) + "\n")
 
     def load_state(self, checkpoint_dir: str | os.PathLike) -> bool:
         """Take the counts and the density from a checkpoint (every process). False when it holds none."""
-        path = Path(checkpoint_dir) / DUMP_STATS_FILE
+        path = Path(checkpoint_dir) / SILENCED_TOKENS_STATS_FILE
         if not path.is_file():
             return False
         self.stats = json.loads(path.read_text())

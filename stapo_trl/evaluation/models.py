@@ -10,9 +10,9 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..gguf import gguf_checkpoint, is_gguf_reference
+from ..names import RUN_SUMMARY_FILE
 
 ADAPTER_CONFIG = "adapter_config.json"
-RUN_SUMMARY = "run_summary.json"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _SIZE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)[bB](?![a-zA-Z0-9])")
 
@@ -138,7 +138,7 @@ def resolve_model(
     if adapter_dir is not None and (adapter_dir / "tokenizer_config.json").is_file():
         tokenizer = str(adapter_dir.resolve())
     own_dir = adapter_dir if adapter_dir is not None else (model_path if model_path.is_dir() else None)
-    summary = _read_json(own_dir / RUN_SUMMARY) if own_dir is not None else {}
+    summary = _read_json(own_dir / RUN_SUMMARY_FILE) if own_dir is not None else {}
     base_name = summary.get("model") or base_reference
     name = label or (own_dir.resolve().name if own_dir is not None else model.rstrip("/").split("/")[-1])
     if is_gguf_reference(name):

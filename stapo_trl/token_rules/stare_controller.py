@@ -21,12 +21,12 @@ import math
 import os
 from dataclasses import asdict, dataclass
 
+from ..names import STARE_STATE_FILE
+
 logger = logging.getLogger(__name__)
 
 GATE_MODES = ("entropy", "on", "off")
 STATE_KEYS = ("gate_on", "positive_weight", "negative_weight", "batch_entropy", "num_updates")
-STATE_FILE = "stare_controller_state.json"
-"""The controller's file in a checkpoint directory."""
 
 
 def _sign(value: float) -> float:
@@ -83,21 +83,21 @@ class STAREController:
         self.num_updates = int(state["num_updates"])
 
     def save_to(self, directory: str | os.PathLike) -> None:
-        """Write the state into a checkpoint directory (`STATE_FILE`)."""
-        with open(os.path.join(directory, STATE_FILE), "w") as file:
+        """Write the state into a checkpoint directory (`STARE_STATE_FILE`)."""
+        with open(os.path.join(directory, STARE_STATE_FILE), "w") as file:
             json.dump(self.state_dict(), file, indent=2)
 
     def restore_from(self, checkpoint: str | os.PathLike) -> None:
         """Restore the state saved in ``checkpoint``. A checkpoint without it (not saved by a STARE run) leaves the
         configured state, with a warning. Without ``adaptive`` the configured W and M win over saved ones that differ,
         with a warning."""
-        path = os.path.join(checkpoint, STATE_FILE)
+        path = os.path.join(checkpoint, STARE_STATE_FILE)
         if not os.path.exists(path):
             logger.warning(
                 "Resuming from %s, which has no %s (it was not saved by a STARE run); the STARE controller starts "
                 "from the configured W=%s, M=%s with the gate on.",
                 checkpoint,
-                STATE_FILE,
+                STARE_STATE_FILE,
                 self.positive_weight,
                 self.negative_weight,
             )
