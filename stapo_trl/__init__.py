@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING
 
 from .fused_stats import token_logprob_entropy
 from .token_rules import linear_quantiles, logit_grad_sq_norm_lower_bound, spurious_token_mask
-
-__version__ = "0.1.0"
+from .version import __version__ as __version__
 
 _LAZY = {"STAPOConfig": ".config", "STAPOTrainer": ".trainer"}
 

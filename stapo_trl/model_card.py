@@ -90,9 +90,9 @@ def _value(value: Any) -> str:
 
 def method_section(config: Any) -> list[str]:
     """The method, with a link to the paper, and a table of the thresholds and loss settings that define it."""
-    from . import __version__
     from .evaluation.paper import METHOD_TITLES
     from .methods import describe_token_rule, infer_method, method_preset
+    from .version import __version__
 
     method = infer_method(config)
     title = METHOD_TITLES.get(method, method)

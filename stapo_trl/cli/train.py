@@ -83,8 +83,8 @@ def resolve_model_path(name: str) -> str:
     `from_pretrained`."""
     from accelerate import PartialState
 
-    from ..evaluation.models import local_model_problem
     from ..gguf import gguf_checkpoint, is_gguf_reference
+    from ..model_paths import local_model_problem
 
     if is_gguf_reference(name):
         try:

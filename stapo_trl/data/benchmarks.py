@@ -9,7 +9,7 @@ from typing import Any
 
 from datasets import Dataset
 
-from ..rewards.text import gold_text
+from .answers import gold_text
 from .prompts import PROMPT_STYLES, build_prompt
 from .sources import ROW_FEATURES, DatasetSchemaError, load_source
 

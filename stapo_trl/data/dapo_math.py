@@ -9,7 +9,7 @@ from typing import Any, Literal, overload
 
 from datasets import Dataset
 
-from ..rewards.text import gold_text
+from .answers import gold_text
 from .prompts import PROMPT_STYLES, build_prompt, extract_problem
 from .sources import ROW_FEATURES, DatasetSchemaError, load_source
 

@@ -10,10 +10,9 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..gguf import gguf_checkpoint, is_gguf_reference
+from ..model_paths import ADAPTER_CONFIG, local_model_problem
 from ..names import RUN_SUMMARY_FILE
 
-ADAPTER_CONFIG = "adapter_config.json"
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _SIZE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)[bB](?![a-zA-Z0-9])")
 
 
@@ -36,24 +35,6 @@ class ResolvedModel:
     method: str | None = None
     size: str | None = None
     base_name: str | None = None
-
-
-def _looks_like_path(reference: str) -> bool:
-    return reference.startswith((".", "/", "~")) or not _HUB_ID.match(reference)
-
-
-def local_model_problem(reference: str) -> str | None:
-    """Why ``reference`` cannot be loaded as a local saved model: ``"missing"`` (a path that does not exist),
-    ``"file"`` (a file, not a checkpoint directory) or ``"no_config"`` (a directory with neither config.json nor
-    adapter_config.json). None for a saved-model directory, and for a Hub id, which is left to ``from_pretrained``."""
-    path = Path(reference).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            return "file"
-        if not (path / "config.json").is_file() and not (path / ADAPTER_CONFIG).is_file():
-            return "no_config"
-        return None
-    return "missing" if _looks_like_path(reference) else None
 
 
 def _resolve_weights(reference: str, what: str) -> str:

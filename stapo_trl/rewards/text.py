@@ -8,9 +8,10 @@ or a list. Every reward goes through these two functions, so the rules below hol
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from typing import Any
+
+from ..data.answers import gold_text
 
 logger = logging.getLogger(__name__)
 
@@ -73,31 +74,6 @@ def completion_text(completion: Any) -> str:
         return content_text((assistant or messages)[-1].get("content"))
     _warn_once("completion", completion)
     return str(completion)
-
-
-def gold_text(gold: Any) -> str | None:
-    """A gold answer as text, or None when there is no usable answer.
-
-    Integral floats lose their ".0" (AMC answers are stored as floats on the Hub), lists are joined with ", "
-    (OlympiadBench stores answers as lists), and empty or NaN values give None so that TRL skips the sample.
-    """
-    if gold is None:
-        return None
-    if isinstance(gold, bool):
-        return str(gold)
-    if isinstance(gold, float):
-        if math.isnan(gold) or math.isinf(gold):
-            return None
-        return str(int(gold)) if gold.is_integer() else repr(gold)
-    if isinstance(gold, int):
-        return str(gold)
-    if isinstance(gold, (list, tuple)):
-        parts = [gold_text(part) for part in gold]
-        parts = [part for part in parts if part]
-        return ", ".join(parts) if parts else None
-    text = gold if isinstance(gold, str) else str(gold)
-    text = text.strip()
-    return text or None
 
 
 def pair_up(completions: Sequence[Any], solution: Sequence[Any] | None, reward_name: str):
