@@ -28,7 +28,7 @@ from . import policy_stats
 from .config import STAPOConfig
 from .diagnostics.token_dump import SilencedTokenDump, StepTokens
 from .distributed import all_reduce_sum
-from .fused_stats.generation import GenerationStatsRecorder
+from .fused_stats.generation import GenerationStatsRecorder, unrecordable_decoding
 from .model_card import PAPER_ID, PAPER_TITLE, STAPO_CITATION, fill_trl_nones, write_card_sections
 from .names import (
     ADVANTAGES_BEFORE_RULES_KEY,
@@ -240,6 +240,9 @@ class STAPOTrainer(GRPOSeams):
             return "a rollout_func generates the completions"
         if self.tools or getattr(self, "environment_factories", None):
             return "tool calls make several generate() calls per completion"
+        decoding = unrecordable_decoding(self.args.generation_kwargs)
+        if decoding is not None:
+            return decoding
         if self.is_vision_language_model:
             return "vision-language model"
         transforms = policy_stats.logit_transforms(policy_stats.policy_parts(self)[0])

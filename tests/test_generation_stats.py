@@ -10,7 +10,7 @@ from tiny import tiny_config, tiny_trainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer, spurious_token_mask
 from stapo_trl.fused_stats.generation import GenerationStatsRecorder
-from stapo_trl.trainer import ENTROPIES_KEY, LOG_PROBS_KEY, UNMASKED_TOOL_MASK_KEY
+from stapo_trl.names import ENTROPIES_KEY, LOG_PROBS_KEY, TOOL_MASK_BEFORE_RULES_KEY
 
 PROB_THRESHOLD = 0.2  # the tiny model is far less confident than a real one, so this makes S2T fire
 
@@ -44,8 +44,8 @@ def train(tmp_path, **overrides):
 
 def s2t_mask(batch, log_probs, entropies, args):
     loss_mask = batch["completion_mask"].bool()
-    if batch.get(UNMASKED_TOOL_MASK_KEY) is not None:
-        loss_mask &= batch[UNMASKED_TOOL_MASK_KEY].bool()
+    if batch.get(TOOL_MASK_BEFORE_RULES_KEY) is not None:
+        loss_mask &= batch[TOOL_MASK_BEFORE_RULES_KEY].bool()
     mask, _ = spurious_token_mask(
         log_probs,
         entropies,
@@ -165,3 +165,36 @@ def test_the_recorder_keeps_one_vocabulary_row_per_sequence_at_a_time():
     assert torch.allclose(log_probs, expected.gather(-1, tokens.unsqueeze(-1))[..., 0])
     assert torch.allclose(entropies, -(expected.exp() * expected).sum(-1))
     assert not model._forward_pre_hooks and not head._forward_hooks  # detached afterwards
+
+
+@pytest.mark.parametrize(
+    ("generation_kwargs", "reason"),
+    [
+        ({"num_beams": 2}, "beam search (num_beams=2 in generation_kwargs)"),
+        ({"penalty_alpha": 0.6, "top_k": 4}, "contrastive search (penalty_alpha=0.6 in generation_kwargs)"),
+        ({"prompt_lookup_num_tokens": 3}, "prompt-lookup decoding (prompt_lookup_num_tokens=3 in generation_kwargs)"),
+    ],
+)
+def test_decoding_that_runs_the_head_off_one_row_per_token_is_not_recorded(tmp_path, generation_kwargs, reason):
+    trainer = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path, generation_kwargs=generation_kwargs))
+    assert trainer.generation_stats_blocker() == reason
+
+
+def test_beam_search_trains_with_the_statistics_pass(tmp_path):
+    """Beam search runs the LM head on num_beams rows per completion and reorders them at each step; TRL's own test
+    suite (`test_train_with_generation_kwargs`, num_beams=2) crashed STAPO's recorder before it was refused."""
+    trainer = train(tmp_path, generation_kwargs={"do_sample": True, "top_k": 50, "num_beams": 2})
+    assert trainer.origins == ["statistics_pass", "statistics_pass"]
+    assert trainer.statistics_passes == 2
+    assert trainer.state.log_history[-1]["train_loss"] is not None
+
+
+def test_the_recorder_gives_up_when_its_rows_are_not_one_per_completion():
+    recorder = GenerationStatsRecorder(temperature=1.0)
+    head = torch.nn.Linear(4, 6)
+    model = torch.nn.Module()
+    model.forward = lambda input_ids: head(torch.randn(input_ids.size(0), 1, 4))
+    with recorder.attached(model, head):
+        model(input_ids=torch.zeros(4, 1, dtype=torch.long))  # four rows: two completions with two beams each
+        model(input_ids=torch.zeros(4, 1, dtype=torch.long))
+    assert recorder.finish(torch.zeros(2, 2, dtype=torch.long)) is None

@@ -22,8 +22,8 @@ from loss_batches import HIGH, LOW, make_batch, make_trainer
 
 from stapo_trl import spurious_token_mask
 from stapo_trl.fused_stats import BACKENDS
+from stapo_trl.names import SILENCED_KEY
 from stapo_trl.token_rules import stare_token_weights
-from stapo_trl.trainer import SILENCED_KEY
 
 NAN, INF = float("nan"), float("inf")
 LOG_TAU_P = math.log(0.002)

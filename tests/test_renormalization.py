@@ -9,7 +9,7 @@ import pytest
 import torch
 from loss_batches import HIGH, LOW, make_batch, make_trainer
 
-from stapo_trl.trainer import SILENCED_KEY, UNMASKED_NUM_ITEMS_KEY, UNMASKED_TOOL_MASK_KEY
+from stapo_trl.names import NUM_ITEMS_BEFORE_RULES_KEY, SILENCED_KEY, TOOL_MASK_BEFORE_RULES_KEY
 
 
 def known_batch():
@@ -68,7 +68,7 @@ def test_padding_stays_out_of_the_kept_count(tmp_path):
     trainer = make_trainer(tmp_path, loss_type="dapo")
     batch = known_batch()
     batch["completion_mask"] = torch.tensor([[1, 1, 1], [1, 1, 0]])
-    batch[UNMASKED_NUM_ITEMS_KEY] = torch.tensor(5)
+    batch[NUM_ITEMS_BEFORE_RULES_KEY] = torch.tensor(5)
     trainer.apply_token_rules([batch])
     assert batch["num_items_in_batch"].item() == 4
     loss = trainer.compute_loss(trainer.model, batch)
@@ -79,8 +79,8 @@ def test_tool_tokens_stay_silenced_and_uncounted(tmp_path):
     trainer = make_trainer(tmp_path, loss_type="dapo")
     batch = known_batch()
     tool_mask = torch.tensor([[1, 1, 1], [1, 0, 1]])
-    batch[UNMASKED_TOOL_MASK_KEY] = tool_mask
-    batch[UNMASKED_NUM_ITEMS_KEY] = torch.tensor(5)
+    batch[TOOL_MASK_BEFORE_RULES_KEY] = tool_mask
+    batch[NUM_ITEMS_BEFORE_RULES_KEY] = torch.tensor(5)
     trainer.apply_token_rules([batch])
     assert batch["tool_mask"].tolist() == [[0, 1, 1], [1, 0, 1]]
     loss = trainer.compute_loss(trainer.model, batch)
@@ -92,7 +92,7 @@ def test_silenced_tokens_scale_with_optimizer_steps_per_generation(tmp_path):
     # step's silenced tokens are removed at generation scale (2 per silenced token).
     trainer = make_trainer(tmp_path, loss_type="dapo", steps_per_generation=2)
     batch = known_batch()
-    batch[UNMASKED_NUM_ITEMS_KEY] = batch["num_items_in_batch"] = torch.tensor(12)
+    batch[NUM_ITEMS_BEFORE_RULES_KEY] = batch["num_items_in_batch"] = torch.tensor(12)
     trainer.apply_token_rules([batch])
     assert batch["num_items_in_batch"].item() == 12 - 2
     loss = trainer.compute_loss(trainer.model, batch)
@@ -104,7 +104,7 @@ def test_with_several_steps_per_generation_the_dapo_count_is_trls_average_minus_
     # step's own 6. With one token silenced the count is 7 - 1 = 6 against 5 kept: as inexact as TRL's own 7 vs 6.
     trainer = make_trainer(tmp_path, loss_type="dapo", steps_per_generation=2)
     batch = known_batch()
-    batch[UNMASKED_NUM_ITEMS_KEY] = batch["num_items_in_batch"] = torch.tensor(14)
+    batch[NUM_ITEMS_BEFORE_RULES_KEY] = batch["num_items_in_batch"] = torch.tensor(14)
     trainer.apply_token_rules([batch])
     assert batch["num_items_in_batch"].item() == 14 - 2
     loss = trainer.compute_loss(trainer.model, batch)

@@ -10,7 +10,7 @@ from tiny import build_char_tokenizer, build_tiny_qwen3, tiny_config, tiny_train
 from trl import GRPOConfig, GRPOTrainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer, spurious_token_mask
-from stapo_trl.trainer import ENTROPIES_KEY, LOG_PROBS_KEY, SILENCED_KEY
+from stapo_trl.names import ENTROPIES_KEY, LOG_PROBS_KEY, SILENCED_KEY
 
 S2T_METRICS = [
     "s2t/masked_fraction",

@@ -14,9 +14,35 @@ and one full forward (measured in `tests/test_generation_stats.py`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import contextmanager
+from typing import Any
 
 import torch
+
+UNRECORDABLE_DECODING = {
+    "num_beams": "beam search",
+    "num_beam_groups": "group beam search",
+    "penalty_alpha": "contrastive search",
+    "assistant_model": "assisted generation",
+    "prompt_lookup_num_tokens": "prompt-lookup decoding",
+    "dola_layers": "DoLa decoding",
+}
+"""`generate()` options under which the LM head does not run once per sampled token on one row per sequence: beams
+multiply and reorder the rows, contrastive search scores extra candidates, assisted and prompt-lookup decoding verify
+several tokens per forward, and DoLa runs the head on earlier layers too."""
+
+
+def unrecordable_decoding(generation_kwargs: Mapping[str, Any] | None) -> str | None:
+    """Why `GenerationStatsRecorder` cannot follow `generate()` under these options, or None when it can."""
+    for name, mode in UNRECORDABLE_DECODING.items():
+        value = (generation_kwargs or {}).get(name)
+        if value is None or value is False:
+            continue
+        if name in ("num_beams", "num_beam_groups") and value == 1:
+            continue
+        return f"{mode} ({name}={value!r} in generation_kwargs)"
+    return None
 
 
 class GenerationStatsRecorder:
@@ -63,7 +89,8 @@ class GenerationStatsRecorder:
 
     def finish(self, completion_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``(log_probs, entropies)`` aligned with ``completion_ids`` ``[B, C]`` (the generated tokens, one column per
-        decoding step), or None when the hooks did not see one LM-head call per generated token."""
+        decoding step), or None when the hooks did not see one LM-head call per generated token on one row per
+        completion."""
         if self._pending is not None:
             last = len(self._log_probs)
             if last < completion_ids.size(1):
@@ -73,6 +100,10 @@ class GenerationStatsRecorder:
         if len(self._log_probs) < completion_ids.size(1):
             return None
         columns = completion_ids.size(1)
+        rows = completion_ids.size(0)
+        recorded = self._log_probs[:columns] + self._entropies[:columns]
+        if any(values.dim() != 1 or values.size(0) != rows for values in recorded):
+            return None
         log_probs = torch.stack(self._log_probs[:columns], dim=1)
         entropies = torch.stack(self._entropies[:columns], dim=1)
         return log_probs, entropies
