@@ -181,12 +181,9 @@ def aggregate(runs: dict) -> dict:
 
 
 def plot(summary: dict, runs: dict, path: Path) -> Path:
-    import matplotlib
+    from stapo_trl.diagnostics.plotting import LinePanel, Series, draw_line_panel, pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from stapo_trl.diagnostics.report import LinePanel, Series, draw_line_panel
+    plt = pyplot()
 
     figure, axes = plt.subplots(2, 3, figsize=(16, 8.5), constrained_layout=True)
     for axis, (key, (title, floor, scale)) in zip(axes.flat, CURVES.items(), strict=False):

@@ -15,6 +15,7 @@ from stapo_trl.cli.train import RunSummary, silenced_examples, summarize_metrics
 from stapo_trl.data import ROW_FEATURES
 from stapo_trl.data.arithmetic import WORKED_EXAMPLES, arithmetic_problems, load_arithmetic
 from stapo_trl.data.selection import drop_long_prompts, random_subset, split_heldout
+from stapo_trl.diagnostics.report import plot_training_curves, read_metrics, training_curve_panels
 from stapo_trl.evaluation import GreedyAccuracy, greedy_accuracy
 from stapo_trl.gguf import (
     SMOLLM2_GGUF,
@@ -23,7 +24,6 @@ from stapo_trl.gguf import (
     is_gguf_reference,
     resolve_gguf,
 )
-from stapo_trl.plots import plot_training_curves, read_metrics, training_curve_panels
 from stapo_trl.rewards import get_reward_func
 
 # --- arithmetic word problems --------------------------------------------------------------------------------------

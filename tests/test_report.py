@@ -12,11 +12,11 @@ from tiny import tiny_config, tiny_trainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
 from stapo_trl.cli import main
+from stapo_trl.diagnostics.plotting import draw_line_panel
 from stapo_trl.diagnostics.report import (
     FIGURES,
     ReportError,
     density_panel,
-    draw_line_panel,
     entropy_trend,
     find_log_source,
     line_panel,

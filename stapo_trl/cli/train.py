@@ -330,8 +330,8 @@ def run_training(request: TrainRequest) -> RunSummary:
     from trl import get_peft_config, get_quantization_config
 
     from ..callbacks import MetricsFileCallback, StepSummaryProgressCallback, StopAtCheckpointOnInterrupt
+    from ..diagnostics.report import plot_training_curves, read_metrics
     from ..evaluation import greedy_accuracy
-    from ..plots import plot_training_curves, read_metrics
     from ..resume import resolve_resume_checkpoint
     from ..rewards import get_reward_func
     from ..trainer import STAPOTrainer

@@ -21,6 +21,16 @@ from ..errors import UsageError
 from ..jsonl import read_json_lines
 from ..names import METRICS_FILE, SILENCED_TOKENS_FILE, SILENCED_TOKENS_STATS_FILE, TRAINER_STATE_FILE
 from ..resume import last_complete_checkpoint
+from .plotting import (
+    DensityPanel,
+    LinePanel,
+    Series,
+    TokenBars,
+    plot_density_panels,
+    plot_line_panels,
+    plot_token_bars,
+    populated_density_limits,
+)
 
 REPORT_FILE = "report.md"
 HTML_FILE = "report.html"
@@ -67,11 +77,15 @@ def find_log_source(directory: Path) -> Path | None:
     return metrics if metrics.is_file() else None
 
 
+def read_metrics(path: str | Path) -> list[dict]:
+    """The training records of a `metrics.jsonl` file (the final summary record is left out; a last line cut off
+    mid-write is left out with a warning)."""
+    return [record for record in read_json_lines(path) if "train_runtime" not in record]
+
+
 def read_history(source: Path) -> list[dict[str, Any]]:
     """The per-step training records of a ``trainer_state.json`` or ``metrics.jsonl`` (the end-of-training summary
     record, which has ``train_runtime``, is left out)."""
-    from ..plots import read_metrics
-
     try:
         if source.name == METRICS_FILE:
             records = read_metrics(source)
@@ -180,45 +194,8 @@ def entropy_trend(summary: dict[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------------------------- figure data
-# Each figure is built in two steps: a pure function computes what it shows (the series, labels and notes, which the
-# tests pin), and a drawing function renders that with matplotlib.
+# What each figure shows, as the data classes of plotting.py (which draws them); the tests pin these.
 S2T_KEYS = ("s2t/masked_fraction", "s2t/entropy_threshold")
-
-
-@dataclass
-class Series:
-    """One run's line in a panel. ``values[i]`` is None where the metric was logged without a value at
-    ``steps[i]`` (for ``tau_h``: a step without candidates); the line breaks there."""
-
-    label: str
-    steps: list[int]
-    values: list[float | None]
-    band: tuple[list[float | None], list[float | None]] | None = None
-    """Optional ``(low, high)`` per step, drawn as a shaded band (for example mean ± sd over seeds)."""
-
-    @property
-    def defined(self) -> list[tuple[int, float]]:
-        return [(step, value) for step, value in zip(self.steps, self.values, strict=True) if value is not None]
-
-    @property
-    def undefined_steps(self) -> list[int]:
-        return [step for step, value in zip(self.steps, self.values, strict=True) if value is None]
-
-
-@dataclass
-class LinePanel:
-    """A panel of one metric over the optimizer steps, one series per run that logged it.
-
-    ``y_floor`` is the lowest value the axis shows (0 for fractions and entropies, which cannot be negative).
-    ``undefined_label`` names what a logged step without a value means; such steps are marked on the x axis.
-    ``notes`` say why a run has no line, or why no line has a point.
-    """
-
-    title: str
-    series: list[Series]
-    y_floor: float | None = None
-    undefined_label: str | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 def metric_series(history: list[dict[str, Any]], key: str, label: str, scale: float = 1.0) -> Series | None:
@@ -278,16 +255,6 @@ def masking_panels(runs: list[RunLogs]) -> tuple[LinePanel, LinePanel]:
     return fraction, threshold
 
 
-@dataclass
-class TokenBars:
-    """One run's most frequent silenced tokens (from its dump), most frequent first, or a note saying why none."""
-
-    title: str
-    tokens: list[str]
-    counts: list[int]
-    note: str | None = None
-
-
 def token_bars(run: RunLogs, limit: int = 15) -> TokenBars:
     """The bars of the top-silenced-tokens figure for one run. Token texts have their whitespace made visible."""
     written = len(run.silenced_tokens or [])
@@ -305,29 +272,6 @@ def token_bars(run: RunLogs, limit: int = 15) -> TokenBars:
         detail = f", {candidates} candidates" if candidates is not None else ""
         return TokenBars(title, [], [], note=f"no token was silenced in {steps} steps{detail}")
     return TokenBars(title, [visible_token(text) for text, _ in top], [count for _, count in top])
-
-
-@dataclass
-class DensityPanel:
-    """One run's p-H density of positive-advantage loss tokens, with the S2T region and the dumped silenced tokens.
-
-    ``counts[i][j]`` is the number of tokens in bin i of log10 p and bin j of H over ``extent``
-    ``(log10 p low, high, H low, high)``. ``masked_box`` is ``(log10 prob_threshold, median tau_h)`` when the run had
-    candidates; ``threshold_only`` is ``log10 prob_threshold`` when it had none. ``silenced`` holds the dumped
-    silenced tokens as ``(log10 p, H)``, clamped into the extent.
-    """
-
-    title: str
-    counts: list[list[int]] | None = None
-    extent: tuple[float, float, float, float] | None = None
-    masked_box: tuple[float, float] | None = None
-    threshold_only: float | None = None
-    silenced: list[tuple[float, float]] = field(default_factory=list)
-    note: str | None = None
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(map(sum, self.counts)) if self.counts else 0
 
 
 def density_panel(run: RunLogs) -> DensityPanel:
@@ -354,82 +298,41 @@ def density_panel(run: RunLogs) -> DensityPanel:
     return panel
 
 
-# ------------------------------------------------------------------------------------------------- drawing
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(figure, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    _pyplot().close(figure)
-    return path
+# ------------------------------------------------------------------------------------------------- figures
+TRAINING_CURVES = (
+    ("reward", "mean reward", None, 1.0),
+    ("entropy", "mean token entropy (nats)", 0.0, 1.0),
+    ("s2t/masked_fraction", "S2T masked fraction (%)", 0.0, 100.0),
+)
+"""(metric, title, lowest value the axis shows, scale) of each panel of ``training_curves.png``."""
 
 
-def draw_line_panel(axis, panel: LinePanel) -> None:
-    """Draw a :class:`LinePanel`: lines broken at undefined steps, those steps marked on the x axis, notes inside."""
-    import numpy as np
+def training_curve_panels(records: list[dict], label: str = "run") -> list[LinePanel]:
+    """The panels of ``training_curves.png`` (reward, entropy, masked fraction) of one run's records."""
+    panels = []
+    for key, title, y_floor, scale in TRAINING_CURVES:
+        found = metric_series([record for record in records if "step" in record], key, label, scale)
+        panel = LinePanel(title=title, series=[found] if found is not None else [], y_floor=y_floor)
+        if found is None:
+            panel.notes.append("not logged by this run")
+        panels.append(panel)
+    return panels
 
-    marked_undefined = False
-    for series in panel.series:
-        values = np.array([np.nan if value is None else value for value in series.values], dtype=float)
-        (line,) = axis.plot(series.steps, values, marker="o", markersize=3, linewidth=1.5, label=series.label)
-        if series.band is not None:
-            low, high = (np.array([np.nan if v is None else v for v in edge], dtype=float) for edge in series.band)
-            if panel.y_floor is not None:
-                low = np.maximum(low, panel.y_floor)
-            axis.fill_between(series.steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
-        undefined = series.undefined_steps
-        if undefined:
-            label = panel.undefined_label if not marked_undefined else None
-            axis.plot(
-                undefined,
-                [0.04] * len(undefined),
-                linestyle="none",
-                marker="x",
-                markersize=7,
-                markeredgewidth=1.5,
-                color=line.get_color(),
-                transform=axis.get_xaxis_transform(),
-                label=label,
-            )
-            marked_undefined = True
-    if panel.y_floor is not None:
-        bottom, top = axis.get_ylim()
-        axis.set_ylim(panel.y_floor, max(top, panel.y_floor + 1e-3))
-    title = panel.title
-    if panel.notes and any(series.defined for series in panel.series):
-        title += "\n" + "; ".join(panel.notes)
-    elif panel.notes:
-        axis.text(0.5, 0.5, "\n".join(panel.notes), ha="center", va="center", fontsize=9, transform=axis.transAxes)
-    axis.set_title(title, fontsize=10)
-    axis.set_xlabel("optimizer step")
-    axis.xaxis.get_major_locator().set_params(integer=True)
-    axis.grid(alpha=0.3)
-    if axis.get_legend_handles_labels()[0]:
-        axis.legend(fontsize=7, loc="best")
+
+def plot_training_curves(records: list[dict], path: str | Path, title: str | None = None) -> Path:
+    """Write a three-panel PNG of reward, entropy and masked fraction against the step. A metric that the run did
+    not log (for example the mask of a GRPO run) leaves its panel with a note."""
+    return plot_line_panels(training_curve_panels(records), path, panel_size=(4.2, 3.2), title=title, dpi=110)
 
 
 def plot_metric(runs: list[RunLogs], key: str, label: str, path: Path, y_floor: float | None = None) -> Path:
     """One metric over the steps, one line per run, on shared axes."""
-    plt = _pyplot()
-    figure, axis = plt.subplots(figsize=(6, 3.6), constrained_layout=True)
-    draw_line_panel(axis, line_panel(runs, key, label, y_floor=y_floor))
-    return _save(figure, path)
+    return plot_line_panels([line_panel(runs, key, label, y_floor=y_floor)], path, panel_size=(6, 3.6))
 
 
 def plot_masking(runs: list[RunLogs], path: Path) -> Path:
     """The S2T masked fraction (%) and ``tau_h`` over the steps, one line per run."""
-    plt = _pyplot()
-    figure, axes = plt.subplots(1, 2, figsize=(11, 3.8), constrained_layout=True)
-    for axis, panel in zip(axes, masking_panels(runs), strict=True):
-        draw_line_panel(axis, panel)
-    return _save(figure, path)
+    return plot_line_panels(masking_panels(runs), path, panel_size=(5.5, 3.8))
 
 
 def _density_extent(stats: dict[str, Any]) -> tuple[float, float, float, float]:
@@ -437,113 +340,39 @@ def _density_extent(stats: dict[str, Any]) -> tuple[float, float, float, float]:
     return (*density["log10_p_range"], *density["entropy_range"])
 
 
-def _populated_limits(stats: dict[str, Any]) -> tuple[float, float] | None:
-    """The lowest log10 p and the highest H worth showing: the populated bins plus a margin."""
-    import numpy as np
-
-    counts = np.array(stats["density"]["positive_advantage"]) + np.array(stats["density"]["other"])
-    if counts.sum() == 0:
+def density_limits(runs: list[RunLogs]) -> tuple[float, float] | None:
+    """The lowest log10 p and highest H that the runs' populated density bins reach (all tokens, any advantage)."""
+    limits = []
+    for run in runs:
+        if run.dump_stats is None:
+            continue
+        density = run.dump_stats["density"]
+        counts = [
+            [a + b for a, b in zip(row_a, row_b, strict=True)]
+            for row_a, row_b in zip(density["positive_advantage"], density["other"], strict=True)
+        ]
+        found = populated_density_limits(counts, _density_extent(run.dump_stats), run.dump_stats.get("prob_threshold"))
+        if found is not None:
+            limits.append(found)
+    if not limits:
         return None
-    x_low, x_high, y_low, y_high = _density_extent(stats)
-    rows, columns = np.nonzero(counts)
-    x_width = (x_high - x_low) / counts.shape[0]
-    y_width = (y_high - y_low) / counts.shape[1]
-    lowest_p = x_low + rows.min() * x_width - 2 * x_width
-    if stats.get("prob_threshold"):
-        lowest_p = min(lowest_p, math.log10(stats["prob_threshold"]) - 2 * x_width)
-    return max(x_low, lowest_p), min(y_high, y_low + (columns.max() + 1) * y_width * 1.15 + y_width)
+    return min(limit[0] for limit in limits), max(limit[1] for limit in limits)
 
 
 def plot_token_density(runs: list[RunLogs], path: Path) -> Path:
     """Where the positive-advantage loss tokens sit over (log10 p, H), per run on shared axes, with the S2T masked
     region (``p < prob_threshold`` and ``H < tau_h``, the run's median ``tau_h``) and the dumped silenced tokens."""
-    import numpy as np
-    from matplotlib.colors import LogNorm
-    from matplotlib.patches import Rectangle
-
-    plt = _pyplot()
-    figure, axes = plt.subplots(
-        1, len(runs), figsize=(5.2 * len(runs), 4.2), sharex=True, sharey=True, constrained_layout=True, squeeze=False
+    return plot_density_panels(
+        [density_panel(run) for run in runs],
+        path,
+        limits=density_limits(runs),
+        title="Positive-advantage completion tokens over probability and entropy",
     )
-    for axis, run in zip(axes[0], runs, strict=True):
-        panel = density_panel(run)
-        axis.set_title(panel.title, fontsize=10)
-        axis.set_xlabel("log10 p (probability of the sampled token)")
-        if panel.note:
-            axis.text(0.5, 0.5, panel.note, ha="center", va="center", transform=axis.transAxes, fontsize=9)
-        if panel.counts is None:
-            continue
-        counts = np.array(panel.counts, dtype=float)
-        x_low, x_high, y_low, y_high = panel.extent
-        if counts.sum() > 0:
-            image = axis.imshow(
-                np.ma.masked_equal(counts.T, 0),
-                origin="lower",
-                extent=panel.extent,
-                aspect="auto",
-                norm=LogNorm(vmin=1, vmax=max(counts.max(), 2)),
-                cmap="viridis",
-            )
-            figure.colorbar(image, ax=axis, label="tokens (A > 0)")
-        if panel.masked_box is not None:
-            log10_threshold, tau_h = panel.masked_box
-            axis.add_patch(
-                Rectangle(
-                    (x_low, y_low),
-                    log10_threshold - x_low,
-                    tau_h - y_low,
-                    fill=False,
-                    edgecolor="red",
-                    linestyle="--",
-                    linewidth=1.5,
-                    label=f"masked: p < {10**log10_threshold:.3g}, H < {tau_h:.2f}\n(the median of the per-step tau_h)",
-                )
-            )
-        elif panel.threshold_only is not None:
-            axis.axvline(panel.threshold_only, color="red", linestyle="--", linewidth=1.2)
-            axis.plot(
-                [],
-                [],
-                color="red",
-                linestyle="--",
-                label=f"p = {10**panel.threshold_only:.3g}; no candidates, no tau_h",
-            )
-        if panel.silenced:
-            x, y = zip(*panel.silenced, strict=True)
-            axis.scatter(x, y, s=14, marker="x", color="red", linewidths=1.0, label="silenced (dumped)")
-        if axis.get_legend_handles_labels()[0]:
-            axis.legend(fontsize=7, loc="upper left")
-    axes[0][0].set_ylabel("H: entropy at the position (nats)")
-    limits = [_populated_limits(run.dump_stats) for run in runs if run.dump_stats is not None]
-    limits = [limit for limit in limits if limit is not None]
-    if limits:
-        axes[0][0].set_xlim(min(limit[0] for limit in limits), 0.0)
-        axes[0][0].set_ylim(0.0, max(limit[1] for limit in limits))
-    figure.suptitle("Positive-advantage completion tokens over probability and entropy", fontsize=11)
-    return _save(figure, path)
 
 
 def plot_top_silenced(runs: list[RunLogs], path: Path, limit: int = 15) -> Path:
     """The most frequent silenced tokens of each run's dump, as horizontal bars, or the reason there are none."""
-    plt = _pyplot()
-    figure, axes = plt.subplots(
-        1, len(runs), figsize=(4.6 * len(runs), 0.3 * limit + 1.6), constrained_layout=True, squeeze=False
-    )
-    for axis, run in zip(axes[0], runs, strict=True):
-        bars = token_bars(run, limit)
-        axis.set_title(bars.title, fontsize=10)
-        if bars.note:
-            axis.text(0.5, 0.5, bars.note, ha="center", va="center", transform=axis.transAxes, fontsize=9)
-            axis.set_xticks([])
-            axis.set_yticks([])
-            continue
-        positions = range(len(bars.tokens))
-        axis.barh(positions, bars.counts, color="tab:red")
-        axis.set_yticks(positions, bars.tokens, fontsize=8)
-        axis.invert_yaxis()
-        axis.set_xlabel("times silenced (in the dump)")
-        axis.xaxis.get_major_locator().set_params(integer=True)
-    return _save(figure, path)
+    return plot_token_bars([token_bars(run, limit) for run in runs], path, limit)
 
 
 # ------------------------------------------------------------------------------------------------- report

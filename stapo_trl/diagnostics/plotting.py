@@ -1,0 +1,347 @@
+"""Every figure the package draws, and the only module that imports matplotlib.
+
+A figure is built in two steps. The caller computes what it shows as plain data, with the classes below (the
+series, labels and notes, which the tests pin); a function here renders that data headless (the Agg backend) and
+writes the PNG. The training curves (`stapo-trl train`), the report's figures (`stapo-trl report`) and the
+evaluation chart (`stapo-trl eval`) all go through it, so they share one look and one set of rules: an axis that
+cannot go negative starts at its floor, a step logged without a value breaks the line and is marked on the x axis,
+and a panel with nothing to draw says why.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Series:
+    """One run's line in a panel. ``values[i]`` is None where the metric was logged without a value at
+    ``steps[i]`` (for ``tau_h``: a step without candidates); the line breaks there."""
+
+    label: str
+    steps: list[int]
+    values: list[float | None]
+    band: tuple[list[float | None], list[float | None]] | None = None
+    """Optional ``(low, high)`` per step, drawn as a shaded band (for example mean ± sd over seeds)."""
+
+    @property
+    def defined(self) -> list[tuple[int, float]]:
+        return [(step, value) for step, value in zip(self.steps, self.values, strict=True) if value is not None]
+
+    @property
+    def undefined_steps(self) -> list[int]:
+        return [step for step, value in zip(self.steps, self.values, strict=True) if value is None]
+
+
+@dataclass
+class LinePanel:
+    """A panel of one metric over the optimizer steps, one series per run that logged it.
+
+    ``y_floor`` is the lowest value the axis shows (0 for fractions and entropies, which cannot be negative).
+    ``undefined_label`` names what a logged step without a value means; such steps are marked on the x axis.
+    ``notes`` say why a run has no line, or why no line has a point.
+    """
+
+    title: str
+    series: list[Series]
+    y_floor: float | None = None
+    undefined_label: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TokenBars:
+    """One run's most frequent silenced tokens (from its dump), most frequent first, or a note saying why none."""
+
+    title: str
+    tokens: list[str]
+    counts: list[int]
+    note: str | None = None
+
+
+@dataclass
+class DensityPanel:
+    """One run's p-H density of positive-advantage loss tokens, with the S2T region and the dumped silenced tokens.
+
+    ``counts[i][j]`` is the number of tokens in bin i of log10 p and bin j of H over ``extent``
+    ``(log10 p low, high, H low, high)``. ``masked_box`` is ``(log10 prob_threshold, median tau_h)`` when the run had
+    candidates; ``threshold_only`` is ``log10 prob_threshold`` when it had none. ``silenced`` holds the dumped
+    silenced tokens as ``(log10 p, H)``, clamped into the extent.
+    """
+
+    title: str
+    counts: list[list[int]] | None = None
+    extent: tuple[float, float, float, float] | None = None
+    masked_box: tuple[float, float] | None = None
+    threshold_only: float | None = None
+    silenced: list[tuple[float, float]] = field(default_factory=list)
+    note: str | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(map(sum, self.counts)) if self.counts else 0
+
+
+@dataclass
+class BarGroup:
+    """One row of a grouped bar chart: its value in each group it has, and whether it is quoted rather than
+    measured (quoted rows are hatched and faded so they are never mistaken for measurements)."""
+
+    label: str
+    values: dict[str, float]
+    quoted: bool = False
+
+
+def pyplot():
+    """matplotlib's pyplot on the headless Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(figure, path: str | Path, dpi: int = 100) -> Path:
+    """Write ``figure`` to ``path`` (its directory is created) and close it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=dpi)
+    pyplot().close(figure)
+    return path
+
+
+def draw_line_panel(axis, panel: LinePanel) -> None:
+    """Draw a :class:`LinePanel`: lines broken at undefined steps, those steps marked on the x axis, notes inside."""
+    import numpy as np
+
+    marked_undefined = False
+    for series in panel.series:
+        values = np.array([np.nan if value is None else value for value in series.values], dtype=float)
+        (line,) = axis.plot(series.steps, values, marker="o", markersize=3, linewidth=1.5, label=series.label)
+        if series.band is not None:
+            low, high = (np.array([np.nan if v is None else v for v in edge], dtype=float) for edge in series.band)
+            if panel.y_floor is not None:
+                low = np.maximum(low, panel.y_floor)
+            axis.fill_between(series.steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+        undefined = series.undefined_steps
+        if undefined:
+            label = panel.undefined_label if not marked_undefined else None
+            axis.plot(
+                undefined,
+                [0.04] * len(undefined),
+                linestyle="none",
+                marker="x",
+                markersize=7,
+                markeredgewidth=1.5,
+                color=line.get_color(),
+                transform=axis.get_xaxis_transform(),
+                label=label,
+            )
+            marked_undefined = True
+    if panel.y_floor is not None:
+        bottom, top = axis.get_ylim()
+        axis.set_ylim(panel.y_floor, max(top, panel.y_floor + 1e-3))
+    title = panel.title
+    if panel.notes and any(series.defined for series in panel.series):
+        title += "\n" + "; ".join(panel.notes)
+    elif panel.notes:
+        axis.text(0.5, 0.5, "\n".join(panel.notes), ha="center", va="center", fontsize=9, transform=axis.transAxes)
+    axis.set_title(title, fontsize=10)
+    axis.set_xlabel("optimizer step")
+    axis.xaxis.get_major_locator().set_params(integer=True)
+    axis.grid(alpha=0.3)
+    if axis.get_legend_handles_labels()[0]:
+        axis.legend(fontsize=7, loc="best")
+
+
+def plot_line_panels(
+    panels: Sequence[LinePanel],
+    path: str | Path,
+    *,
+    panel_size: tuple[float, float] = (5.5, 3.8),
+    title: str | None = None,
+    dpi: int = 100,
+) -> Path:
+    """Write a row of :class:`LinePanel`\\ s as one PNG."""
+    if not panels:
+        raise ValueError("There are no panels to plot.")
+    plt = pyplot()
+    width, height = panel_size
+    figure, axes = plt.subplots(
+        1, len(panels), figsize=(width * len(panels), height), constrained_layout=True, squeeze=False
+    )
+    for axis, panel in zip(axes[0], panels, strict=True):
+        draw_line_panel(axis, panel)
+    if title:
+        figure.suptitle(title, fontsize=11)
+    return save_figure(figure, path, dpi)
+
+
+def plot_token_bars(bars: Sequence[TokenBars], path: str | Path, limit: int = 15) -> Path:
+    """One horizontal bar chart of silenced tokens per run, or the run's note where it has none."""
+    plt = pyplot()
+    figure, axes = plt.subplots(
+        1, len(bars), figsize=(4.6 * len(bars), 0.3 * limit + 1.6), constrained_layout=True, squeeze=False
+    )
+    for axis, run_bars in zip(axes[0], bars, strict=True):
+        axis.set_title(run_bars.title, fontsize=10)
+        if run_bars.note:
+            axis.text(0.5, 0.5, run_bars.note, ha="center", va="center", transform=axis.transAxes, fontsize=9)
+            axis.set_xticks([])
+            axis.set_yticks([])
+            continue
+        positions = range(len(run_bars.tokens))
+        axis.barh(positions, run_bars.counts, color="tab:red")
+        axis.set_yticks(positions, run_bars.tokens, fontsize=8)
+        axis.invert_yaxis()
+        axis.set_xlabel("times silenced (in the dump)")
+        axis.xaxis.get_major_locator().set_params(integer=True)
+    return save_figure(figure, path)
+
+
+def plot_density_panels(
+    panels: Sequence[DensityPanel],
+    path: str | Path,
+    *,
+    limits: tuple[float, float] | None = None,
+    title: str | None = None,
+) -> Path:
+    """One p-H density per run on shared axes: a log-scaled histogram of the tokens, the S2T region as a dashed box
+    (or the probability threshold alone as a dashed line), and the silenced tokens as crosses.
+
+    ``limits`` is ``(lowest log10 p, highest H)`` to show; the axes run from there to ``log10 p = 0`` and ``H = 0``.
+    """
+    import numpy as np
+    from matplotlib.colors import LogNorm
+    from matplotlib.patches import Rectangle
+
+    plt = pyplot()
+    figure, axes = plt.subplots(
+        1,
+        len(panels),
+        figsize=(5.2 * len(panels), 4.2),
+        sharex=True,
+        sharey=True,
+        constrained_layout=True,
+        squeeze=False,
+    )
+    for axis, panel in zip(axes[0], panels, strict=True):
+        axis.set_title(panel.title, fontsize=10)
+        axis.set_xlabel("log10 p (probability of the sampled token)")
+        if panel.note:
+            axis.text(0.5, 0.5, panel.note, ha="center", va="center", transform=axis.transAxes, fontsize=9)
+        if panel.counts is None:
+            continue
+        counts = np.array(panel.counts, dtype=float)
+        x_low, x_high, y_low, y_high = panel.extent
+        if counts.sum() > 0:
+            image = axis.imshow(
+                np.ma.masked_equal(counts.T, 0),
+                origin="lower",
+                extent=panel.extent,
+                aspect="auto",
+                norm=LogNorm(vmin=1, vmax=max(counts.max(), 2)),
+                cmap="viridis",
+            )
+            figure.colorbar(image, ax=axis, label="tokens (A > 0)")
+        if panel.masked_box is not None:
+            log10_threshold, tau_h = panel.masked_box
+            axis.add_patch(
+                Rectangle(
+                    (x_low, y_low),
+                    log10_threshold - x_low,
+                    tau_h - y_low,
+                    fill=False,
+                    edgecolor="red",
+                    linestyle="--",
+                    linewidth=1.5,
+                    label=f"masked: p < {10**log10_threshold:.3g}, H < {tau_h:.2f}\n(the median of the per-step tau_h)",
+                )
+            )
+        elif panel.threshold_only is not None:
+            axis.axvline(panel.threshold_only, color="red", linestyle="--", linewidth=1.2)
+            axis.plot(
+                [],
+                [],
+                color="red",
+                linestyle="--",
+                label=f"p = {10**panel.threshold_only:.3g}; no candidates, no tau_h",
+            )
+        if panel.silenced:
+            x, y = zip(*panel.silenced, strict=True)
+            axis.scatter(x, y, s=14, marker="x", color="red", linewidths=1.0, label="silenced (dumped)")
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend(fontsize=7, loc="upper left")
+    axes[0][0].set_ylabel("H: entropy at the position (nats)")
+    if limits is not None:
+        axes[0][0].set_xlim(limits[0], 0.0)
+        axes[0][0].set_ylim(0.0, limits[1])
+    if title:
+        figure.suptitle(title, fontsize=11)
+    return save_figure(figure, path)
+
+
+def populated_density_limits(
+    counts: Sequence[Sequence[int]],
+    extent: tuple[float, float, float, float],
+    prob_threshold: float | None = None,
+) -> tuple[float, float] | None:
+    """The lowest log10 p and the highest H worth showing of a density histogram: the populated bins plus a margin,
+    and the probability threshold with the same margin. None when every bin is empty."""
+    import numpy as np
+
+    counts = np.asarray(counts)
+    if counts.sum() == 0:
+        return None
+    x_low, x_high, y_low, y_high = extent
+    rows, columns = np.nonzero(counts)
+    x_width = (x_high - x_low) / counts.shape[0]
+    y_width = (y_high - y_low) / counts.shape[1]
+    lowest_p = x_low + rows.min() * x_width - 2 * x_width
+    if prob_threshold:
+        lowest_p = min(lowest_p, math.log10(prob_threshold) - 2 * x_width)
+    return max(x_low, float(lowest_p)), min(y_high, float(y_low + (columns.max() + 1) * y_width * 1.15 + y_width))
+
+
+def plot_grouped_bars(
+    rows: Sequence[BarGroup],
+    groups: Sequence[str],
+    path: str | Path,
+    *,
+    group_titles: Mapping[str, str] | None = None,
+    ylabel: str = "",
+    title: str | None = None,
+    footnote: str | None = None,
+) -> Path:
+    """A grouped bar chart: one group per entry of ``groups``, one bar per row that has a value there."""
+    if not rows:
+        raise ValueError("There are no rows to plot.")
+    plt = pyplot()
+    width = 0.8 / len(rows)
+    figure, axis = plt.subplots(figsize=(max(6.0, 1.3 * len(groups) + 0.25 * len(rows)), 3.8), constrained_layout=True)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, row in enumerate(rows):
+        present = [name for name in groups if name in row.values]
+        axis.bar(
+            [groups.index(name) - 0.4 + width * (index + 0.5) for name in present],
+            [row.values[name] for name in present],
+            width,
+            label=row.label,
+            color=colors[index % len(colors)],
+            hatch="//" if row.quoted else None,
+            alpha=0.55 if row.quoted else 1.0,
+        )
+    axis.set_xticks(range(len(groups)))
+    axis.set_xticklabels([(group_titles or {}).get(name, name) for name in groups])
+    axis.set_ylabel(ylabel)
+    axis.grid(axis="y", alpha=0.3)
+    axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    if title:
+        axis.set_title(title, fontsize=10)
+    if footnote:
+        figure.supxlabel(footnote, fontsize=7)
+    return save_figure(figure, path, dpi=110)
