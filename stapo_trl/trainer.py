@@ -16,6 +16,7 @@ How the rules reach TRL's loss without copying it, at the start of each optimize
 
 from __future__ import annotations
 
+import inspect
 import logging
 from pathlib import Path
 from typing import Any
@@ -72,16 +73,18 @@ def _as_stapo_config(args: TrainingArguments) -> STAPOConfig:
     return config
 
 
-def _check_prompt_column(dataset) -> None:
+def _check_prompt_column(dataset, environment_factory=None) -> None:
     """Refuse a training dataset without the ``prompt`` column that TRL's generation step reads (TRL itself fails
-    with a ``KeyError`` at the first step, after the model has loaded). Datasets whose columns are unknown until
+    with a ``KeyError`` at the first step, after the model has loaded). With an ``environment_factory`` the column is
+    optional, as in TRL: each rollout's ``reset()`` may supply the prompt. Datasets whose columns are unknown until
     iterated (``column_names`` is None), and dicts of datasets, are left to TRL."""
     columns = getattr(dataset, "column_names", None)
-    if isinstance(columns, list) and "prompt" not in columns:
+    if environment_factory is None and isinstance(columns, list) and "prompt" not in columns:
         raise ValueError(
             f"train_dataset has no 'prompt' column (its columns: {', '.join(columns) or 'none'}). STAPOTrainer, like "
             "GRPOTrainer, samples completions for the 'prompt' of each row: rename the column that holds the "
-            "prompts, for example dataset.rename_column('question', 'prompt')."
+            "prompts, for example dataset.rename_column('question', 'prompt'), or pass an environment_factory "
+            "whose reset() returns the prompt."
         )
 
 
@@ -145,7 +148,9 @@ class STAPOTrainer(GRPOSeams):
         elif not isinstance(args, STAPOConfig):
             args = _as_stapo_config(args)
         reward_funcs = resolve_reward_funcs(reward_funcs)
-        _check_prompt_column(positional[0] if positional else kwargs.get("train_dataset"))
+        given = inspect.signature(super().__init__).bind_partial(model, reward_funcs, args, *positional, **kwargs)
+        given = given.arguments
+        _check_prompt_column(given.get("train_dataset"), given.get("environment_factory"))
         super().__init__(model, reward_funcs, args, *positional, **kwargs)
         self._generation_global_step: int | None = None
         self.token_rules = args.active_token_rules

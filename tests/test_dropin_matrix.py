@@ -161,6 +161,31 @@ class CounterEnvironment:
         return self.count
 
 
+class CountdownEnvironment(CounterEnvironment):
+    """Owns its data: ``reset`` returns the prompt, so the dataset row only names the environment."""
+
+    def reset(self, **kwargs):
+        super().reset()
+        return "Count to three with the counter."
+
+
+class EchoEnvironment:
+    def reset(self, **kwargs):
+        return "Say the word louder."
+
+    def shout(self, text: str) -> str:
+        """
+        Repeat a word louder.
+
+        Args:
+            text: The word.
+
+        Returns:
+            The word in capitals.
+        """
+        return text.upper()
+
+
 def conversational_dataset() -> Dataset:
     return Dataset.from_dict({"prompt": [[{"role": "user", "content": f"{i}+{i + 1}="}] for i in range(8)]})
 
@@ -338,6 +363,18 @@ FAMILIES = [
         model="tool",
         fake_completions=tool_call_completions('{"name": "increment", "arguments": {"step": 1}}'),
         shows_the_option_ran=two_of_three_called_a_tool_and_one_call_failed,
+    ),
+    Family(
+        "environment-owned data (rows name one of several environments, reset() gives the prompt)",
+        {"per_device_train_batch_size": 6, "num_generations": 3, "max_completion_length": 96},
+        lambda models: {
+            "environment_factory": {"countdown": CountdownEnvironment, "echo": EchoEnvironment},
+            "train_dataset": Dataset.from_dict({"environment": ["countdown", "echo"] * 4}),
+            "reward_funcs": count_vowels_chat_reward,
+        },
+        model="tool",
+        fake_completions=tool_call_completions('{"name": "increment", "arguments": {"step": 1}}'),
+        shows_the_option_ran=lambda trainer: len(logged(trainer, "tools/call_frequency")) == trainer.args.max_steps,
     ),
 ]
 
