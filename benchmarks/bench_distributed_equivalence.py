@@ -31,7 +31,7 @@ def relative(a: float, b: float) -> float:
 
 
 def compare(single: list[dict], multi: list[dict]) -> dict[str, float | int]:
-    figures = {"tokens": 0, "masked": 0, "weighted": 0, "mask_rows_differing": 0, "max_abs_weight_diff": 0.0}
+    figures = {"tokens": 0, "silenced": 0, "weighted": 0, "mask_rows_differing": 0, "max_abs_weight_diff": 0.0}
     figures |= {"max_rel_stat_diff": 0.0, "max_abs_loss_diff": 0.0, "max_abs_param_diff": 0.0}
     for step in range(len(single[0]["records"])):
         one, two = rows_by_identity(single, step), rows_by_identity(multi, step)
@@ -39,7 +39,7 @@ def compare(single: list[dict], multi: list[dict]) -> dict[str, float | int]:
             silenced, weights = row["silenced"], row["weights"]
             other_silenced, other_weights = two[key]["silenced"], two[key]["weights"]
             figures["tokens"] += silenced.numel()
-            figures["masked"] += int(silenced.sum())
+            figures["silenced"] += int(silenced.sum())
             figures["mask_rows_differing"] += int(not torch.equal(silenced, other_silenced))
             if weights is not None:
                 figures["weighted"] += int((weights != 1).sum())
@@ -69,13 +69,13 @@ def main() -> None:
         multi = launch(Path(directory) / "two", 2, CASES)
     results = {case: compare(single[case], multi[case]) for case in CASES}
     print(
-        "| case (rule:loss:GA) | tokens | masked | weighted | mask rows differing | max abs weight diff "
+        "| case (rule:loss:GA) | tokens | silenced | weighted | mask rows differing | max abs weight diff "
         "| max rel stat diff | max abs loss diff | max abs param diff |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
     for case, figures in results.items():
         print(
-            f"| {case} | {figures['tokens']} | {figures['masked']} | {figures['weighted']} | "
+            f"| {case} | {figures['tokens']} | {figures['silenced']} | {figures['weighted']} | "
             f"{figures['mask_rows_differing']} | "
             f"{figures['max_abs_weight_diff']:.1e} | {figures['max_rel_stat_diff']:.1e} | "
             f"{figures['max_abs_loss_diff']:.1e} | {figures['max_abs_param_diff']:.1e} |"

@@ -23,7 +23,7 @@ import time
 from peak_rss import peak_growth_mib, reset_peak_rss
 
 BF16_SHAPE = {"tokens": 16384, "hidden": 256, "vocab": 32000, "row": 256}
-BF16_BACKENDS = ["torch", "liger", "trl"]
+BF16_BACKENDS = ["torch", "liger", "trl_chunked"]
 MEMORY_SHAPES = [{"hidden": 64, "vocab": 8192}, {"hidden": 256, "vocab": 32000}]
 MEMORY_RUNS = [("naive", 4096), ("torch", 4096), ("torch", 32768), ("torch", 131072)]
 
@@ -50,7 +50,7 @@ def degenerate_rows() -> list[dict]:
         weight = weight.to(dtype)
         bias = None if bias is None else torch.tensor(bias)
         results = {}
-        for backend in ["naive", "torch", "trl", "liger"]:
+        for backend in ["naive", "torch", "trl_chunked", "liger"]:
             if backend == "liger" and bias is not None:
                 results[backend] = "no bias support"
                 continue
@@ -131,8 +131,8 @@ def bf16_against_fp32(seeds: int) -> list[dict]:
                 "log_p_crossing_tau_p": int(((lp32 < log_tau_p) ^ (lp16 < log_tau_p)).sum()),
                 "candidates_fp32": stats32["num_candidates"],
                 "candidates_bf16": stats16["num_candidates"],
-                "masked_fp32": stats32["num_spurious"],
-                "masked_bf16": stats16["num_spurious"],
+                "spurious_fp32": stats32["num_spurious"],
+                "spurious_bf16": stats16["num_spurious"],
                 "symmetric_difference": int(disagree.sum()),
                 "disagreements_near_tau_h": int((disagree & near_tau_h).sum()),
                 "disagreements_near_neither_threshold": int((disagree & ~near_tau_h & ~near_tau_p).sum()),
@@ -145,7 +145,7 @@ def bf16_against_fp32(seeds: int) -> list[dict]:
             runs.append(run)
             print(
                 f"seed {seed} {backend:5s} max|dlogp| {run['max_abs_log_p_difference']:.4f} "
-                f"max|dH| {max_dh:.4f} masked {run['masked_fp32']}/{run['masked_bf16']} "
+                f"max|dH| {max_dh:.4f} spurious {run['spurious_fp32']}/{run['spurious_bf16']} "
                 f"symdiff {run['symmetric_difference']} (near tau_h {run['disagreements_near_tau_h']}, "
                 f"near neither {run['disagreements_near_neither_threshold']}) "
                 f"tau_h {run['tau_h_fp32']:.4f}/{run['tau_h_bf16']:.4f} "

@@ -47,11 +47,11 @@ def run_seed(seed: int, output_root: Path, environment: dict) -> dict:
         "format_after": summary["accuracy_after"]["format_rate"],
         "reward_first_quarter": summary["reward_first"],
         "reward_last_quarter": summary["reward_last"],
-        "masked_fraction": summary["masked_fraction"],
-        "masked_tokens": summary["masked_tokens"],
+        "silenced_fraction": summary["silenced_fraction"],
+        "silenced_tokens": summary["silenced_tokens"],
         "candidates": summary["candidates"],
         "steps": summary["steps"],
-        "steps_with_silenced_tokens": summary["masked_steps"],
+        "steps_with_silenced_tokens": summary["silenced_steps"],
         "heldout_problems": summary["accuracy_after"]["total"],
         "silenced_examples": summary["silenced_examples"],
     }
@@ -84,7 +84,7 @@ def main() -> None:
         "gain_stdev_over_seeds": statistics.stdev(gains) if len(gains) > 1 else None,
         "max_wall_seconds": max(record["wall_seconds"] for record in records),
         "steps_with_silenced_tokens": [record["steps_with_silenced_tokens"] for record in records],
-        "silenced_of_candidates": [[record["masked_tokens"], record["candidates"]] for record in records],
+        "silenced_of_candidates": [[record["silenced_tokens"], record["candidates"]] for record in records],
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2) + "\n")

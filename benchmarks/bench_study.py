@@ -38,6 +38,8 @@ from pathlib import Path
 
 import yaml
 
+from stapo_trl.names import with_current_metric_names
+
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "quickstart" / "smollm2-135m-cpu.yaml"
 METHODS = ("stapo", "grpo", "20-entropy")
@@ -45,8 +47,8 @@ CURVES = {
     "entropy": ("mean token entropy (nats)", 0.0, 1.0),
     "reward": ("mean reward", None, 1.0),
     "grad_norm": ("gradient norm (before clipping)", 0.0, 1.0),
-    "s2t/masked_fraction": ("S2T masked fraction of loss tokens (%), STAPO", 0.0, 100.0),
-    "s2t/masked_grad_sq_share": ("silenced tokens' share of the squared logit-gradient norm (%), STAPO", 0.0, 100.0),
+    "s2t/silenced_fraction": ("S2T silenced fraction of loss tokens (%), STAPO", 0.0, 100.0),
+    "s2t/silenced_grad_sq_share": ("silenced tokens' share of the squared logit-gradient norm (%), STAPO", 0.0, 100.0),
 }
 """(title, lowest value the axis shows, scale) of each per-step curve."""
 
@@ -137,7 +139,8 @@ def heldout_accuracy(seed: int, adapter: Path | None, cache: Path) -> dict:
 
 def step_records(output_dir: Path) -> list[dict]:
     state = json.loads((output_dir / "trainer_state.json").read_text())
-    return [entry for entry in state["log_history"] if "loss" in entry and "train_runtime" not in entry]
+    steps = [entry for entry in state["log_history"] if "loss" in entry and "train_runtime" not in entry]
+    return with_current_metric_names(steps, output_dir)
 
 
 def mean_sd(values: list[float]) -> tuple[float, float]:
@@ -167,14 +170,14 @@ def aggregate(runs: dict) -> dict:
         before = [run["heldout_before"]["accuracy"] for run in seeds]
         after = [run["heldout_after"]["accuracy"] for run in seeds]
         gains = [b - a for a, b in zip(before, after, strict=True)]
-        masked = [sum(r.get("s2t/num_masked", 0) for r in run["steps"]) for run in seeds]
+        silenced = [sum(r.get("s2t/num_silenced", 0) for r in run["steps"]) for run in seeds]
         candidates = [sum(r.get("s2t/num_candidates", 0) for r in run["steps"]) for run in seeds]
         summary[method] = {
             "curves": curves,
             "heldout_before_mean_sd": mean_sd(before),
             "heldout_after_mean_sd": mean_sd(after),
             "heldout_gain_mean_sd": mean_sd(gains),
-            "silenced_tokens_per_seed": masked if method == "stapo" else None,
+            "silenced_tokens_per_seed": silenced if method == "stapo" else None,
             "candidates_per_seed": candidates if method == "stapo" else None,
         }
     return summary

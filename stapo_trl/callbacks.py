@@ -13,7 +13,7 @@ from pathlib import Path
 
 from transformers import ProgressCallback, TrainerCallback
 
-from .names import METRICS_FILE, S2T_ENTROPY_THRESHOLD, S2T_MASKED_FRACTION, STARE_GATE_ON
+from .names import METRICS_FILE, S2T_ENTROPY_THRESHOLD, S2T_NUM_SILENCED, S2T_SILENCED_FRACTION, STARE_GATE_ON
 
 
 def _clean(value):
@@ -57,9 +57,9 @@ def step_summary(logs: dict, step: int, max_steps: int) -> str:
         parts.append(f"reward {logs['reward']:+.3f}")
     if "entropy" in logs:
         parts.append(f"entropy {logs['entropy']:.3f}")
-    if S2T_MASKED_FRACTION in logs:
-        masked = logs[S2T_MASKED_FRACTION]
-        parts.append(f"masked {100 * masked:.3f}% ({int(logs.get('s2t/num_masked', 0))} tok)")
+    if S2T_SILENCED_FRACTION in logs:
+        silenced = logs[S2T_SILENCED_FRACTION]
+        parts.append(f"silenced {100 * silenced:.3f}% ({int(logs.get(S2T_NUM_SILENCED, 0))} tok)")
     threshold = logs.get(S2T_ENTROPY_THRESHOLD)
     if threshold is not None and math.isfinite(threshold):
         parts.append(f"tau_h {threshold:.3f}")

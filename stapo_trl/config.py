@@ -9,20 +9,25 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from .token_rules import GATE_MODES, STARE_VARIANTS, TOKEN_RULES
+from .diagnostics.token_dump_config import TokenDumpConfigMixin
+from .token_rules import TOKEN_RULES
+from .token_rules.stare_config import STAREConfigMixin
 
 TOKEN_STATS_SOURCES = ("generation", "loss")
-TOKEN_STATS_BACKENDS = ("auto", "trl", "torch", "liger")
+TOKEN_STATS_BACKENDS = ("auto", "model_head", "torch", "liger")
+RETIRED_TOKEN_STATS_BACKENDS = {"trl": "model_head"}
+"""Earlier spellings of ``token_stats_backend`` values and their current ones (``"trl"`` read as the library)."""
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 """The loss aggregations of TRL 1.16's `GRPOTrainer`."""
-STARE_SELECTION_POOLS = ("micro_batch", "optimizer_step")
 BUILT_IN_RULE_SWITCHES = {"s2t": "use_s2t_mask", "stare": "use_stare"}
 
 
 @dataclass
-class STAPOConfig(GRPOConfig):
+class STAPOConfig(STAREConfigMixin, TokenDumpConfigMixin, GRPOConfig):
     r"""
-    Configuration class for [`STAPOTrainer`]: every [`~trl.GRPOConfig`] argument, plus the S2T mask.
+    Configuration class for [`STAPOTrainer`]: every [`~trl.GRPOConfig`] argument, plus the S2T mask, STARE (the
+    fields of [`~stapo_trl.token_rules.stare_config.STAREConfigMixin`]), your own token rules, and the silenced-token
+    dump (the fields of [`~stapo_trl.diagnostics.token_dump_config.TokenDumpConfigMixin`]).
 
     Parameters:
         > Parameters of the S2T (silencing spurious tokens) mask
@@ -41,38 +46,9 @@ class STAPOConfig(GRPOConfig):
             generation feeds one optimizer step) or `"loss"` (the policy being optimized in each step, as in the
             paper).
         token_stats_backend (`str`, *optional*, defaults to `"auto"`):
-            How a statistics pass computes `p` and `H`: `"trl"` (the model's TRL fused LM head), `"torch"` (our
-            chunked op), `"liger"` (Liger's fused linear cross-entropy) or `"auto"`.
-
-        > Parameters of STARE (surprisal-guided token-level advantage reweighting, arXiv 2606.19236)
-
-        use_stare (`bool`, *optional*, defaults to `False`):
-            Multiply the advantage of the highest-surprisal tokens of each advantage sign while the target-entropy
-            gate is on.
-        stare_variant (`str`, *optional*, defaults to `"O1"`):
-            `"O1"` weights the positive-advantage selection by `W`; `"C2"` also weights the negative one by `M`.
-        stare_top_surprisal_share (`float`, *optional*, defaults to `0.1`):
-            `P`: the share of each advantage-sign subset that is selected, by highest surprisal `-log p`.
-        stare_positive_weight (`float`, *optional*, defaults to `1.1`):
-            `W` (the paper uses 1.05 for 14B and 32B models).
-        stare_negative_weight (`float`, *optional*, defaults to `0.9`):
-            `M`, C2 only (0.95 for 14B and 32B).
-        stare_target_entropy (`float`, *optional*, defaults to `0.3`):
-            The gate is on while the batch's mean token entropy (nats) under the pre-update policy is below this.
-        stare_gate (`str`, *optional*, defaults to `"entropy"`):
-            `"entropy"` (closed loop), `"on"` (always on: the no-gate ablation) or `"off"` (never: exactly GRPO).
-        stare_adaptive (`bool`, *optional*, defaults to `False`):
-            Move `W` and `M` by `stare_alpha` toward more reweighting while the entropy is below target, and back
-            while above, within `[1, stare_max_positive_weight]` and `[stare_min_negative_weight, 1]`.
-        stare_alpha (`float`, *optional*, defaults to `0.01`):
-            The adaptive step.
-        stare_max_positive_weight (`float`, *optional*, defaults to `1.5`):
-            The adaptive upper clamp of `W`.
-        stare_min_negative_weight (`float`, *optional*, defaults to `0.5`):
-            The adaptive lower clamp of `M`.
-        stare_selection_pool (`str`, *optional*, defaults to `"micro_batch"`):
-            Where the top-surprisal share is taken: `"micro_batch"` (each micro-batch of each process alone, as the
-            reference code does) or `"optimizer_step"` (all micro-batches of the step, across all processes).
+            How a statistics pass computes `p` and `H`: `"model_head"` (the whole model, its own LM head included,
+            through TRL's fused head), `"torch"` (our chunked op), `"liger"` (Liger's fused linear cross-entropy) or
+            `"auto"`. `"trl"`, the earlier name of `"model_head"`, still works with a FutureWarning.
 
         > Your own token rules
 
@@ -82,19 +58,6 @@ class STAPOConfig(GRPOConfig):
         token_rule_kwargs (`dict` or `str`, *optional*):
             Keyword arguments per rule name, for example `{"my_rule": {"alpha": 0.5}}` (a JSON string on the command
             line).
-
-        > The silenced-token dump (read by `stapo-trl report`)
-
-        dump_silenced_tokens (`bool`, *optional*, defaults to `False`):
-            Write each optimizer step's silenced tokens with their context, `p`, `H` and advantage to
-            `output_dir/silenced_tokens.jsonl`, and counts plus a (log10 p, H) histogram of all loss tokens to
-            `output_dir/silenced_tokens_stats.json`.
-        dump_tokens_per_step (`int`, *optional*, defaults to `64`):
-            Per-step cap; the step's silenced tokens are sampled uniformly and the rest counted as dropped.
-        dump_max_tokens (`int`, *optional*, defaults to `5000`):
-            Cap over the run.
-        dump_context_tokens (`int`, *optional*, defaults to `20`):
-            Tokens of context on each side of a silenced token.
 
     Defaults that follow the paper where TRL's differ, or could drift: `epsilon_high=0.28`, `beta=0.0`,
     `loss_type="dapo"`.
@@ -160,88 +123,17 @@ class STAPOConfig(GRPOConfig):
     token_stats_backend: str = field(
         default="auto",
         metadata={
-            "help": "How a statistics pass computes log p and entropy without [N, V] logits. 'trl': the model's own "
-            "TRL fused LM head (supports every model TRL supports). 'torch': the backbone, then our chunked torch op "
-            "on the completion positions only. 'liger': the backbone, then Liger's fused linear cross-entropy "
-            "(needs `pip install 'stapo-trl[liger]'`). 'auto': 'liger' on CUDA when installed, otherwise 'torch', "
-            "and 'trl' for models the direct ops do not cover (vision-language, logit soft-capping or scaling) and "
-            "under FSDP or DeepSpeed ZeRO-3.",
+            "help": "How a statistics pass computes log p and entropy without [N, V] logits. 'model_head': the whole "
+            "model, its own LM head included, through TRL's fused head (supports every model TRL supports). 'torch': "
+            "the backbone, then our chunked torch op on the completion positions only. 'liger': the backbone, then "
+            "Liger's fused linear cross-entropy (needs `pip install 'stapo-trl[liger]'`). 'auto': 'liger' on CUDA "
+            "when installed, otherwise 'torch', and 'model_head' for models the direct ops do not cover "
+            "(vision-language, logit soft-capping or scaling) and under FSDP or DeepSpeed ZeRO-3. 'trl', the earlier "
+            "name of 'model_head', still works with a FutureWarning.",
             "choices": list(TOKEN_STATS_BACKENDS),
         },
     )
 
-    use_stare: bool = field(
-        default=False,
-        metadata={
-            "help": "STARE: multiply the advantage of the highest-surprisal tokens of each advantage sign (W for "
-            "positive, M for negative with variant C2) while the batch entropy is below stare_target_entropy."
-        },
-    )
-    stare_variant: str = field(
-        default="O1",
-        metadata={
-            "help": "'O1': weight only the positive-advantage selection by W. 'C2': also weight the negative-"
-            "advantage selection by M.",
-            "choices": list(STARE_VARIANTS),
-        },
-    )
-    stare_top_surprisal_share: float = field(
-        default=0.1,
-        metadata={
-            "help": "P, in (0, 1]: ceil(P * n) of the n positive-advantage tokens (and, for C2, of the negative ones) "
-            "with the highest surprisal -log p are selected; ties at the boundary are all selected."
-        },
-    )
-    stare_positive_weight: float = field(
-        default=1.1,
-        metadata={
-            "help": "W > 0: the advantage multiplier of the positive selection. The paper uses 1.05 at 14B/32B."
-        },
-    )
-    stare_negative_weight: float = field(
-        default=0.9,
-        metadata={"help": "M > 0: the advantage multiplier of the negative selection (variant C2 only)."},
-    )
-    stare_target_entropy: float = field(
-        default=0.3,
-        metadata={
-            "help": "H_target in nats: the reweighting is on while the mean token entropy of the generation batch, "
-            "under the policy that generated it, is strictly below this."
-        },
-    )
-    stare_gate: str = field(
-        default="entropy",
-        metadata={
-            "help": "'entropy': the closed-loop gate. 'on': always reweight (the no-gate ablation). 'off': never "
-            "reweight, which trains exactly as GRPO (a check).",
-            "choices": list(GATE_MODES),
-        },
-    )
-    stare_adaptive: bool = field(
-        default=False,
-        metadata={
-            "help": "Adaptive schedule: at each generation, W += alpha * sign(H_target - H) clipped to "
-            "[1, stare_max_positive_weight], and M -= alpha * sign(H_target - H) clipped to "
-            "[stare_min_negative_weight, 1]."
-        },
-    )
-    stare_alpha: float = field(default=0.01, metadata={"help": "The adaptive schedule's step (stare_adaptive only)."})
-    stare_max_positive_weight: float = field(
-        default=1.5, metadata={"help": "Upper clamp of W under the adaptive schedule (stare_adaptive only)."}
-    )
-    stare_min_negative_weight: float = field(
-        default=0.5, metadata={"help": "Lower clamp of M under the adaptive schedule (stare_adaptive only)."}
-    )
-    stare_selection_pool: str = field(
-        default="micro_batch",
-        metadata={
-            "help": "Where the top-surprisal share is taken. 'micro_batch': in each micro-batch of each process "
-            "separately, as the reference verl code does (the selection then depends on per_device_train_batch_size "
-            "and the number of processes). 'optimizer_step': over every micro-batch of the optimizer step and every "
-            "process, like the S2T pool, so the selection does not depend on how the batch is split.",
-            "choices": list(STARE_SELECTION_POOLS),
-        },
-    )
     token_rules: list[str] = field(
         default_factory=list,
         metadata={
@@ -254,31 +146,6 @@ class STAPOConfig(GRPOConfig):
         metadata={
             "help": 'Keyword arguments for your token rules, by rule name, e.g. \'{"my_rule": {"alpha": 0.5}}\'.'
         },
-    )
-
-    dump_silenced_tokens: bool = field(
-        default=False,
-        metadata={
-            "help": "Write the silenced tokens of every optimizer step (text, about dump_context_tokens tokens of "
-            "context either side, p, H, advantage, step, sample id) to output_dir/silenced_tokens.jsonl, and counts "
-            "plus a (log10 p, H) histogram of all loss tokens to output_dir/silenced_tokens_stats.json. Read them "
-            "with `stapo-trl report`. Off by default; nothing is computed while off."
-        },
-    )
-    dump_tokens_per_step: int = field(
-        default=64,
-        metadata={
-            "help": "At most this many silenced tokens per optimizer step are written, sampled uniformly over all "
-            "processes; the rest are counted as dropped."
-        },
-    )
-    dump_max_tokens: int = field(
-        default=5000,
-        metadata={"help": "At most this many silenced tokens are written over the run; later ones are counted only."},
-    )
-    dump_context_tokens: int = field(
-        default=20,
-        metadata={"help": "Completion tokens of context decoded on each side of a silenced token."},
     )
 
     def __post_init__(self):
@@ -301,7 +168,12 @@ class STAPOConfig(GRPOConfig):
                 "the paper's 'tau_h = 80%' is entropy_quantile=0.8."
             )
         if not self.use_s2t_mask:
-            changed = self._changed_from_default(("prob_threshold", "entropy_quantile"))
+            defaults = type(self).__dataclass_fields__
+            changed = [
+                name
+                for name in ("prob_threshold", "entropy_quantile")
+                if getattr(self, name) != defaults[name].default
+            ]
             if changed:
                 raise ValueError(
                     f"{', '.join(changed)} set, but use_s2t_mask=False, so they would be ignored. Set "
@@ -311,6 +183,15 @@ class STAPOConfig(GRPOConfig):
             raise ValueError(
                 f"token_stats_source must be one of {TOKEN_STATS_SOURCES}, got {self.token_stats_source!r}."
             )
+        if self.token_stats_backend in RETIRED_TOKEN_STATS_BACKENDS:
+            current = RETIRED_TOKEN_STATS_BACKENDS[self.token_stats_backend]
+            warnings.warn(
+                f"token_stats_backend={self.token_stats_backend!r} is now called {current!r}; the old name will be "
+                "removed.",
+                FutureWarning,
+                stacklevel=3,
+            )
+            self.token_stats_backend = current
         if self.token_stats_backend not in TOKEN_STATS_BACKENDS:
             raise ValueError(
                 f"token_stats_backend must be one of {TOKEN_STATS_BACKENDS}, got {self.token_stats_backend!r}."
@@ -323,11 +204,18 @@ class STAPOConfig(GRPOConfig):
                     f"token_stats_backend='liger' needs liger-kernel>=0.8.5, which is not installed: "
                     f"{LIGER_INSTALL_HINT}. Or set token_stats_backend='auto'."
                 )
-        if isinstance(self.stare_variant, str):
-            self.stare_variant = self.stare_variant.upper()
-        self._validate_stare()
+        self.validate_stare_fields()
         self._validate_token_rules()
-        self._validate_dump()
+        self.validate_dump_fields()
+        if self.dump_silenced_tokens and not self.active_token_rules:
+            # A warning, not an error: one recipe serves every method (`--method grpo` on the quickstart, which dumps).
+            warnings.warn(
+                "dump_silenced_tokens=True has nothing to record in this run: with use_s2t_mask=False, "
+                "use_stare=False and no token_rules, no token is silenced and no token statistics are computed, so no "
+                "dump is written. `stapo-trl report` still plots the run's logged metrics.",
+                UserWarning,
+                stacklevel=3,
+            )
 
         if self.use_s2t_mask and self.top_entropy_quantile < 1.0:
             raise ValueError(
@@ -359,11 +247,6 @@ class STAPOConfig(GRPOConfig):
         """The rules the trainer applies, in order: S2T, STARE, then `token_rules`."""
         built_in = [name for name, switch in BUILT_IN_RULE_SWITCHES.items() if getattr(self, switch)]
         return built_in + list(self.token_rules)
-
-    def _changed_from_default(self, names) -> list[str]:
-        """Those of ``names`` whose value differs from the field's default (for "would be ignored" checks)."""
-        fields = type(self).__dataclass_fields__
-        return [name for name in names if getattr(self, name) != fields[name].default]
 
     def _validate_sizes(self) -> None:
         """Counts that must be positive. TRL accepts 0 for several of them and fails later, for example in torch's
@@ -411,95 +294,6 @@ class STAPOConfig(GRPOConfig):
                 raise ValueError(
                     f"{name} must be >= 0, got {value}: the ratio is clipped to [1 - epsilon, 1 + epsilon_high]. "
                     "STAPO uses epsilon=0.2 and epsilon_high=0.28."
-                )
-
-    def _validate_dump(self) -> None:
-        limits = {
-            "dump_tokens_per_step": (self.dump_tokens_per_step, 1),
-            "dump_max_tokens": (self.dump_max_tokens, 0),
-            "dump_context_tokens": (self.dump_context_tokens, 0),
-        }
-        for name, (value, least) in limits.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}.")
-        if not self.dump_silenced_tokens:
-            changed = self._changed_from_default(limits)
-            if changed:
-                raise ValueError(
-                    f"{', '.join(changed)} would be ignored: the token dump is off. Set dump_silenced_tokens=True."
-                )
-        elif not self.active_token_rules:
-            # A warning, not an error: one recipe serves every method (`--method grpo` on the quickstart, which dumps).
-            warnings.warn(
-                "dump_silenced_tokens=True has nothing to record in this run: with use_s2t_mask=False, "
-                "use_stare=False and no token_rules, no token is silenced and no token statistics are computed, so no "
-                "dump is written. `stapo-trl report` still plots the run's logged metrics.",
-                UserWarning,
-                stacklevel=2,
-            )
-
-    def _validate_stare(self) -> None:
-        if self.stare_variant not in STARE_VARIANTS:
-            raise ValueError(f"stare_variant must be one of {STARE_VARIANTS}, got {self.stare_variant!r}.")
-        if self.stare_gate not in GATE_MODES:
-            raise ValueError(f"stare_gate must be one of {GATE_MODES}, got {self.stare_gate!r}.")
-        if self.stare_selection_pool not in STARE_SELECTION_POOLS:
-            raise ValueError(
-                f"stare_selection_pool must be one of {STARE_SELECTION_POOLS}, got {self.stare_selection_pool!r}."
-            )
-        if not 0.0 < self.stare_top_surprisal_share <= 1.0:
-            raise ValueError(
-                f"stare_top_surprisal_share must be in (0, 1], got {self.stare_top_surprisal_share}. It is a "
-                "fraction: the paper's P = 10% is 0.1."
-            )
-        if self.stare_positive_weight <= 0 or self.stare_negative_weight <= 0:
-            raise ValueError(
-                f"stare_positive_weight ({self.stare_positive_weight}) and stare_negative_weight "
-                f"({self.stare_negative_weight}) must be positive: they multiply advantages, and a weight of 0 or "
-                "below would drop or flip a token's update."
-            )
-        if self.stare_target_entropy < 0:
-            raise ValueError(
-                f"stare_target_entropy is an entropy in nats and must be >= 0, got {self.stare_target_entropy}."
-            )
-        if self.stare_alpha < 0:
-            raise ValueError(f"stare_alpha must be >= 0, got {self.stare_alpha}.")
-        if self.stare_max_positive_weight < 1.0 or not 0.0 < self.stare_min_negative_weight <= 1.0:
-            raise ValueError(
-                f"The adaptive clamps must satisfy stare_max_positive_weight >= 1 and 0 < stare_min_negative_weight "
-                f"<= 1, got {self.stare_max_positive_weight} and {self.stare_min_negative_weight}."
-            )
-        changed = self._changed_from_default(
-            name for name in type(self).__dataclass_fields__ if name.startswith("stare_")
-        )
-        if not self.use_stare:
-            if changed:
-                raise ValueError(
-                    f"{', '.join(changed)} set, but use_stare=False, so they would be ignored. Set use_stare=True "
-                    "(or method: stare), or remove them."
-                )
-            return
-        unused = []
-        if self.stare_variant == "O1" and "stare_negative_weight" in changed:
-            unused.append("stare_negative_weight applies only to stare_variant='C2'")
-        if not self.stare_adaptive:
-            unused += [
-                f"{name} applies only with stare_adaptive=True"
-                for name in ("stare_alpha", "stare_max_positive_weight", "stare_min_negative_weight")
-                if name in changed
-            ]
-        if unused:
-            raise ValueError(f"These STARE settings would be ignored: {'; '.join(unused)}.")
-        if self.stare_adaptive:
-            if not 1.0 <= self.stare_positive_weight <= self.stare_max_positive_weight:
-                raise ValueError(
-                    f"With stare_adaptive=True, stare_positive_weight ({self.stare_positive_weight}) must start inside "
-                    f"its clamp [1, stare_max_positive_weight={self.stare_max_positive_weight}]."
-                )
-            if self.stare_variant == "C2" and not self.stare_min_negative_weight <= self.stare_negative_weight <= 1.0:
-                raise ValueError(
-                    f"With stare_adaptive=True, stare_negative_weight ({self.stare_negative_weight}) must start inside "
-                    f"its clamp [stare_min_negative_weight={self.stare_min_negative_weight}, 1]."
                 )
 
     def _validate_token_rules(self) -> None:

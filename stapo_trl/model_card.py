@@ -21,11 +21,14 @@ from .names import (
     EVAL_SUMMARY_FILE,
     RUN_SUMMARY_FILE,
     S2T_ENTROPY_THRESHOLD,
-    S2T_MASKED_FRACTION,
+    S2T_NUM_CANDIDATES,
+    S2T_NUM_SILENCED,
+    S2T_SILENCED_FRACTION,
     STARE_GATE_ON,
     STARE_NEGATIVE_WEIGHT,
     STARE_POSITIVE_WEIGHT,
     TRAINER_STATE_FILE,
+    with_current_metric_names,
 )
 
 PAPER_TITLE = "STAPO: Stabilizing Reinforcement Learning for LLMs by Silencing Rare Spurious Tokens"
@@ -141,13 +144,13 @@ def statistics_section(config: Any, history: list[dict[str, Any]]) -> list[str]:
             f"({len(steps)} logged steps, last step {steps[-1]['step']})."
         )
     if config.use_s2t_mask:
-        masked = _logged(steps, S2T_MASKED_FRACTION)
+        silenced = _logged(steps, S2T_SILENCED_FRACTION)
         thresholds = _logged(steps, S2T_ENTROPY_THRESHOLD)
-        if masked:
+        if silenced:
             lines.append(
-                f"- S2T silenced {int(sum(_logged(steps, 's2t/num_masked')))} tokens of "
-                f"{int(sum(_logged(steps, 's2t/num_candidates')))} candidates; mean masked fraction "
-                f"{sum(masked) / len(masked):.4%} of loss tokens, last step {masked[-1]:.4%} (the paper reports "
+                f"- S2T silenced {int(sum(_logged(steps, S2T_NUM_SILENCED)))} tokens of "
+                f"{int(sum(_logged(steps, S2T_NUM_CANDIDATES)))} candidates; mean silenced fraction "
+                f"{sum(silenced) / len(silenced):.4%} of loss tokens, last step {silenced[-1]:.4%} (the paper reports "
                 "mostly under 0.01%)."
             )
         lines.append(
@@ -339,4 +342,4 @@ def refresh_model_card(output_dir: str | Path) -> Path:
         )
     config = torch.load(args, weights_only=False)
     history = json.loads(state.read_text()).get("log_history", []) if state.is_file() else []
-    return write_card_sections(card, config, history, output_dir)
+    return write_card_sections(card, config, with_current_metric_names(history, state), output_dir)

@@ -2,10 +2,23 @@
 it logs. Every writer and reader imports them from here, so that a name changes in one place.
 
 Metrics are named ``<rule>/<statistic>`` (the token rule's registered name, then the statistic its function returns),
-beside TRL's own (``reward``, ``entropy``, ...), so `rule_metric` builds any rule's metric name.
+beside TRL's own (``reward``, ``entropy``, ...), so `rule_metric` builds any rule's metric name. Per-rule namespaces,
+rather than one ``stapo/`` prefix, keep each rule's statistics apart when several rules run and say which rule a
+number comes from; STAPO's batch keys, which no user reads, share the one prefix ``stapo_``.
+
+The words, used the same way in code, logs, metrics and docs:
+
+- a *candidate* is a loss token of a positive-advantage response whose probability is below ``prob_threshold``;
+- a *spurious* token is a candidate whose entropy is also below ``tau_h``: the S2T criterion (STAPO, §3), the word
+  of the pure function that computes it (`spurious_token_mask`);
+- a *silenced* token is one a token rule removed from the loss; the S2T rule silences exactly the spurious tokens.
+  Logs, metrics, summaries and figures count silenced tokens;
+- the *mask* is the mechanism (the S2T mask, ``use_s2t_mask``), never the tokens it removes.
 """
 
 from __future__ import annotations
+
+import warnings
 
 # --- files in a run's output_dir -----------------------------------------------------------------------------------
 METRICS_FILE = "metrics.jsonl"
@@ -41,14 +54,44 @@ def rule_metric(rule: str, statistic: str) -> str:
     return f"{rule}/{statistic}"
 
 
-S2T_MASKED_FRACTION = rule_metric("s2t", "masked_fraction")
-S2T_NUM_MASKED = rule_metric("s2t", "num_masked")
+S2T_SILENCED_FRACTION = rule_metric("s2t", "silenced_fraction")
+S2T_NUM_SILENCED = rule_metric("s2t", "num_silenced")
 S2T_NUM_CANDIDATES = rule_metric("s2t", "num_candidates")
 S2T_ENTROPY_THRESHOLD = rule_metric("s2t", "entropy_threshold")
-S2T_MASKED_GRAD_SQ_SHARE = rule_metric("s2t", "masked_grad_sq_share")
+S2T_SILENCED_GRAD_SQ_SHARE = rule_metric("s2t", "silenced_grad_sq_share")
 STARE_GATE_ON = rule_metric("stare", "gate_on")
 STARE_POSITIVE_WEIGHT = rule_metric("stare", "positive_weight")
 STARE_NEGATIVE_WEIGHT = rule_metric("stare", "negative_weight")
 STARE_BATCH_ENTROPY = rule_metric("stare", "batch_entropy")
 TOKEN_DUMP_WRITTEN = "token_dump/written"
 TOKEN_DUMP_DROPPED = "token_dump/dropped"
+
+
+# --- deprecation shim: metric names of earlier versions ------------------------------------------------------------------------
+RETIRED_METRICS = {
+    rule_metric("s2t", "masked_fraction"): S2T_SILENCED_FRACTION,
+    rule_metric("s2t", "num_masked"): S2T_NUM_SILENCED,
+    rule_metric("s2t", "masked_grad_sq_share"): S2T_SILENCED_GRAD_SQ_SHARE,
+}
+"""Metric names that runs trained before the one vocabulary logged, and their current names."""
+
+
+def with_current_metric_names(records: list[dict], source: object = "this log") -> list[dict]:
+    """``records`` with retired metric names renamed to the current ones, so that runs logged before the rename still
+    read. Warns once (FutureWarning) when it renamed anything; records that already use the current names pass as
+    they are."""
+    renamed = []
+    found = False
+    for record in records:
+        if any(old in record for old in RETIRED_METRICS):
+            found = True
+            record = {RETIRED_METRICS.get(key, key): value for key, value in record.items()}
+        renamed.append(record)
+    if found:
+        warnings.warn(
+            f"{source} uses retired metric names ({', '.join(RETIRED_METRICS)}); they are read as "
+            f"{', '.join(RETIRED_METRICS.values())}. Runs trained with this version of stapo-trl log the new names.",
+            FutureWarning,
+            stacklevel=2,
+        )
+    return renamed

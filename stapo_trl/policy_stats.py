@@ -2,9 +2,9 @@
 model, and the no-grad pass that computes them when neither TRL's passes nor generation provide them.
 
 The pass runs without gradients, with dropout off and the random streams untouched, in chunks of
-``per_device_train_batch_size`` sequences. The ``"trl"`` backend goes through TRL's own fused LM head (the trainer's
-`per_token_logps_and_entropies`); the others run the backbone and hand its hidden states and the LM head to
-:func:`stapo_trl.fused_stats.token_logprob_entropy`.
+``per_device_train_batch_size`` sequences. The ``"model_head"`` backend runs the whole model, its own LM head
+included, through TRL's fused head (the trainer's `per_token_logps_and_entropies`); the others run the backbone and
+hand its hidden states and the LM head to :func:`stapo_trl.fused_stats.token_logprob_entropy`.
 """
 
 from __future__ import annotations
@@ -74,27 +74,27 @@ def resolve_token_stats_backend(trainer) -> str:
     backends do not cover the model (logit transforms, vision-language inputs, a sharded head); an explicit direct
     backend on such a model is refused, or warned about under sharding."""
     requested = trainer.args.token_stats_backend
-    if requested == "trl":
-        return "trl"
+    if requested == "model_head":
+        return "model_head"
     base, _, lm_head = policy_parts(trainer)
     blockers = logit_transforms(base)
     if trainer.is_vision_language_model:
         blockers.append("vision-language inputs")
     if blockers:
         if requested == "auto":
-            return "trl"
+            return "model_head"
         raise ValueError(
             f"token_stats_backend={requested!r} computes statistics from the backbone's hidden states and the LM "
-            f"head alone, which does not cover this model ({', '.join(blockers)}). Use token_stats_backend='trl' "
+            f"head alone, which does not cover this model ({', '.join(blockers)}). Use token_stats_backend='model_head' "
             "(the model's own TRL fused head) or 'auto'."
         )
     sharded = sharding(trainer)
     if sharded is not None:
         if requested == "auto":
-            return "trl"
+            return "model_head"
         logger.warning(
             "token_stats_backend=%r under %s gathers the LM head outside the model's forward; this path is not "
-            "covered by stapo-trl's tests. token_stats_backend='trl' (what 'auto' picks here) is.",
+            "covered by stapo-trl's tests. token_stats_backend='model_head' (what 'auto' picks here) is.",
             requested,
             sharded,
         )
@@ -139,7 +139,7 @@ def _token_stats_forward(trainer, batch: dict[str, Any]) -> tuple[torch.Tensor, 
     chunk = trainer.args.per_device_train_batch_size
 
     with disable_gradient_checkpointing(trainer.model, trainer.args.gradient_checkpointing_kwargs):
-        if trainer.token_stats_backend == "trl":
+        if trainer.token_stats_backend == "model_head":
             multimodal = {key: batch[key] for key in MULTIMODAL_KEYS if batch.get(key) is not None}
             log_probs, entropies, _ = trainer.per_token_logps_and_entropies(
                 trainer.model,

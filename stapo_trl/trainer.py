@@ -317,14 +317,14 @@ class STAPOTrainer(GRPOSeams):
         return output
 
     @staticmethod
-    def _unmasked_loss_mask(batch: dict[str, Any]) -> torch.Tensor:
+    def _loss_mask_before_rules(batch: dict[str, Any]) -> torch.Tensor:
         """The tokens TRL's loss counts before any token rule: completion tokens that are not tool output."""
         tool_mask = batch[TOOL_MASK_BEFORE_RULES_KEY]
         return batch["completion_mask"] if tool_mask is None else batch["completion_mask"] * tool_mask
 
     def _mean_token_entropy(self, batch: dict[str, Any]) -> float:
         """Mean entropy of the loss tokens of a generation batch, over all processes."""
-        loss_mask = self._unmasked_loss_mask(batch).bool() & torch.isfinite(batch[ENTROPIES_KEY])
+        loss_mask = self._loss_mask_before_rules(batch).bool() & torch.isfinite(batch[ENTROPIES_KEY])
         entropies = batch[ENTROPIES_KEY].double()
         total, count = all_reduce_sum(torch.stack([entropies[loss_mask].sum(), loss_mask.sum().double()])).tolist()
         return total / count if count else float("nan")
@@ -369,17 +369,17 @@ class STAPOTrainer(GRPOSeams):
     def apply_token_rules(self, step_batches: list[dict[str, Any]]) -> dict[str, dict[str, float | int]]:
         """Apply the active token rules to the micro-batches of one optimizer step, in place, and log their statistics.
 
-        On each micro-batch this sets ``tool_mask`` (the unmasked tool mask times the keep-mask), ``num_items_in_batch``
-        (TRL's count minus the silenced tokens, scaled as TRL scales it) and ``advantages`` (the generation's advantages
-        times the weights, ``[B, T]``, when a rule weights a token other than 1), plus ``stapo_silenced`` and
-        ``stapo_token_weights`` for diagnostics. Returns each rule's statistics by rule name.
+        On each micro-batch this sets ``tool_mask`` (the tool mask before the rules times the keep-mask),
+        ``num_items_in_batch`` (TRL's count minus the silenced tokens, scaled as TRL scales it) and ``advantages`` (the
+        generation's advantages times the weights, ``[B, T]``, when a rule weights a token other than 1), plus
+        ``stapo_silenced`` and ``stapo_token_weights`` for diagnostics. Returns each rule's statistics by rule name.
         """
         stale = self.state.global_step != self._generation_global_step
         for batch in step_batches:
             if LOG_PROBS_KEY not in batch or (self.args.token_stats_source == "loss" and stale):
                 batch[LOG_PROBS_KEY], batch[ENTROPIES_KEY] = self.compute_token_stats(batch)
 
-        loss_mask = torch.cat([self._unmasked_loss_mask(batch) for batch in step_batches]).bool()
+        loss_mask = torch.cat([self._loss_mask_before_rules(batch) for batch in step_batches]).bool()
         log_probs = torch.cat([batch[LOG_PROBS_KEY] for batch in step_batches])
         entropies = torch.cat([batch[ENTROPIES_KEY] for batch in step_batches])
         unweighted_advantages = torch.cat([batch[ADVANTAGES_BEFORE_RULES_KEY] for batch in step_batches])
@@ -422,8 +422,8 @@ class STAPOTrainer(GRPOSeams):
             step_batches, silenced.split(sizes), weight_chunks, strict=True
         ):
             keep = (~batch_silenced).to(batch["completion_mask"].dtype)
-            unmasked_tool_mask = batch[TOOL_MASK_BEFORE_RULES_KEY]
-            batch["tool_mask"] = keep if unmasked_tool_mask is None else unmasked_tool_mask * keep
+            tool_mask_before_rules = batch[TOOL_MASK_BEFORE_RULES_KEY]
+            batch["tool_mask"] = keep if tool_mask_before_rules is None else tool_mask_before_rules * keep
             batch["num_items_in_batch"] = batch[NUM_ITEMS_BEFORE_RULES_KEY] - silenced_at_generation_scale
             advantages = batch[ADVANTAGES_BEFORE_RULES_KEY]
             if batch_weights is not None:

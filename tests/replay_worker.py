@@ -97,7 +97,7 @@ def run(out_dir, case):
 
         def apply_token_rules(self, step_batches):
             stats = super().apply_token_rules(step_batches)
-            loss_mask = torch.cat([self._unmasked_loss_mask(batch) for batch in step_batches])
+            loss_mask = torch.cat([self._loss_mask_before_rules(batch) for batch in step_batches])
             self.records.append(
                 {
                     "stats": stats,

@@ -64,7 +64,12 @@ def test_train_runs_a_recipe_end_to_end_and_writes_every_output(tmp_path, tiny_m
     records = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [record for record in records if "train_runtime" not in record]
     assert [record["step"] for record in steps] == [1, 2]
-    for key in ("reward", "rewards/boxed_reward/mean", "rewards/count_vowels_chat_reward/mean", "s2t/masked_fraction"):
+    for key in (
+        "reward",
+        "rewards/boxed_reward/mean",
+        "rewards/count_vowels_chat_reward/mean",
+        "s2t/silenced_fraction",
+    ):
         assert all(key in record for record in steps), key
 
     card = (output_dir / "README.md").read_text()

@@ -267,3 +267,47 @@ def test_the_dump_also_records_a_stare_only_run():
 def test_the_dump_in_a_run_without_token_rules_warns_that_it_records_nothing():
     with pytest.warns(UserWarning, match="dump_silenced_tokens=True has nothing to record in this run"):
         make_config(dump_silenced_tokens=True, use_s2t_mask=False)
+
+
+def test_the_backend_once_called_trl_is_read_as_model_head():
+    with pytest.warns(FutureWarning, match="token_stats_backend='trl' is now called 'model_head'"):
+        config = make_config(token_stats_backend="trl")
+    assert config.token_stats_backend == "model_head"
+
+
+def test_stare_and_dump_fields_come_from_their_mixins():
+    from stapo_trl.diagnostics.token_dump_config import TokenDumpConfigMixin
+    from stapo_trl.token_rules.stare_config import STAREConfigMixin
+
+    stare = {field.name for field in dataclasses.fields(STAREConfigMixin)}
+    dump = {field.name for field in dataclasses.fields(TokenDumpConfigMixin)}
+    assert len(stare) == 12 and "use_stare" in stare and all(name.startswith(("stare_", "use_")) for name in stare)
+    assert dump == {"dump_silenced_tokens", "dump_tokens_per_step", "dump_max_tokens", "dump_context_tokens"}
+    assert not (stare | dump) & set(STAPOConfig.__annotations__)
+    assert issubclass(STAPOConfig, STAREConfigMixin) and issubclass(STAPOConfig, TokenDumpConfigMixin)
+    assert (stare | dump) <= {field.name for field in dataclasses.fields(STAPOConfig)}
+
+
+# Fields of GRPOConfig that STAPOConfig checks: TRL 1.16 accepts these values and fails later (in torch's sampler,
+# transformers' generation, or by training the wrong way). If TRL starts rejecting one itself, drop our check.
+CHECKED_TRL_FIELDS = [
+    {"temperature": 0.0},
+    {"max_completion_length": 0},
+    {"learning_rate": -1.0},
+    {"epsilon": -0.1},
+    {"epsilon_high": -0.1},
+    {"loss_type": "token_mean"},
+    {"per_device_train_batch_size": 0},
+    {"gradient_accumulation_steps": 0},
+    {"num_iterations": 0},
+    {"steps_per_generation": 0},
+    {"generation_batch_size": 0},
+]
+
+
+@pytest.mark.parametrize("overrides", CHECKED_TRL_FIELDS, ids=lambda overrides: next(iter(overrides)))
+def test_stapo_checks_only_trl_fields_that_trl_lets_through(overrides):
+    base = {"output_dir": "unused", "report_to": "none", "use_cpu": True, "bf16": False}
+    GRPOConfig(**base, **overrides)
+    with pytest.raises(ValueError, match=next(iter(overrides))):
+        make_config(**overrides)

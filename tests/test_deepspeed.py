@@ -86,14 +86,14 @@ def test_stapo_trains_under_deepspeed_zero_on_cpu_and_logs_the_mask(runs, stage,
         assert rank["deepspeed_accelerator"] == "cpu"
         assert rank["comm_backend"] == "gloo"
         assert rank["world_size"] == num_processes
-        assert rank["token_stats_backend"] == ("trl" if stage == 3 else "torch")
+        assert rank["token_stats_backend"] == ("model_head" if stage == 3 else "torch")
 
         logs = training_logs(rank)
         assert len(logs) == MAX_STEPS
         for entry in logs:
             assert set(S2T_METRICS) <= entry.keys()
-            assert entry["s2t/num_masked"] <= entry["s2t/num_candidates"]
-        assert max(entry["s2t/num_masked"] for entry in logs) > 0
+            assert entry["s2t/num_silenced"] <= entry["s2t/num_candidates"]
+        assert max(entry["s2t/num_silenced"] for entry in logs) > 0
 
         unchanged = [name for name, change in rank["max_abs_change"].items() if change == 0]
         assert unchanged == []
@@ -110,12 +110,12 @@ def test_single_process_zero2_and_zero3_train_like_a_run_without_deepspeed(runs,
     trainer = tiny_trainer(STAPOTrainer, config)
     trainer.train()
     reference = [entry for entry in trainer.state.log_history if "loss" in entry]
-    assert sum(entry["s2t/num_masked"] for entry in reference) > 0
+    assert sum(entry["s2t/num_silenced"] for entry in reference) > 0
 
     for stage in (3, 2):
         (rank,) = runs(stage, 1)
         logs = training_logs(rank)
-        assert [entry["s2t/num_masked"] for entry in logs] == [entry["s2t/num_masked"] for entry in reference]
+        assert [entry["s2t/num_silenced"] for entry in logs] == [entry["s2t/num_silenced"] for entry in reference]
         assert [entry["s2t/num_candidates"] for entry in logs] == [entry["s2t/num_candidates"] for entry in reference]
         assert [entry["loss"] for entry in logs] == pytest.approx([entry["loss"] for entry in reference], abs=1e-6)
         assert [entry["grad_norm"] for entry in logs] == pytest.approx(
@@ -127,7 +127,7 @@ def test_single_process_zero2_and_zero3_train_like_a_run_without_deepspeed(runs,
 def test_two_process_zero3_shards_train_like_zero2(runs):
     zero3, zero2 = runs(3, 2)[0], runs(2, 2)[0]
     logs3, logs2 = training_logs(zero3), training_logs(zero2)
-    assert [entry["s2t/num_masked"] for entry in logs3] == [entry["s2t/num_masked"] for entry in logs2]
-    assert sum(entry["s2t/num_masked"] for entry in logs3) > 0
+    assert [entry["s2t/num_silenced"] for entry in logs3] == [entry["s2t/num_silenced"] for entry in logs2]
+    assert sum(entry["s2t/num_silenced"] for entry in logs3) > 0
     assert [entry["loss"] for entry in logs3] == pytest.approx([entry["loss"] for entry in logs2], abs=1e-6)
     assert [entry["grad_norm"] for entry in logs3] == pytest.approx([entry["grad_norm"] for entry in logs2], rel=1e-4)

@@ -54,7 +54,7 @@ def test_two_process_training_pools_every_micro_batch_of_the_step(tmp_path, loss
         )
         applied = torch.cat([record["tool_mask"] for record in step]) == 0
         assert torch.equal(applied, reference)
-        assert step[0]["stats"]["num_masked"] == step[1]["stats"]["num_masked"] == stats["num_spurious"]
+        assert step[0]["stats"]["num_silenced"] == step[1]["stats"]["num_silenced"] == stats["num_spurious"]
         assert step[0]["stats"]["entropy_threshold"] == pytest.approx(stats["entropy_threshold"])
         # num_items_in_batch is the global count of kept tokens of the step (one generation per step here).
         kept = int(loss_mask.sum()) - stats["num_spurious"]

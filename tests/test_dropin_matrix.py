@@ -428,13 +428,13 @@ def test_family(family, models, tmp_path):
     assert not unchanged, f"trainable parameters that did not change: {unchanged}"
     steps = [entry for entry in on.state.log_history if "loss" in entry]
     assert len(steps) == on.args.max_steps
-    assert all(math.isfinite(entry["loss"]) and "s2t/masked_fraction" in entry for entry in steps)
+    assert all(math.isfinite(entry["loss"]) and "s2t/silenced_fraction" in entry for entry in steps)
     if family.shows_the_option_ran is not None:
         assert family.shows_the_option_ran(on), on.state.log_history
 
     # masks
     candidates = sum(entry["s2t/num_candidates"] for entry in steps)
-    silenced = sum(entry["s2t/num_masked"] for entry in steps)
+    silenced = sum(entry["s2t/num_silenced"] for entry in steps)
     assert candidates >= 2, "the family's runs produced too few candidates to test the mask"
     assert 0 < silenced <= candidates
 

@@ -10,7 +10,7 @@ from stapo_trl.fused_stats import BACKENDS, naive_logprob_entropy, resolve_backe
 from stapo_trl.fused_stats import liger as liger_module
 from stapo_trl.fused_stats.chunked import ChunkedLogProbEntropy, chunked_logprob_entropy
 
-TRAINING_BACKENDS = ["torch", "liger", "trl"]
+TRAINING_BACKENDS = ["torch", "liger", "trl_chunked"]
 
 
 def make_problem(num_tokens=37, hidden=16, vocab=101, seed=0, scale=2.0):
@@ -148,6 +148,11 @@ def test_missing_liger_gives_an_install_hint(monkeypatch):
     monkeypatch.setattr(liger_module, "is_liger_available", lambda: False)
     with pytest.raises(ImportError, match=r"pip install 'stapo-trl\[liger\]'"):
         liger_module.liger_logprob_entropy(torch.zeros(1, 2), torch.zeros(3, 2), torch.zeros(1, dtype=torch.long))
+
+
+def test_the_backend_once_called_trl_still_resolves_with_a_warning():
+    with pytest.warns(FutureWarning, match="'trl' is now called 'trl_chunked'"):
+        assert resolve_backend("trl", "cpu") == "trl_chunked"
 
 
 def test_bad_backend_input_is_rejected():

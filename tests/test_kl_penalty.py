@@ -52,7 +52,7 @@ def test_stapo_trains_with_a_kl_penalty_and_takes_statistics_from_the_policy(cas
     trainer = train(STAPOTrainer, STAPOConfig, model_dir, tmp_path, peft=case.get("peft", False), **case["overrides"])
     kl = logged(trainer, "kl")
     assert len(kl) == 3 and kl[0] == pytest.approx(0.0, abs=1e-6) and max(kl) > 0  # the policy moved off the reference
-    assert len(logged(trainer, "s2t/masked_fraction")) == 3
+    assert len(logged(trainer, "s2t/silenced_fraction")) == 3
     expected = "trl_pass" if case["overrides"].get("num_iterations", 1) > 1 else "generate"
     assert trainer.token_stats_origin == expected
 
@@ -62,7 +62,7 @@ def test_with_nothing_silenced_a_kl_penalized_stapo_run_is_grpo_bit_for_bit(mode
     STAPO captures statistics. GRPO gets STAPO's epsilon_high default, 0.28."""
     grpo = train(GRPOTrainer, GRPOConfig, model_dir, tmp_path / "grpo", num_iterations=2, epsilon_high=0.28)
     stapo = train(STAPOTrainer, STAPOConfig, model_dir, tmp_path / "stapo", num_iterations=2, prob_threshold=1e-30)
-    assert logged(stapo, "s2t/num_masked") == [0.0, 0.0, 0.0]
+    assert logged(stapo, "s2t/num_silenced") == [0.0, 0.0, 0.0]
     for key in ("loss", "kl", "grad_norm"):
         assert logged(stapo, key) == logged(grpo, key), key
     for (name, left), (_, right) in zip(grpo.model.named_parameters(), stapo.model.named_parameters(), strict=True):

@@ -67,11 +67,11 @@ def test_the_card_names_the_method_and_its_thresholds(trained):
 def test_the_card_summarizes_the_final_s2t_statistics_from_the_log(trained):
     trainer, output_dir = trained
     steps = [entry for entry in trainer.state.log_history if "loss" in entry]
-    masked = sum(int(entry["s2t/num_masked"]) for entry in steps)
+    silenced = sum(int(entry["s2t/num_silenced"]) for entry in steps)
     candidates = sum(int(entry["s2t/num_candidates"]) for entry in steps)
-    fraction = sum(entry["s2t/masked_fraction"] for entry in steps) / len(steps)
+    fraction = sum(entry["s2t/silenced_fraction"] for entry in steps) / len(steps)
     card = card_of(trainer, output_dir)
-    assert f"S2T silenced {masked} tokens of {candidates} candidates; mean masked fraction {fraction:.4%}" in card
+    assert f"S2T silenced {silenced} tokens of {candidates} candidates; mean silenced fraction {fraction:.4%}" in card
     assert f"{steps[0]['entropy']:.3f} nats at the first logged step, {steps[-1]['entropy']:.3f} at the last" in card
 
 
@@ -163,7 +163,7 @@ def test_the_card_describes_stare_and_plain_grpo_runs(tmp_path):
     grpo = STAPOConfig(output_dir=str(tmp_path), use_cpu=True, use_s2t_mask=False)
     assert "Trained with **GRPO**" in "\n".join(method_section(grpo))
     assert "- The S2T mask was off in this run." in statistics_section(grpo, history)
-    no_candidates = [{"step": 1, "loss": 0.0, "s2t/masked_fraction": 0.0, "s2t/entropy_threshold": math.nan}]
+    no_candidates = [{"step": 1, "loss": 0.0, "s2t/silenced_fraction": 0.0, "s2t/entropy_threshold": math.nan}]
     assert "- tau_h: no step had a candidate token" in "\n".join(
         statistics_section(STAPOConfig(output_dir=str(tmp_path), use_cpu=True), no_candidates)
     )

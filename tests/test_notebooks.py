@@ -63,7 +63,7 @@ def test_the_cpu_quickstart_notebook_trains_evaluates_reports_and_writes_a_card(
     notebook = execute("01_quickstart_cpu.ipynb", output_dir, tmp_path)
     summary = json.loads((output_dir / "run_summary.json").read_text())
     assert summary["steps"] == 2 and summary["accuracy_before"]["total"] == summary["accuracy_after"]["total"] == 4
-    assert "accuracy " in printed(notebook) and "S2T masked" in printed(notebook)
+    assert "accuracy " in printed(notebook) and "S2T silenced" in printed(notebook)
     assert images(notebook) >= 3  # the report's figures, shown inline
     card = (output_dir / "README.md").read_text()
     assert "Trained with **STAPO**" in card and "Held-out greedy accuracy (4 problems)" in card

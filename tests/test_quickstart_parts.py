@@ -215,14 +215,14 @@ def test_the_step_line_shows_reward_entropy_mask_and_length():
     logs = {
         "reward": -0.25,
         "entropy": 0.4123,
-        "s2t/masked_fraction": 0.0123,
-        "s2t/num_masked": 7.0,
+        "s2t/silenced_fraction": 0.0123,
+        "s2t/num_silenced": 7.0,
         "s2t/entropy_threshold": 0.31,
         "completions/mean_length": 33.4,
         "loss": 0.01,
     }
     assert step_summary(logs, 3, 20) == (
-        "step 3/20 | reward -0.250 | entropy 0.412 | masked 1.230% (7 tok) | tau_h 0.310 | len 33 | loss +0.0100"
+        "step 3/20 | reward -0.250 | entropy 0.412 | silenced 1.230% (7 tok) | tau_h 0.310 | len 33 | loss +0.0100"
     )
     assert step_summary({"reward": 1.0, "s2t/entropy_threshold": float("nan")}, 1, 2) == "step 1/2 | reward +1.000"
 
@@ -249,7 +249,7 @@ def test_training_curves_render_headless_and_note_missing_metrics(tmp_path):
     assert (entropy.y_floor, masked.y_floor) == (0.0, 0.0)
     assert masked.series == [] and masked.notes == ["not logged by this run"]
     silenced = training_curve_panels(
-        [{"step": 1, "s2t/masked_fraction": 0.0}, {"step": 2, "s2t/masked_fraction": 0.004}]
+        [{"step": 1, "s2t/silenced_fraction": 0.0}, {"step": 2, "s2t/silenced_fraction": 0.004}]
     )
     assert silenced[2].series[0].values == [0.0, 0.4]  # percent
     metrics = tmp_path / "metrics.jsonl"
@@ -258,16 +258,18 @@ def test_training_curves_render_headless_and_note_missing_metrics(tmp_path):
 
 
 def test_the_summary_compares_the_first_and_last_quarter_of_rewards():
-    records = [{"reward": r, "s2t/masked_fraction": 0.01, "s2t/num_masked": 2.0} for r in (-1, -1, 0, 0, 0, 0, 1, 1)]
+    records = [
+        {"reward": r, "s2t/silenced_fraction": 0.01, "s2t/num_silenced": 2.0} for r in (-1, -1, 0, 0, 0, 0, 1, 1)
+    ]
     summary = summarize_metrics(records)
     assert (summary["reward_first"], summary["reward_last"]) == (-1.0, 1.0)
-    assert summary["masked_tokens"] == 16 and summary["masked_fraction"] == pytest.approx(0.01)
+    assert summary["silenced_tokens"] == 16 and summary["silenced_fraction"] == pytest.approx(0.01)
     assert summarize_metrics([]) == {}
 
 
 def test_the_console_summary_counts_silenced_of_candidates_and_shows_three_tokens_in_context(tmp_path):
     records = [
-        {"step": n, "s2t/masked_fraction": f, "s2t/num_masked": m, "s2t/num_candidates": c}
+        {"step": n, "s2t/silenced_fraction": f, "s2t/num_silenced": m, "s2t/num_candidates": c}
         for n, f, m, c in ((1, 0.002, 2, 3), (2, 0.0, 0, 1), (3, 0.001, 1, 2))
     ]
     dump = tmp_path / "silenced_tokens.jsonl"
@@ -313,6 +315,6 @@ def test_a_stare_run_reports_its_gate_and_weights():
     summary = summarize_metrics(records)
     assert summary["stare_gate_on_fraction"] == 0.75
     assert summary["stare_final_weights"] == pytest.approx((1.13, 0.87))
-    assert "masked_fraction" not in summary
+    assert "silenced_fraction" not in summary
     line = step_summary({"reward": 0.5, "stare/gate_on": 1.0, "stare/positive_weight": 1.13}, 2, 4)
     assert line == "step 2/4 | reward +0.500 | stare on W 1.130"

@@ -34,16 +34,18 @@ from stapo_trl.names import SILENCED_TOKENS_FILE, SILENCED_TOKENS_STATS_FILE
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def step(number, entropy, reward, masked=None, num_masked=0, candidates=0, tau_h=None):
+def step(number, entropy, reward, silenced=None, num_silenced=0, candidates=0, tau_h=None):
     """One logged step as TRL writes it: with S2T on, a step without candidates logs ``tau_h`` as None."""
     record = {"step": number, "loss": 0.1, "entropy": entropy, "reward": reward}
-    if masked is not None:
-        record.update({"s2t/masked_fraction": masked, "s2t/num_masked": num_masked, "s2t/num_candidates": candidates})
+    if silenced is not None:
+        record.update(
+            {"s2t/silenced_fraction": silenced, "s2t/num_silenced": num_silenced, "s2t/num_candidates": candidates}
+        )
         record["s2t/entropy_threshold"] = tau_h
     return record
 
 
-# Four steps: entropy 0.8, 0.7, 0.5, 0.4; masked 0.1%, 0%, 0.2%, 0.1%; tau_h None at step 2, which had no candidates.
+# Four steps: entropy 0.8, 0.7, 0.5, 0.4; silenced 0.1%, 0%, 0.2%, 0.1%; tau_h None at step 2, which had no candidates.
 HISTORY = [
     step(1, 0.8, -1.0, 0.001, 1, 2, 0.6),
     step(2, 0.7, -0.5, 0.0, 0, 0),
@@ -137,8 +139,8 @@ def test_the_summary_of_a_run_is_computed_from_its_log(tmp_path):
     assert summary["steps"] == 4
     assert summary["entropy_first_quarter"] == 0.8 and summary["entropy_last_quarter"] == 0.4  # quarter = 1 step
     assert summary["reward_first_quarter"] == -1.0 and summary["reward_last_quarter"] == 0.5
-    assert summary["masked_fraction"] == pytest.approx((0.001 + 0.0 + 0.002 + 0.001) / 4)
-    assert (summary["masked_tokens"], summary["candidates"]) == (4, 6)
+    assert summary["silenced_fraction"] == pytest.approx((0.001 + 0.0 + 0.002 + 0.001) / 4)
+    assert (summary["silenced_tokens"], summary["candidates"]) == (4, 6)
     assert summary["tau_h_median"] == pytest.approx(0.5)  # median of 0.6, 0.4, 0.5; step 2 had no candidates
     assert entropy_trend(summary) == "falls (0.800 -> 0.400 nats)"
     assert (
@@ -237,13 +239,13 @@ def test_density_draws_the_masked_region_from_the_median_tau_h_and_the_dumped_to
     write_dump(stapo)
     panel = density_panel(load_run(stapo))
     assert panel.num_tokens == 53 and panel.extent == (-10.0, 0.0, 0.0, 12.0)
-    assert panel.masked_box == pytest.approx((math.log10(0.002), 0.5))  # median of 0.6, 0.4, 0.5
+    assert panel.silenced_box == pytest.approx((math.log10(0.002), 0.5))  # median of 0.6, 0.4, 0.5
     assert panel.silenced == [(-7.0, 0.4)] * 4
 
     quiet = write_state(tmp_path / "quiet", history=NOTHING_SILENCED)
     write_dump(quiet, tokens=())
     panel = density_panel(load_run(quiet))
-    assert panel.masked_box is None and panel.threshold_only == pytest.approx(math.log10(0.002))
+    assert panel.silenced_box is None and panel.threshold_only == pytest.approx(math.log10(0.002))
     assert panel.silenced == []
     assert density_panel(load_run(write_state(tmp_path / "plain"))).counts is None
 
@@ -287,7 +289,7 @@ def test_the_command_prints_the_trend_and_the_mask_and_writes_into_the_run_dir(t
     directory = write_state(tmp_path / "run")
     assert main(["report", str(directory)]) == 0
     printed = capsys.readouterr().out
-    assert "run: 4 steps, entropy falls (0.800 -> 0.400 nats), S2T masked 0.1000% of loss tokens" in printed
+    assert "run: 4 steps, entropy falls (0.800 -> 0.400 nats), S2T silenced 0.1000% of loss tokens" in printed
     assert (directory / "report" / "report.md").is_file()
 
 
@@ -322,6 +324,6 @@ def test_a_real_training_run_with_the_dump_reports_end_to_end(tmp_path):
     trainer.save_state()
     report = write_report([tmp_path / "run"], tmp_path / "report")
     (summary,) = report.summaries
-    masked = [entry["s2t/num_masked"] for entry in trainer.state.log_history if "loss" in entry]
-    assert summary["masked_tokens"] == sum(masked) and summary["dump_silenced"] == sum(masked)
+    masked = [entry["s2t/num_silenced"] for entry in trainer.state.log_history if "loss" in entry]
+    assert summary["silenced_tokens"] == sum(masked) and summary["dump_silenced"] == sum(masked)
     assert set(report.figures) == set(FIGURES)

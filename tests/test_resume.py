@@ -86,7 +86,7 @@ def assert_same_run(resumed, straight):
 
 def test_the_reference_run_exercises_every_piece_of_resumable_state(straight):
     assert straight["controller"]["num_updates"] == TOTAL_STEPS and straight["controller"]["positive_weight"] > 1.1
-    assert sum(entry.get("s2t/num_masked", 0) for entry in straight["history"]) > 0
+    assert sum(entry.get("s2t/num_silenced", 0) for entry in straight["history"]) > 0
     assert straight["dump_stats"]["written"] > 0
     assert len({json.dumps(straight["completions"][step]) for step in straight["completions"]}) == TOTAL_STEPS
 

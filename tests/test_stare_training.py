@@ -72,7 +72,7 @@ def test_stare_after_s2t_renormalizes_and_weights_the_kept_tokens(tmp_path):
         torch.tensor([[LOW, HIGH, LOW], [LOW, LOW, LOW]]), torch.tensor([[0.1, 0.3, 0.5], [0.0] * 3]), [1.0, -0.5]
     )
     stats = trainer.apply_token_rules([batch])
-    assert stats["s2t"]["num_masked"] == 1 and stats["stare"]["num_selected_positive"] == 1
+    assert stats["s2t"]["num_silenced"] == 1 and stats["stare"]["num_selected_positive"] == 1
     assert batch[SILENCED_KEY].tolist() == [[True, False, False], [False] * 3]
     assert torch.allclose(batch[TOKEN_WEIGHTS_KEY], torch.tensor([[1.0, 1.0, 1.1], [1.0] * 3]))
     assert batch["num_items_in_batch"].item() == 5
@@ -154,7 +154,7 @@ def test_the_gate_reads_the_generating_policys_mean_entropy(tmp_path):
 
 def test_s2t_and_stare_train_together_and_log_both(tmp_path):
     trainer = run(tmp_path, max_steps=3, prob_threshold=0.05, use_stare=True, stare_target_entropy=10.0)
-    assert sum(logged(trainer, "s2t/num_masked")) > 0
+    assert sum(logged(trainer, "s2t/num_silenced")) > 0
     assert sum(logged(trainer, "stare/num_selected_positive")) > 0
     assert logged(trainer, "stare/gate_on") == [1.0, 1.0, 1.0]
 

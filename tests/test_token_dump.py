@@ -36,7 +36,7 @@ def test_token_density_bins_by_log10_p_and_entropy_and_clamps_to_the_edges():
     assert {tuple(index): int(counts[tuple(index)]) for index in counts.nonzero().tolist()} == expected
 
 
-def test_token_density_counts_only_the_masked_tokens():
+def test_token_density_counts_only_the_tokens_in_the_mask():
     log_probs = torch.log(torch.full((2, 3), 0.5))
     counts = token_density(log_probs, torch.ones(2, 3), torch.tensor([[True, False, True], [False, False, True]]))
     assert int(counts.sum()) == 3
@@ -167,7 +167,7 @@ def test_the_trainer_dumps_the_tokens_s2t_silenced(tmp_path):
     stats = json.loads((tmp_path / SILENCED_TOKENS_STATS_FILE).read_text())
     records = [json.loads(line) for line in (tmp_path / SILENCED_TOKENS_FILE).read_text().splitlines()]
 
-    assert [entry["silenced"] for entry in stats["steps"]] == [entry["s2t/num_masked"] for entry in steps]
+    assert [entry["silenced"] for entry in stats["steps"]] == [entry["s2t/num_silenced"] for entry in steps]
     assert [entry["written"] for entry in stats["steps"]] == [entry["token_dump/written"] for entry in steps]
     assert [entry["dropped"] for entry in stats["steps"]] == [entry["token_dump/dropped"] for entry in steps]
     assert len(records) == stats["written"] > 0

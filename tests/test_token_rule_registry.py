@@ -28,8 +28,8 @@ def test_the_s2t_rule_is_the_spurious_token_mask():
     spurious, stats = spurious_token_mask(log_probs, entropies, advantages, loss_mask)
     result = get_token_rule("s2t")(log_probs, entropies, advantages, loss_mask.bool())
     assert torch.equal(result.keep, ~spurious) and result.weights is None
-    assert result.stats["num_masked"] == stats["num_spurious"] == 2
-    assert result.stats["masked_fraction"] == stats["spurious_fraction"] == 0.5
+    assert result.stats["num_silenced"] == stats["num_spurious"] == 2
+    assert result.stats["silenced_fraction"] == stats["spurious_fraction"] == 0.5
     assert result.stats["entropy_threshold"] == stats["entropy_threshold"]
 
 
@@ -42,7 +42,7 @@ def test_stare_after_s2t_selects_among_the_kept_tokens():
     composed = apply_token_rules([("s2t", {}), ("stare", {})], log_probs, entropies, advantages, loss_mask)
     assert composed.keep.tolist() == [[False, True, True, True]]
     assert torch.allclose(composed.weights, torch.tensor([[1.0, 1.1, 1.0, 1.0]]))
-    assert composed.stats["s2t"]["num_masked"] == 1
+    assert composed.stats["s2t"]["num_silenced"] == 1
     assert composed.stats["stare"]["num_tokens"] == 3
 
     stare_alone = apply_token_rules([("stare", {})], log_probs, entropies, advantages, loss_mask)

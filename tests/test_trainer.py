@@ -13,14 +13,14 @@ from stapo_trl import STAPOConfig, STAPOTrainer, spurious_token_mask
 from stapo_trl.names import ENTROPIES_KEY, LOG_PROBS_KEY, SILENCED_KEY
 
 S2T_METRICS = [
-    "s2t/masked_fraction",
-    "s2t/num_masked",
+    "s2t/silenced_fraction",
+    "s2t/num_silenced",
     "s2t/num_candidates",
     "s2t/entropy_threshold",
     "s2t/entropy_p50",
     "s2t/entropy_p80",
     "s2t/entropy_p99",
-    "s2t/masked_grad_sq_share",
+    "s2t/silenced_grad_sq_share",
 ]
 # The tiny model spreads probabilities over ~50 tokens; this threshold makes candidates common enough to test.
 TEST_PROB_THRESHOLD = 0.05
@@ -111,7 +111,7 @@ def test_a_run_that_silences_nothing_is_bit_identical_to_grpo_with_dropout(tmp_p
     stapo.train()
 
     assert len(passes) == (3 if where == "pass" else 0)
-    assert [e["s2t/num_masked"] for e in stapo.state.log_history if "loss" in e] == [0, 0, 0]
+    assert [e["s2t/num_silenced"] for e in stapo.state.log_history if "loss" in e] == [0, 0, 0]
     assert train_losses(stapo) == train_losses(grpo)
     assert [e["grad_norm"] for e in stapo.state.log_history if "loss" in e] == [
         e["grad_norm"] for e in grpo.state.log_history if "loss" in e
@@ -147,9 +147,9 @@ def assert_trains_and_logs(trainer, before):
     for entry in logged:
         for metric in S2T_METRICS:
             assert metric in entry, metric
-        assert 0.0 <= entry["s2t/masked_fraction"] <= 1.0
+        assert 0.0 <= entry["s2t/silenced_fraction"] <= 1.0
         assert math.isfinite(entry["s2t/entropy_p50"])
-    assert sum(entry["s2t/num_masked"] for entry in logged) > 0
+    assert sum(entry["s2t/num_silenced"] for entry in logged) > 0
 
 
 def test_full_model_trains_and_logs_s2t_metrics(tmp_path):
@@ -293,36 +293,36 @@ def test_loss_source_follows_the_policy_across_optimizer_steps(tmp_path):
 def test_direct_backends_agree_with_the_models_own_fused_head(tmp_path, backend):
     tokenizer = build_char_tokenizer()
     model = build_tiny_qwen3(tokenizer)
-    trl_trainer = tiny_trainer(
-        STAPOTrainer, tiny_config(STAPOConfig, tmp_path, token_stats_backend="trl"), model=model
+    head_trainer = tiny_trainer(
+        STAPOTrainer, tiny_config(STAPOConfig, tmp_path, token_stats_backend="model_head"), model=model
     )
     direct = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path, token_stats_backend=backend), model=model)
-    assert (trl_trainer.token_stats_backend, direct.token_stats_backend) == ("trl", backend)
-    trl_trainer.model.train()
-    batch = trl_trainer._generate_and_score_completions([{"prompt": f"{i}+1="} for i in range(8)])
+    assert (head_trainer.token_stats_backend, direct.token_stats_backend) == ("model_head", backend)
+    head_trainer.model.train()
+    batch = head_trainer._generate_and_score_completions([{"prompt": f"{i}+1="} for i in range(8)])
     completion = batch["completion_mask"].bool()
     assert completion.sum() > 0
-    want_log_probs, want_entropies = trl_trainer.compute_token_stats(batch)
+    want_log_probs, want_entropies = head_trainer.compute_token_stats(batch)
     got_log_probs, got_entropies = direct.compute_token_stats(batch)
     assert torch.allclose(got_log_probs[completion], want_log_probs[completion], atol=1e-5)
     assert torch.allclose(got_entropies[completion], want_entropies[completion], atol=1e-5)
     assert torch.all(got_log_probs[~completion] == 0)
 
 
-def test_models_with_logit_soft_capping_use_the_trl_head(tmp_path):
+def test_models_with_logit_soft_capping_use_the_models_own_head(tmp_path):
     tokenizer = build_char_tokenizer()
     model = build_tiny_qwen3(tokenizer)
     model.config.final_logit_softcapping = 30.0
     trainer = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path), model=model)
-    assert trainer.token_stats_backend == "trl"
-    with pytest.raises(ValueError, match="final_logit_softcapping.*Use token_stats_backend='trl'"):
+    assert trainer.token_stats_backend == "model_head"
+    with pytest.raises(ValueError, match="final_logit_softcapping.*Use token_stats_backend='model_head'"):
         tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path, token_stats_backend="torch"), model=model)
 
 
-def test_sharded_training_uses_the_trl_head_by_default(tmp_path, monkeypatch):
+def test_sharded_training_uses_the_models_own_head_by_default(tmp_path, monkeypatch):
     monkeypatch.setattr("stapo_trl.policy_stats.sharding", lambda trainer: "DeepSpeed ZeRO-3")
     trainer = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path))
-    assert trainer.token_stats_backend == "trl"
+    assert trainer.token_stats_backend == "model_head"
 
 
 def test_a_grpo_config_is_converted_keeping_its_values(tmp_path, caplog):

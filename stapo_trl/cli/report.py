@@ -9,7 +9,7 @@ from pathlib import Path
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stapo-trl report",
-        description="Plot entropy, reward, the S2T masked fraction and tau_h over the steps of one or more runs, "
+        description="Plot entropy, reward, the S2T silenced fraction and tau_h over the steps of one or more runs, "
         "and, from the silenced-token dump (dump_silenced_tokens: true), where the silenced tokens sit over p and H "
         "and which tokens they were. Reads each run's trainer_state.json (or metrics.jsonl).",
     )
@@ -45,9 +45,10 @@ def report_command(argv: list[str]) -> int:
 
     for summary in report.summaries:
         line = f"{summary['label']}: {summary['steps']} steps, entropy {entropy_trend(summary)}"
-        if "masked_fraction" in summary:
+        if "silenced_fraction" in summary:
             line += (
-                f", S2T masked {summary['masked_fraction']:.4%} of loss tokens ({summary['masked_tokens']} tokens, "
+                f", S2T silenced {summary['silenced_fraction']:.4%} of loss tokens "
+                f"({summary['silenced_tokens']} tokens, "
                 f"{summary['candidates']} candidates)"
             )
         print(line)

@@ -14,9 +14,9 @@ from typing import Any
 from ..names import (
     METRICS_FILE,
     RUN_SUMMARY_FILE,
-    S2T_MASKED_FRACTION,
     S2T_NUM_CANDIDATES,
-    S2T_NUM_MASKED,
+    S2T_NUM_SILENCED,
+    S2T_SILENCED_FRACTION,
     SILENCED_TOKENS_FILE,
     STARE_GATE_ON,
     STARE_NEGATIVE_WEIGHT,
@@ -176,10 +176,10 @@ class RunSummary:
     """``model_name_or_path`` as given (a GGUF file's reference, not its conversion in this machine's cache)."""
     reward_first: float | None = None
     reward_last: float | None = None
-    masked_fraction: float | None = None
-    masked_tokens: int | None = None
+    silenced_fraction: float | None = None
+    silenced_tokens: int | None = None
     candidates: int | None = None
-    masked_steps: int | None = None
+    silenced_steps: int | None = None
     silenced_examples: list[str] = field(default_factory=list)
     stare_gate_on_fraction: float | None = None
     stare_final_weights: tuple[float, float] | None = None
@@ -202,10 +202,10 @@ class RunSummary:
                 f"  mean reward:              {self.reward_first:+.3f} (first quarter of steps) -> "
                 f"{self.reward_last:+.3f} (last quarter)"
             )
-        if self.masked_fraction is not None:
+        if self.silenced_fraction is not None:
             lines.append(
-                f"  S2T silenced:             {self.masked_tokens} of {self.candidates} candidate tokens, in "
-                f"{self.masked_steps} of {self.steps} steps ({100 * self.masked_fraction:.3f}% of loss tokens)"
+                f"  S2T silenced:             {self.silenced_tokens} of {self.candidates} candidate tokens, in "
+                f"{self.silenced_steps} of {self.steps} steps ({100 * self.silenced_fraction:.3f}% of loss tokens)"
             )
             if self.silenced_examples:
                 lines.append("  silenced tokens in context ([[token]]; p and H under the training temperature):")
@@ -291,19 +291,19 @@ def write_recipe(request: TrainRequest, output_dir: Path) -> Path:
 
 
 def summarize_metrics(records: list[dict]) -> dict[str, Any]:
-    """Reward in the first and last quarter of the steps, and the run's masked fraction."""
+    """Reward in the first and last quarter of the steps, and what S2T silenced over the run."""
     from ..diagnostics.report import quarter_means
 
     summary: dict[str, Any] = {}
     rewards = quarter_means([record["reward"] for record in records if record.get("reward") is not None])
     if rewards is not None:
         summary["reward_first"], summary["reward_last"] = rewards
-    masked = [record for record in records if record.get(S2T_MASKED_FRACTION) is not None]
-    if masked:
-        summary["masked_tokens"] = int(sum(record.get(S2T_NUM_MASKED, 0) for record in masked))
-        summary["candidates"] = int(sum(record.get(S2T_NUM_CANDIDATES, 0) for record in masked))
-        summary["masked_steps"] = sum(1 for record in masked if record.get(S2T_NUM_MASKED, 0) > 0)
-        summary["masked_fraction"] = sum(record[S2T_MASKED_FRACTION] for record in masked) / len(masked)
+    logged = [record for record in records if record.get(S2T_SILENCED_FRACTION) is not None]
+    if logged:
+        summary["silenced_tokens"] = int(sum(record.get(S2T_NUM_SILENCED, 0) for record in logged))
+        summary["candidates"] = int(sum(record.get(S2T_NUM_CANDIDATES, 0) for record in logged))
+        summary["silenced_steps"] = sum(1 for record in logged if record.get(S2T_NUM_SILENCED, 0) > 0)
+        summary["silenced_fraction"] = sum(record[S2T_SILENCED_FRACTION] for record in logged) / len(logged)
     gated = [record for record in records if record.get(STARE_GATE_ON) is not None]
     if gated:
         summary["stare_gate_on_fraction"] = sum(record[STARE_GATE_ON] for record in gated) / len(gated)

@@ -67,7 +67,7 @@ class DensityPanel:
     """One run's p-H density of positive-advantage loss tokens, with the S2T region and the dumped silenced tokens.
 
     ``counts[i][j]`` is the number of tokens in bin i of log10 p and bin j of H over ``extent``
-    ``(log10 p low, high, H low, high)``. ``masked_box`` is ``(log10 prob_threshold, median tau_h)`` when the run had
+    ``(log10 p low, high, H low, high)``. ``silenced_box`` is ``(log10 prob_threshold, median tau_h)`` when the run had
     candidates; ``threshold_only`` is ``log10 prob_threshold`` when it had none. ``silenced`` holds the dumped
     silenced tokens as ``(log10 p, H)``, clamped into the extent.
     """
@@ -75,7 +75,7 @@ class DensityPanel:
     title: str
     counts: list[list[int]] | None = None
     extent: tuple[float, float, float, float] | None = None
-    masked_box: tuple[float, float] | None = None
+    silenced_box: tuple[float, float] | None = None
     threshold_only: float | None = None
     silenced: list[tuple[float, float]] = field(default_factory=list)
     note: str | None = None
@@ -248,8 +248,8 @@ def plot_density_panels(
                 cmap="viridis",
             )
             figure.colorbar(image, ax=axis, label="tokens (A > 0)")
-        if panel.masked_box is not None:
-            log10_threshold, tau_h = panel.masked_box
+        if panel.silenced_box is not None:
+            log10_threshold, tau_h = panel.silenced_box
             axis.add_patch(
                 Rectangle(
                     (x_low, y_low),
@@ -259,7 +259,7 @@ def plot_density_panels(
                     edgecolor="red",
                     linestyle="--",
                     linewidth=1.5,
-                    label=f"masked: p < {10**log10_threshold:.3g}, H < {tau_h:.2f}\n(the median of the per-step tau_h)",
+                    label=f"silenced: p < {10**log10_threshold:.3g}, H < {tau_h:.2f}\n(the median of the per-step tau_h)",
                 )
             )
         elif panel.threshold_only is not None:

@@ -19,7 +19,17 @@ from typing import Any
 
 from ..errors import UsageError
 from ..jsonl import read_json_lines
-from ..names import METRICS_FILE, SILENCED_TOKENS_FILE, SILENCED_TOKENS_STATS_FILE, TRAINER_STATE_FILE
+from ..names import (
+    METRICS_FILE,
+    S2T_ENTROPY_THRESHOLD,
+    S2T_NUM_CANDIDATES,
+    S2T_NUM_SILENCED,
+    S2T_SILENCED_FRACTION,
+    SILENCED_TOKENS_FILE,
+    SILENCED_TOKENS_STATS_FILE,
+    TRAINER_STATE_FILE,
+    with_current_metric_names,
+)
 from ..resume import last_complete_checkpoint
 from .plotting import (
     DensityPanel,
@@ -85,7 +95,8 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 def read_history(source: Path) -> list[dict[str, Any]]:
     """The per-step training records of a ``trainer_state.json`` or ``metrics.jsonl`` (the end-of-training summary
-    record, which has ``train_runtime``, is left out)."""
+    record, which has ``train_runtime``, is left out). Metric names of earlier versions are read under their current
+    names, with a FutureWarning."""
     try:
         if source.name == METRICS_FILE:
             records = read_metrics(source)
@@ -96,7 +107,8 @@ def read_history(source: Path) -> list[dict[str, Any]]:
             f"{source} cannot be read ({error}); the file is damaged. Point the report at a checkpoint-N/ of the run, "
             "whose trainer_state.json holds the log up to that step."
         ) from None
-    return [record for record in records if "step" in record and "train_runtime" not in record]
+    steps = [record for record in records if "step" in record and "train_runtime" not in record]
+    return with_current_metric_names(steps, source)
 
 
 def load_run(directory: str | Path, label: str | None = None) -> RunLogs:
@@ -169,12 +181,12 @@ def summarize_run(run: RunLogs) -> dict[str, Any]:
         means = quarter_means(series(run.history, key)[1])
         if means is not None:
             summary[f"{name}_first_quarter"], summary[f"{name}_last_quarter"] = means
-    _, masked = series(run.history, "s2t/masked_fraction")
-    if masked:
-        summary["masked_fraction"] = sum(masked) / len(masked)
-        summary["masked_tokens"] = int(sum(series(run.history, "s2t/num_masked")[1]))
-        summary["candidates"] = int(sum(series(run.history, "s2t/num_candidates")[1]))
-    _, thresholds = series(run.history, "s2t/entropy_threshold")
+    _, silenced = series(run.history, S2T_SILENCED_FRACTION)
+    if silenced:
+        summary["silenced_fraction"] = sum(silenced) / len(silenced)
+        summary["silenced_tokens"] = int(sum(series(run.history, S2T_NUM_SILENCED)[1]))
+        summary["candidates"] = int(sum(series(run.history, S2T_NUM_CANDIDATES)[1]))
+    _, thresholds = series(run.history, S2T_ENTROPY_THRESHOLD)
     if thresholds:
         summary["tau_h_median"] = statistics.median(thresholds)
     if run.dump_stats is not None:
@@ -195,7 +207,7 @@ def entropy_trend(summary: dict[str, Any]) -> str:
 
 # ------------------------------------------------------------------------------------------------- figure data
 # What each figure shows, as the data classes of plotting.py (which draws them); the tests pin these.
-S2T_KEYS = ("s2t/masked_fraction", "s2t/entropy_threshold")
+S2T_KEYS = (S2T_SILENCED_FRACTION, S2T_ENTROPY_THRESHOLD)
 
 
 def metric_series(history: list[dict[str, Any]], key: str, label: str, scale: float = 1.0) -> Series | None:
@@ -232,21 +244,26 @@ def line_panel(
 
 
 def masking_panels(runs: list[RunLogs]) -> tuple[LinePanel, LinePanel]:
-    """The S2T masked fraction (%) and ``tau_h`` over the steps. The legend of the first says how many tokens each
+    """The S2T silenced fraction (%) and ``tau_h`` over the steps. The legend of the first says how many tokens each
     run silenced of how many candidates."""
     absent = "no S2T statistics (the run did not use the S2T mask)"
     fraction = line_panel(
-        runs, "s2t/masked_fraction", "S2T masked fraction of loss tokens (%)", scale=100.0, y_floor=0.0, absent=absent
+        runs,
+        S2T_SILENCED_FRACTION,
+        "S2T silenced fraction of loss tokens (%)",
+        scale=100.0,
+        y_floor=0.0,
+        absent=absent,
     )
     by_label = {run.label: summarize_run(run) for run in runs}
     for series in fraction.series:
         summary = by_label[series.label]
         if series.defined and all(value == 0.0 for _, value in series.defined):
             fraction.notes.append(f"{series.label}: 0% at every step")
-        series.label = f"{series.label}: {summary['masked_tokens']} of {summary['candidates']} candidates silenced"
+        series.label = f"{series.label}: {summary['silenced_tokens']} of {summary['candidates']} candidates silenced"
     threshold = line_panel(
         runs,
-        "s2t/entropy_threshold",
+        S2T_ENTROPY_THRESHOLD,
         "tau_h: entropy quantile of the candidates (nats)",
         y_floor=0.0,
         absent=absent,
@@ -284,10 +301,10 @@ def density_panel(run: RunLogs) -> DensityPanel:
     if panel.num_tokens == 0:
         panel.note = "no completion token had a positive advantage"
     prob_threshold = stats.get("prob_threshold")
-    threshold_series = metric_series(run.history, "s2t/entropy_threshold", run.label)
+    threshold_series = metric_series(run.history, S2T_ENTROPY_THRESHOLD, run.label)
     thresholds = [value for _, value in threshold_series.defined] if threshold_series is not None else []
     if prob_threshold and thresholds:
-        panel.masked_box = (math.log10(prob_threshold), statistics.median(thresholds))
+        panel.silenced_box = (math.log10(prob_threshold), statistics.median(thresholds))
     elif prob_threshold:
         panel.threshold_only = math.log10(prob_threshold)
     x_low, _, _, y_high = extent
@@ -302,13 +319,13 @@ def density_panel(run: RunLogs) -> DensityPanel:
 TRAINING_CURVES = (
     ("reward", "mean reward", None, 1.0),
     ("entropy", "mean token entropy (nats)", 0.0, 1.0),
-    ("s2t/masked_fraction", "S2T masked fraction (%)", 0.0, 100.0),
+    (S2T_SILENCED_FRACTION, "S2T silenced fraction (%)", 0.0, 100.0),
 )
 """(metric, title, lowest value the axis shows, scale) of each panel of ``training_curves.png``."""
 
 
 def training_curve_panels(records: list[dict], label: str = "run") -> list[LinePanel]:
-    """The panels of ``training_curves.png`` (reward, entropy, masked fraction) of one run's records."""
+    """The panels of ``training_curves.png`` (reward, entropy, silenced fraction) of one run's records."""
     panels = []
     for key, title, y_floor, scale in TRAINING_CURVES:
         found = metric_series([record for record in records if "step" in record], key, label, scale)
@@ -320,7 +337,7 @@ def training_curve_panels(records: list[dict], label: str = "run") -> list[LineP
 
 
 def plot_training_curves(records: list[dict], path: str | Path, title: str | None = None) -> Path:
-    """Write a three-panel PNG of reward, entropy and masked fraction against the step. A metric that the run did
+    """Write a three-panel PNG of reward, entropy and silenced fraction against the step. A metric that the run did
     not log (for example the mask of a GRPO run) leaves its panel with a note."""
     return plot_line_panels(training_curve_panels(records), path, panel_size=(4.2, 3.2), title=title, dpi=110)
 
@@ -331,7 +348,7 @@ def plot_metric(runs: list[RunLogs], key: str, label: str, path: Path, y_floor: 
 
 
 def plot_masking(runs: list[RunLogs], path: Path) -> Path:
-    """The S2T masked fraction (%) and ``tau_h`` over the steps, one line per run."""
+    """The S2T silenced fraction (%) and ``tau_h`` over the steps, one line per run."""
     return plot_line_panels(masking_panels(runs), path, panel_size=(5.5, 3.8))
 
 
@@ -360,7 +377,7 @@ def density_limits(runs: list[RunLogs]) -> tuple[float, float] | None:
 
 
 def plot_token_density(runs: list[RunLogs], path: Path) -> Path:
-    """Where the positive-advantage loss tokens sit over (log10 p, H), per run on shared axes, with the S2T masked
+    """Where the positive-advantage loss tokens sit over (log10 p, H), per run on shared axes, with the S2T silencing
     region (``p < prob_threshold`` and ``H < tau_h``, the run's median ``tau_h``) and the dumped silenced tokens."""
     return plot_density_panels(
         [density_panel(run) for run in runs],
@@ -394,8 +411,8 @@ def _cell(value: Any, pattern: str) -> str:
 
 def _summary_table(summaries: list[dict[str, Any]]) -> str:
     header = (
-        "| run | steps | reward (first → last quarter) | entropy (first → last quarter) | masked fraction | "
-        "masked tokens | candidates | median tau_h | dump written / silenced |"
+        "| run | steps | reward (first → last quarter) | entropy (first → last quarter) | silenced fraction | "
+        "silenced tokens | candidates | median tau_h | dump written / silenced |"
     )
     lines = [header, "|---|---:|---|---|---:|---:|---:|---:|---:|"]
     for s in summaries:
@@ -409,10 +426,10 @@ def _summary_table(summaries: list[dict[str, Any]]) -> str:
             if "entropy_first_quarter" in s
             else "–"
         )
-        masked = _cell(s.get("masked_fraction"), "{:.4%}")
+        silenced = f"{_cell(s.get('silenced_fraction'), '{:.4%}')} | {_cell(s.get('silenced_tokens'), '{}')}"
         dump = f"{s['dump_written']} / {s['dump_silenced']}" if "dump_written" in s else "–"
         lines.append(
-            f"| {s['label']} | {s['steps']} | {reward} | {entropy} | {masked} | {_cell(s.get('masked_tokens'), '{}')} "
+            f"| {s['label']} | {s['steps']} | {reward} | {entropy} | {silenced} "
             f"| {_cell(s.get('candidates'), '{}')} | {_cell(s.get('tau_h_median'), '{:.3f}')} | {dump} |"
         )
     return "\n".join(lines)
@@ -466,7 +483,7 @@ def write_report(
             "`dump_silenced_tokens: true` to get them."
         )
     for run in runs:
-        if not any("s2t/masked_fraction" in record for record in run.history):
+        if not any(S2T_SILENCED_FRACTION in record for record in run.history):
             notes.append(f"{run.label}: no S2T statistics in the log (the run did not use the S2T mask).")
 
     summaries = [summarize_run(run) for run in runs]
@@ -482,7 +499,7 @@ def write_report(
 FIGURE_TITLES = {
     "entropy": "Mean token entropy",
     "reward": "Reward",
-    "masking": "S2T masked fraction and tau_h",
+    "masking": "S2T silenced fraction and tau_h",
     "token_density": "Probability and entropy of positive-advantage tokens",
     "top_silenced_tokens": "Top silenced tokens",
 }

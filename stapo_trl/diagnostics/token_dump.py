@@ -39,7 +39,7 @@ def token_density(
     log10_p_range: tuple[float, float] = LOG10_P_RANGE,
     entropy_range: tuple[float, float] = ENTROPY_RANGE,
 ) -> torch.Tensor:
-    """Counts ``[bins[0], bins[1]]`` of the masked tokens over (log10 p, H), as int64.
+    """Counts ``[bins[0], bins[1]]`` of the tokens where ``mask`` is True over (log10 p, H), as int64.
 
     ``log_probs`` are natural-log probabilities and ``entropies`` nats, both ``[B, T]``; ``mask`` is a bool ``[B, T]``.
     Tokens with a non-finite log-prob or entropy are not counted. Values outside the ranges land in the edge bins.

@@ -3,18 +3,21 @@
 None of the training backends materializes ``[N, V]`` logits. All are differentiable and return fp32 (or fp64 for
 fp64 inputs), with the temperature applied to the logits as in sampling.
 
-=========  ===============================================================  =====================================
-name       what                                                             where it is the default
-=========  ===============================================================  =====================================
-``liger``  Liger's ``LigerFusedLinearScaledCrossEntropyFunction``           CUDA, when liger-kernel is installed
-``torch``  our chunked autograd Function (:mod:`.chunked`)                  everywhere else (CPU)
-``trl``    TRL's ``ChunkedLogProbFunction`` (its fused LM head's kernel)    never chosen by ``auto``
-``naive``  full logits through autograd, for reference only                 never chosen by ``auto``
-=========  ===============================================================  =====================================
+===============  =========================================================  =====================================
+name             what                                                       where it is the default
+===============  =========================================================  =====================================
+``liger``        Liger's ``LigerFusedLinearScaledCrossEntropyFunction``     CUDA, when liger-kernel is installed
+``torch``        our chunked autograd Function (:mod:`.chunked`)            everywhere else (CPU)
+``trl_chunked``  TRL's ``ChunkedLogProbFunction`` (its fused head's kernel)  never chosen by ``auto``
+``naive``        full logits through autograd, for reference only           never chosen by ``auto``
+===============  =========================================================  =====================================
+
+``"trl"``, this backend's earlier name, still resolves to ``"trl_chunked"`` with a FutureWarning.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -30,14 +33,23 @@ BackendFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 BACKENDS: dict[str, BackendFn] = {
     "torch": chunked_logprob_entropy,
     "liger": liger_logprob_entropy,
-    "trl": trl_logprob_entropy,
+    "trl_chunked": trl_logprob_entropy,
     "naive": naive_logprob_entropy,
 }
+RETIRED_BACKENDS = {"trl": "trl_chunked"}
+"""Earlier backend names and their current ones (``"trl"`` read as the library's name)."""
 
 
 def resolve_backend(name: str, device: torch.device | str, *, has_bias: bool = False) -> str:
     """Resolve ``"auto"`` to a concrete backend name and check that the requested one can run."""
     device = torch.device(device)
+    if name in RETIRED_BACKENDS:
+        warnings.warn(
+            f"The statistics backend {name!r} is now called {RETIRED_BACKENDS[name]!r}; the old name will be removed.",
+            FutureWarning,
+            stacklevel=2,
+        )
+        name = RETIRED_BACKENDS[name]
     if name == "auto":
         if device.type == "cuda" and is_liger_available() and not has_bias:
             return "liger"
@@ -69,7 +81,7 @@ def token_logprob_entropy(
         targets: ``[...]`` token ids; positions equal to ``ignore_index`` are skipped and return 0.
         bias: optional ``[V]`` LM-head bias.
         temperature: the sampling temperature the logits are divided by.
-        backend: ``"auto"``, ``"torch"``, ``"liger"``, ``"trl"`` or ``"naive"``.
+        backend: ``"auto"``, ``"torch"``, ``"liger"``, ``"trl_chunked"`` or ``"naive"``.
 
     Returns:
         Two tensors shaped like ``targets``: natural-log probabilities and entropies in nats.

@@ -66,7 +66,7 @@ def spurious_token_mask(
     Non-finite statistics (from degenerate or overflowing logits) are a defined case. A token whose entropy is NaN or
     infinite, or whose log-probability is NaN, is never a candidate: it is never silenced and never in the ``tau_h``
     pool, but it counts in ``num_tokens``. Non-finite entropies are left out of the entropy percentiles, and tokens
-    whose factor ``A**2 (1 - 2p + sum_v pi_v**2)`` is not finite are left out of ``masked_grad_sq_share``.
+    whose factor ``A**2 (1 - 2p + sum_v pi_v**2)`` is not finite are left out of ``spurious_grad_sq_share``.
     ``log p = -inf`` is ``p = 0``, an ordinary value.
 
     Pass every micro-batch that feeds one optimizer step at once (concatenated along B): the paper pools over the
@@ -83,7 +83,7 @@ def spurious_token_mask(
     Returns:
         ``(spurious, stats)``: a bool ``[B, T]`` tensor, True where the token is silenced, and global statistics:
         ``num_tokens``, ``num_candidates``, ``num_spurious``, ``spurious_fraction``, ``entropy_threshold`` (NaN when
-        the pool is empty), ``entropy_p50``/``p80``/``p99`` over all loss tokens, and ``masked_grad_sq_share``: the
+        the pool is empty), ``entropy_p50``/``p80``/``p99`` over all loss tokens, and ``spurious_grad_sq_share``: the
         share of ``sum_t A_t**2 (1 - 2p_t + sum_v pi_v**2)`` (the squared logit-gradient norm at ratio 1) that the
         silenced tokens carry, with ``sum_v pi_v**2`` estimated by :func:`logit_grad_sq_norm_lower_bound`.
     """
@@ -124,7 +124,7 @@ def spurious_token_mask(
         )
     ).tolist()
     num_tokens, num_candidates, num_spurious = (int(count) for count in totals[:3])
-    grad_total, grad_masked = totals[3], totals[4]
+    grad_total, grad_spurious = totals[3], totals[4]
 
     token_entropies = all_gather_variable(entropies[valid & torch.isfinite(entropies)])
     if token_entropies.numel() > 0:
@@ -139,7 +139,7 @@ def spurious_token_mask(
         "spurious_fraction": num_spurious / num_tokens if num_tokens else 0.0,
         "entropy_threshold": threshold_value,
         **{f"entropy_p{round(q * 100)}": value for q, value in zip(ENTROPY_PERCENTILES, percentiles, strict=True)},
-        "masked_grad_sq_share": grad_masked / grad_total if grad_total > 0 else 0.0,
+        "spurious_grad_sq_share": grad_spurious / grad_total if grad_total > 0 else 0.0,
     }
     return spurious, stats
 
@@ -156,13 +156,13 @@ def s2t_rule(
     spurious; no weights."""
     spurious, stats = spurious_token_mask(log_probs, entropies, advantages, loss_mask, **params)
     logged = {
-        "masked_fraction": stats["spurious_fraction"],
-        "num_masked": stats["num_spurious"],
+        "silenced_fraction": stats["spurious_fraction"],
+        "num_silenced": stats["num_spurious"],
         "num_candidates": stats["num_candidates"],
         "entropy_threshold": stats["entropy_threshold"],
         "entropy_p50": stats["entropy_p50"],
         "entropy_p80": stats["entropy_p80"],
         "entropy_p99": stats["entropy_p99"],
-        "masked_grad_sq_share": stats["masked_grad_sq_share"],
+        "silenced_grad_sq_share": stats["spurious_grad_sq_share"],
     }
     return TokenRuleResult(keep=~spurious, stats=logged)

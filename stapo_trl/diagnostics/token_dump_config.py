@@ -1,0 +1,68 @@
+"""The silenced-token dump's configuration fields, as a dataclass mixin that `STAPOConfig` combines with TRL's
+`GRPOConfig`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TokenDumpConfigMixin:
+    r"""
+    The parameters of the silenced-token dump, which `stapo-trl report` reads.
+
+    Parameters:
+        dump_silenced_tokens (`bool`, *optional*, defaults to `False`):
+            Write each optimizer step's silenced tokens with their context, `p`, `H` and advantage to
+            `output_dir/silenced_tokens.jsonl`, and counts plus a (log10 p, H) histogram of all loss tokens to
+            `output_dir/silenced_tokens_stats.json`.
+        dump_tokens_per_step (`int`, *optional*, defaults to `64`):
+            Per-step cap; the step's silenced tokens are sampled uniformly and the rest counted as dropped.
+        dump_max_tokens (`int`, *optional*, defaults to `5000`):
+            Cap over the run.
+        dump_context_tokens (`int`, *optional*, defaults to `20`):
+            Tokens of context on each side of a silenced token.
+    """
+
+    dump_silenced_tokens: bool = field(
+        default=False,
+        metadata={
+            "help": "Write the silenced tokens of every optimizer step (text, about dump_context_tokens tokens of "
+            "context either side, p, H, advantage, step, sample id) to output_dir/silenced_tokens.jsonl, and counts "
+            "plus a (log10 p, H) histogram of all loss tokens to output_dir/silenced_tokens_stats.json. Read them "
+            "with `stapo-trl report`. Off by default; nothing is computed while off."
+        },
+    )
+    dump_tokens_per_step: int = field(
+        default=64,
+        metadata={
+            "help": "At most this many silenced tokens per optimizer step are written, sampled uniformly over all "
+            "processes; the rest are counted as dropped."
+        },
+    )
+    dump_max_tokens: int = field(
+        default=5000,
+        metadata={"help": "At most this many silenced tokens are written over the run; later ones are counted only."},
+    )
+    dump_context_tokens: int = field(
+        default=20,
+        metadata={"help": "Completion tokens of context decoded on each side of a silenced token."},
+    )
+
+    def validate_dump_fields(self) -> None:
+        """Check the dump's fields; called by the config's ``__post_init__``."""
+        limits = {
+            "dump_tokens_per_step": (self.dump_tokens_per_step, 1),
+            "dump_max_tokens": (self.dump_max_tokens, 0),
+            "dump_context_tokens": (self.dump_context_tokens, 0),
+        }
+        for name, (value, least) in limits.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}.")
+        if not self.dump_silenced_tokens:
+            defaults = type(self).__dataclass_fields__
+            changed = [name for name in limits if getattr(self, name) != defaults[name].default]
+            if changed:
+                raise ValueError(
+                    f"{', '.join(changed)} would be ignored: the token dump is off. Set dump_silenced_tokens=True."
+                )
