@@ -219,7 +219,7 @@ def test_top_silenced_tokens_of_a_run_with_silenced_tokens_a_run_without_and_a_r
     assert bars.title == "stapo\n4 dumped of 6 silenced"
     bars = token_bars(load_run(stapo), limit=2)
     assert (bars.tokens, bars.counts) == (["␣the", "7"], [2, 1])
-    assert bars.title == "stapo\n4 dumped of 6 silenced; 2 of 3 distinct tokens, most frequent first"
+    assert bars.title == "stapo\n4 dumped of 6 silenced\n2 of 3 distinct tokens, most frequent first"
 
     quiet = write_state(tmp_path / "quiet", history=NOTHING_SILENCED)
     write_dump(quiet, tokens=())

@@ -282,7 +282,7 @@ def token_bars(run: RunLogs, limit: int = 15) -> TokenBars:
     top = top_silenced_tokens(run, limit)
     distinct = len({record["token"] for record in run.silenced_tokens or []})
     if distinct > len(top):
-        title += f"; {len(top)} of {distinct} distinct tokens, most frequent first"
+        title += f"\n{len(top)} of {distinct} distinct tokens, most frequent first"
     if not top:
         steps = len(run.dump_stats.get("steps", [])) or max(record["step"] for record in run.history)
         candidates = summarize_run(run).get("candidates")
