@@ -35,7 +35,7 @@ def run_function(out_dir):
     log_probs, entropies, advantages, loss_mask = global_batch()
     spurious, stats = spurious_token_mask(log_probs[rows], entropies[rows], advantages[rows], loss_mask[rows])
     torch.save({"spurious": spurious, "stats": stats}, os.path.join(out_dir, f"rank{rank}.pt"))
-    dist.destroy_process_group()
+    exit_after_every_rank_saved()
 
 
 def run_trainer(out_dir):
@@ -84,11 +84,18 @@ def run_trainer(out_dir):
         {"records": trainer.records, "world_size": trainer.accelerator.num_processes},
         os.path.join(out_dir, f"rank{rank}.pt"),
     )
-    # Without this, gloo's threads can abort the process at interpreter exit ("terminate called without an active
-    # exception"), failing the run after training succeeded.
+    exit_after_every_rank_saved()
+
+
+def exit_after_every_rank_saved():
+    """Wait until every rank has written its file, then leave without interpreter teardown. With or without
+    ``destroy_process_group``, gloo's threads sometimes abort a rank at exit ("terminate called without an active
+    exception", SIGABRT), failing the launch after training succeeded (seen once in CI, 2026-11-25)."""
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
