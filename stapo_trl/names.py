@@ -75,6 +75,41 @@ RETIRED_METRICS = {
 }
 """Metric names that runs trained before the one vocabulary logged, and their current names."""
 
+RETIRED_SPURIOUS_MASK_STATS = {"masked_grad_sq_share": "spurious_grad_sq_share"}
+"""Keys of `spurious_token_mask`'s statistics that earlier versions returned, and their current names."""
+
+
+class StatsWithRetiredKeys(dict):
+    """A statistics dict that still answers to retired key names, with a FutureWarning, so that code written against
+    an earlier version of a pure function's statistics keeps running. Only item access and ``get`` answer: the
+    retired names are not among the keys, ``in`` and iteration see the current names only."""
+
+    def __init__(self, stats: dict, retired: dict[str, str]):
+        super().__init__(stats)
+        self._retired = retired
+
+    def _current_name(self, key: object) -> str | None:
+        current = self._retired.get(key) if isinstance(key, str) else None
+        if current is not None:
+            warnings.warn(
+                f"the statistic {key!r} is now called {current!r}; the old name will be removed in a later version.",
+                FutureWarning,
+                stacklevel=3,
+            )
+        return current
+
+    def __missing__(self, key):
+        current = self._current_name(key)
+        if current is None:
+            raise KeyError(key)
+        return self[current]
+
+    def get(self, key, default=None):
+        if key in self:
+            return super().get(key)
+        current = self._current_name(key)
+        return super().get(current, default) if current is not None else default
+
 
 def with_current_metric_names(records: list[dict], source: object = "this log") -> list[dict]:
     """``records`` with retired metric names renamed to the current ones, so that runs logged before the rename still

@@ -7,6 +7,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
 import stapo_trl
 from stapo_trl.names import (
@@ -16,6 +17,7 @@ from stapo_trl.names import (
     S2T_SILENCED_GRAD_SQ_SHARE,
     with_current_metric_names,
 )
+from stapo_trl.token_rules import spurious_token_mask
 
 ROOT = Path(stapo_trl.__file__).parent.parent
 SCANNED = [
@@ -89,3 +91,26 @@ def test_a_log_with_the_current_names_passes_without_a_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert with_current_metric_names(current) == current
+
+
+def test_spurious_token_mask_statistics_still_answer_to_their_retired_key_with_a_warning():
+    # Two candidates (p 0.001 < 0.002, A > 0) with entropies 0.1 and 0.5 put tau_h at 0.1 + 0.8 * 0.4 = 0.42: the
+    # first is silenced and carries a share of the squared logit-gradient norm strictly between 0 and 1.
+    log_probs = torch.log(torch.tensor([[0.001, 0.001, 0.9]]))
+    entropies = torch.tensor([[0.1, 0.5, 1.0]])
+    _, stats = spurious_token_mask(
+        log_probs, entropies, torch.tensor([1.0]), torch.ones(1, 3), prob_threshold=0.002, entropy_quantile=0.8
+    )
+    assert stats["num_candidates"] == 2 and stats["num_spurious"] == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        current = stats["spurious_grad_sq_share"]
+    assert 0.0 < current < 1.0
+    with pytest.warns(FutureWarning, match="now called 'spurious_grad_sq_share'"):
+        assert stats["masked_grad_sq_share"] == current
+    with pytest.warns(FutureWarning):
+        assert stats.get("masked_grad_sq_share") == current
+    assert "masked_grad_sq_share" not in stats
+    assert stats.get("no_such_statistic", "default") == "default"
+    with pytest.raises(KeyError):
+        stats["no_such_statistic"]

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import torch
 
 from ..distributed import all_gather_variable, all_reduce_sum
+from ..names import RETIRED_SPURIOUS_MASK_STATS, StatsWithRetiredKeys
 from .registry import TokenRuleResult, register_token_rule, validate_token_inputs, working_dtype
 
 ENTROPY_PERCENTILES = (0.5, 0.8, 0.99)
@@ -85,7 +86,9 @@ def spurious_token_mask(
         ``num_tokens``, ``num_candidates``, ``num_spurious``, ``spurious_fraction``, ``entropy_threshold`` (NaN when
         the pool is empty), ``entropy_p50``/``p80``/``p99`` over all loss tokens, and ``spurious_grad_sq_share``: the
         share of ``sum_t A_t**2 (1 - 2p_t + sum_v pi_v**2)`` (the squared logit-gradient norm at ratio 1) that the
-        silenced tokens carry, with ``sum_v pi_v**2`` estimated by :func:`logit_grad_sq_norm_lower_bound`.
+        silenced tokens carry, with ``sum_v pi_v**2`` estimated by :func:`logit_grad_sq_norm_lower_bound`. The
+        statistics' earlier key names (`stapo_trl.names.RETIRED_SPURIOUS_MASK_STATS`) still read, with a
+        FutureWarning.
     """
     if not 0.0 < prob_threshold <= 1.0:
         raise ValueError(f"prob_threshold must be in (0, 1], got {prob_threshold}.")
@@ -141,7 +144,7 @@ def spurious_token_mask(
         **{f"entropy_p{round(q * 100)}": value for q, value in zip(ENTROPY_PERCENTILES, percentiles, strict=True)},
         "spurious_grad_sq_share": grad_spurious / grad_total if grad_total > 0 else 0.0,
     }
-    return spurious, stats
+    return spurious, StatsWithRetiredKeys(stats, RETIRED_SPURIOUS_MASK_STATS)
 
 
 @register_token_rule("s2t")
