@@ -88,8 +88,8 @@ class StatsWithRetiredKeys(dict):
         super().__init__(stats)
         self._retired = retired
 
-    def _current_name(self, key: object) -> str | None:
-        current = self._retired.get(key) if isinstance(key, str) else None
+    def _current_name(self, key) -> str | None:
+        current = self._retired.get(key)
         if current is not None:
             warnings.warn(
                 f"the statistic {key!r} is now called {current!r}; the old name will be removed in a later version.",
