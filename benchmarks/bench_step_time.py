@@ -39,8 +39,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from stapo_trl.names import with_current_metric_names
-
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "quickstart" / "smollm2-135m-cpu.yaml"
 SETTINGS = {
@@ -69,7 +67,6 @@ def run_once(method: str, setting: str, output_dir: Path) -> dict:
         raise RuntimeError(f"{method} ({setting}) failed:\n{result.stderr[-3000:]}")
     state = json.loads((output_dir / "trainer_state.json").read_text())
     steps = [entry for entry in state["log_history"] if "loss" in entry and "train_runtime" not in entry]
-    steps = with_current_metric_names(steps, output_dir)
     return {
         "cpu_seconds": round((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), 2),
         "wall_seconds": round(wall, 2),

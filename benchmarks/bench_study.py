@@ -38,8 +38,6 @@ from pathlib import Path
 
 import yaml
 
-from stapo_trl.names import with_current_metric_names
-
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "quickstart" / "smollm2-135m-cpu.yaml"
 METHODS = ("stapo", "grpo", "20-entropy")
@@ -48,7 +46,11 @@ CURVES = {
     "reward": ("mean reward", None, 1.0),
     "grad_norm": ("gradient norm (before clipping)", 0.0, 1.0),
     "s2t/silenced_fraction": ("S2T silenced fraction of loss tokens (%), STAPO", 0.0, 100.0),
-    "s2t/silenced_grad_sq_share": ("silenced tokens' share of the squared logit-gradient norm (%), STAPO", 0.0, 100.0),
+    "s2t/logit_grad_sq_share_estimate": (
+        "silenced tokens' share of the squared logit-gradient norm (%), STAPO",
+        0.0,
+        100.0,
+    ),
 }
 """(title, lowest value the axis shows, scale) of each per-step curve."""
 
@@ -140,7 +142,7 @@ def heldout_accuracy(seed: int, adapter: Path | None, cache: Path) -> dict:
 def step_records(output_dir: Path) -> list[dict]:
     state = json.loads((output_dir / "trainer_state.json").read_text())
     steps = [entry for entry in state["log_history"] if "loss" in entry and "train_runtime" not in entry]
-    return with_current_metric_names(steps, output_dir)
+    return steps
 
 
 def mean_sd(values: list[float]) -> tuple[float, float]:

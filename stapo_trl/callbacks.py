@@ -13,7 +13,8 @@ from pathlib import Path
 
 from transformers import ProgressCallback, TrainerCallback
 
-from .names import METRICS_FILE, S2T_ENTROPY_THRESHOLD, S2T_NUM_SILENCED, S2T_SILENCED_FRACTION, STARE_GATE_ON
+from .names import METRICS_FILE
+from .token_rules import TOKEN_RULES
 
 
 def _clean(value):
@@ -51,21 +52,15 @@ class MetricsFileCallback(TrainerCallback):
 
 
 def step_summary(logs: dict, step: int, max_steps: int) -> str:
-    """One line for one logged training step: reward, entropy, the S2T mask, the STARE gate, length and loss."""
+    """One line for one logged training step: reward, entropy, what each token rule logged (its spec's
+    `step_line`), length and loss."""
     parts = [f"step {step}/{max_steps}"]
     if "reward" in logs:
         parts.append(f"reward {logs['reward']:+.3f}")
     if "entropy" in logs:
         parts.append(f"entropy {logs['entropy']:.3f}")
-    if S2T_SILENCED_FRACTION in logs:
-        silenced = logs[S2T_SILENCED_FRACTION]
-        parts.append(f"silenced {100 * silenced:.3f}% ({int(logs.get(S2T_NUM_SILENCED, 0))} tok)")
-    threshold = logs.get(S2T_ENTROPY_THRESHOLD)
-    if threshold is not None and math.isfinite(threshold):
-        parts.append(f"tau_h {threshold:.3f}")
-    if STARE_GATE_ON in logs:
-        gate = "on" if logs[STARE_GATE_ON] >= 0.5 else "off"
-        parts.append(f"stare {gate} W {logs.get('stare/positive_weight', float('nan')):.3f}")
+    for spec in sorted(TOKEN_RULES.values(), key=lambda spec: spec.order):
+        parts += spec.step_line(logs)
     if "completions/mean_length" in logs:
         parts.append(f"len {logs['completions/mean_length']:.0f}")
     if "loss" in logs:

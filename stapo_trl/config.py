@@ -1,4 +1,9 @@
-"""`STAPOConfig`: `GRPOConfig` plus the token rules: STAPO's S2T mask (arXiv 2602.15620), STARE and your own."""
+"""`STAPOConfig`: `GRPOConfig` plus the token rules (STAPO's S2T mask, STARE, the other registered ones and your own), where
+their per-token statistics come from, and the silenced-token dump.
+
+Each registered rule with a config switch contributes its dataclass mixin (`stapo_trl.token_rules.TokenRuleSpec`),
+so its fields are `STAPOConfig` fields and its checks run in `__post_init__`; this module names no rule.
+"""
 
 from __future__ import annotations
 
@@ -10,37 +15,26 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from .diagnostics.token_dump_config import TokenDumpConfigMixin
-from .token_rules import TOKEN_RULES
-from .token_rules.stare_config import STAREConfigMixin
+from .gradient_probe import GradientProbeConfigMixin
+from .token_rules import TOKEN_RULES, active_rule_names, rule_config_mixins, shadow_rule_names, switched_rules
+from .token_stats import TOKEN_STATS_BACKENDS, TOKEN_STATS_SOURCES, check_token_stats_backend
 
-TOKEN_STATS_SOURCES = ("generation", "loss")
-TOKEN_STATS_BACKENDS = ("auto", "model_head", "torch", "liger")
-RETIRED_TOKEN_STATS_BACKENDS = {"trl": "model_head"}
-"""Earlier spellings of ``token_stats_backend`` values and their current ones (``"trl"`` read as the library)."""
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 """The loss aggregations of TRL 1.16's `GRPOTrainer`."""
-BUILT_IN_RULE_SWITCHES = {"s2t": "use_s2t_mask", "stare": "use_stare"}
 
 
 @dataclass
-class STAPOConfig(STAREConfigMixin, TokenDumpConfigMixin, GRPOConfig):
+class STAPOConfig(*rule_config_mixins(), TokenDumpConfigMixin, GradientProbeConfigMixin, GRPOConfig):
     r"""
-    Configuration class for [`STAPOTrainer`]: every [`~trl.GRPOConfig`] argument, plus the S2T mask, STARE (the
-    fields of [`~stapo_trl.token_rules.stare_config.STAREConfigMixin`]), your own token rules, and the silenced-token
-    dump (the fields of [`~stapo_trl.diagnostics.token_dump_config.TokenDumpConfigMixin`]).
+    Configuration class for [`STAPOTrainer`]: every [`~trl.GRPOConfig`] argument, plus the fields of every registered
+    token rule (the S2T mask: `use_s2t_mask`, `prob_threshold`, `entropy_quantile`; STARE: `use_stare` and the
+    `stare_*` fields; see each rule's config mixin in `stapo_trl.token_rules`), your own token rules, the silenced-token dump (the fields of
+    [`~stapo_trl.diagnostics.token_dump_config.TokenDumpConfigMixin`]) and the gradient probe
+    ([`~stapo_trl.gradient_probe.GradientProbeConfigMixin`]).
 
     Parameters:
-        > Parameters of the S2T (silencing spurious tokens) mask
+        > Where the token rules' statistics come from
 
-        use_s2t_mask (`bool`, *optional*, defaults to `True`):
-            Silence spurious tokens and renormalize the loss over the kept ones (under `dr_grpo` and `luspo`, whose
-            denominators count no tokens, silenced tokens only leave the numerator). With `False`, training is
-            exactly GRPO.
-        prob_threshold (`float`, *optional*, defaults to `0.002`):
-            `tau_p`: a token of a positive-advantage response is a candidate when its probability is below this.
-        entropy_quantile (`float`, *optional*, defaults to `0.8`):
-            `q`: candidates whose entropy is below the `q`-quantile of the candidates' entropies (pooled over the
-            whole optimizer step, across processes) are silenced. The paper's "tau_h = 80%".
         token_stats_source (`str`, *optional*, defaults to `"generation"`):
             Which policy supplies `p` and `H`: `"generation"` (the policy that generated the batch; exact when every
             generation feeds one optimizer step) or `"loss"` (the policy being optimized in each step, as in the
@@ -48,16 +42,19 @@ class STAPOConfig(STAREConfigMixin, TokenDumpConfigMixin, GRPOConfig):
         token_stats_backend (`str`, *optional*, defaults to `"auto"`):
             How a statistics pass computes `p` and `H`: `"model_head"` (the whole model, its own LM head included,
             through TRL's fused head), `"torch"` (our chunked op), `"liger"` (Liger's fused linear cross-entropy) or
-            `"auto"`. `"trl"`, the earlier name of `"model_head"`, still works with a FutureWarning.
+            `"auto"`.
 
-        > Your own token rules
+        > Your own token rules, and rules in shadow
 
         token_rules (`list[str]`, *optional*, defaults to `[]`):
             Names of rules registered with `stapo_trl.token_rules.register_token_rule`, applied in this order after
-            S2T and STARE.
+            the built-in ones.
         token_rule_kwargs (`dict` or `str`, *optional*):
             Keyword arguments per rule name, for example `{"my_rule": {"alpha": 0.5}}` (a JSON string on the command
             line).
+        shadow_token_rules (`list[str]`, *optional*, defaults to `[]`):
+            Rules to compute and log at every optimizer step without applying them, under `shadow/<rule>/...`: for
+            example GRPO with `["s2t"]` logs what S2T would silence.
 
     Defaults that follow the paper where TRL's differ, or could drift: `epsilon_high=0.28`, `beta=0.0`,
     `loss_type="dapo"`.
@@ -85,29 +82,6 @@ class STAPOConfig(STAREConfigMixin, TokenDumpConfigMixin, GRPOConfig):
         },
     )
 
-    use_s2t_mask: bool = field(
-        default=True,
-        metadata={
-            "help": "Silence spurious tokens (S2T) and renormalize the loss over the kept tokens (under dr_grpo and "
-            "luspo, whose denominators count no tokens, silenced tokens only leave the numerator). With `False`, "
-            "training is exactly GRPO."
-        },
-    )
-    prob_threshold: float = field(
-        default=0.002,
-        metadata={
-            "help": "tau_p, in (0, 1]: a token of a positive-advantage response is a spurious-token candidate when its "
-            "probability under the policy is strictly below this value. The paper uses 0.002."
-        },
-    )
-    entropy_quantile: float = field(
-        default=0.8,
-        metadata={
-            "help": "q, in [0, 1]: tau_h is the q-quantile of the candidates' entropies over the whole optimizer step "
-            "(all micro-batches and processes); candidates strictly below tau_h are silenced. The paper's "
-            "'tau_h = 80 percent' is 0.8 (the later revision uses 0.75)."
-        },
-    )
     token_stats_source: str = field(
         default="generation",
         metadata={
@@ -148,6 +122,14 @@ class STAPOConfig(STAREConfigMixin, TokenDumpConfigMixin, GRPOConfig):
         },
     )
 
+    shadow_token_rules: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Rules to compute and log at every optimizer step without applying them, under "
+            "shadow/<rule>/...: for example GRPO (use_s2t_mask false) with [s2t] logs what S2T would silence."
+        },
+    )
+
     def __post_init__(self):
         self._validate_number_types()
         self._validate_sizes()
@@ -156,97 +138,49 @@ class STAPOConfig(STAREConfigMixin, TokenDumpConfigMixin, GRPOConfig):
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}. STAPO uses 'dapo'.")
         self._validate_sampling_and_steps()
-
-        if not 0.0 < self.prob_threshold <= 1.0:
-            raise ValueError(
-                f"prob_threshold must be in (0, 1], got {self.prob_threshold}. It is an absolute probability: the "
-                "paper uses 0.002."
-            )
-        if not 0.0 <= self.entropy_quantile <= 1.0:
-            raise ValueError(
-                f"entropy_quantile must be in [0, 1], got {self.entropy_quantile}. It is a fraction, not a percent: "
-                "the paper's 'tau_h = 80%' is entropy_quantile=0.8."
-            )
-        if not self.use_s2t_mask:
-            defaults = type(self).__dataclass_fields__
-            changed = [
-                name
-                for name in ("prob_threshold", "entropy_quantile")
-                if getattr(self, name) != defaults[name].default
-            ]
-            if changed:
-                raise ValueError(
-                    f"{', '.join(changed)} set, but use_s2t_mask=False, so they would be ignored. Set "
-                    "use_s2t_mask=True (or method: stapo), or remove them."
-                )
         if self.token_stats_source not in TOKEN_STATS_SOURCES:
             raise ValueError(
                 f"token_stats_source must be one of {TOKEN_STATS_SOURCES}, got {self.token_stats_source!r}."
             )
-        if self.token_stats_backend in RETIRED_TOKEN_STATS_BACKENDS:
-            current = RETIRED_TOKEN_STATS_BACKENDS[self.token_stats_backend]
-            warnings.warn(
-                f"token_stats_backend={self.token_stats_backend!r} is now called {current!r}; the old name will be "
-                "removed.",
-                FutureWarning,
-                stacklevel=3,
-            )
-            self.token_stats_backend = current
-        if self.token_stats_backend not in TOKEN_STATS_BACKENDS:
-            raise ValueError(
-                f"token_stats_backend must be one of {TOKEN_STATS_BACKENDS}, got {self.token_stats_backend!r}."
-            )
-        if self.token_stats_backend == "liger":
-            from .fused_stats import LIGER_INSTALL_HINT, is_liger_available
-
-            if not is_liger_available():
-                raise ValueError(
-                    f"token_stats_backend='liger' needs liger-kernel>=0.8.5, which is not installed: "
-                    f"{LIGER_INSTALL_HINT}. Or set token_stats_backend='auto'."
-                )
-        self.validate_stare_fields()
+        check_token_stats_backend(self.token_stats_backend)
         self._validate_token_rules()
+        self._validate_rule_fields()
         self.validate_dump_fields()
-        if self.dump_silenced_tokens and not self.active_token_rules:
+        self.validate_gradient_probe_fields()
+        if self.gradient_probe_steps and not (self.active_token_rules or self.shadow_token_rules):
+            raise ValueError(
+                "gradient_probe_steps measures the gradient of the tokens a rule silences (or, in shadow, would "
+                "silence), but no token rule is on or in shadow. For GRPO, add shadow_token_rules: [s2t]."
+            )
+        if self.dump_silenced_tokens and not (self.active_token_rules or self.shadow_token_rules):
             # A warning, not an error: one recipe serves every method (`--method grpo` on the quickstart, which dumps).
             warnings.warn(
-                "dump_silenced_tokens=True has nothing to record in this run: with use_s2t_mask=False, "
-                "use_stare=False and no token_rules, no token is silenced and no token statistics are computed, so no "
-                "dump is written. `stapo-trl report` still plots the run's logged metrics.",
+                "dump_silenced_tokens=True has nothing to record in this run: no token rule is on or in shadow, so no "
+                "token is silenced and no token statistics are computed, and no dump is written. `stapo-trl report` "
+                "still plots the run's logged metrics.",
                 UserWarning,
                 stacklevel=3,
             )
-
-        if self.use_s2t_mask and self.top_entropy_quantile < 1.0:
-            raise ValueError(
-                f"use_s2t_mask=True conflicts with top_entropy_quantile={self.top_entropy_quantile}: both select "
-                "tokens by entropy, in opposite directions (20-Entropy keeps only the highest-entropy tokens without "
-                "renormalizing; S2T silences the lowest-entropy low-probability positive tokens). Run one method: "
-                "set top_entropy_quantile=1.0 for STAPO, or use_s2t_mask=False for 20-Entropy."
-            )
-        if self.use_stare and self.top_entropy_quantile < 1.0:
-            raise ValueError(
-                f"use_stare=True conflicts with top_entropy_quantile={self.top_entropy_quantile}: STARE takes its "
-                "top-surprisal share over every loss token, but 20-Entropy then drops the low-entropy "
-                f"{1 - self.top_entropy_quantile:.0%} of them inside TRL's loss, so the share and the weights would "
-                "refer to tokens that get no gradient. Run one method: top_entropy_quantile=1.0 for STARE, or "
-                "use_stare=False for 20-Entropy."
-            )
         steps, accumulation = self.steps_per_generation, self.gradient_accumulation_steps
-        if self.active_token_rules and steps % accumulation != 0:
+        rules = self.active_token_rules + self.shadow_token_rules
+        if rules and steps % accumulation != 0:
             raise ValueError(
-                f"With token rules on ({', '.join(self.active_token_rules)}), steps_per_generation ({steps}) must be a "
-                f"multiple of gradient_accumulation_steps ({accumulation}): the rules run once per optimizer step "
-                "over all of its micro-batches (the S2T entropy pool is every token of the step), so all of a step's "
-                "micro-batches must come from one generation batch. Raise steps_per_generation (or "
-                "generation_batch_size), or lower gradient_accumulation_steps."
+                f"With token rules on ({', '.join(rules)}), steps_per_generation ({steps}) must be a multiple of "
+                f"gradient_accumulation_steps ({accumulation}): the rules run once per optimizer step over all of its "
+                "micro-batches (the S2T entropy pool is every token of the step), so all of a step's micro-batches "
+                "must come from one generation batch. Raise steps_per_generation (or generation_batch_size), or lower "
+                "gradient_accumulation_steps."
             )
 
     @property
     def active_token_rules(self) -> list[str]:
-        """The rules the trainer applies, in order: S2T, STARE, then `token_rules`."""
-        built_in = [name for name, switch in BUILT_IN_RULE_SWITCHES.items() if getattr(self, switch)]
-        return built_in + list(self.token_rules)
+        """The rules the trainer applies, in order: the switched-on built-in rules, then `token_rules`."""
+        return active_rule_names(self)
+
+    @property
+    def shadow_rules_in_order(self) -> list[str]:
+        """`shadow_token_rules` in the order the rules apply."""
+        return shadow_rule_names(self)
 
     def _validate_sizes(self) -> None:
         """Counts that must be positive. TRL accepts 0 for several of them and fails later, for example in torch's
@@ -297,8 +231,9 @@ class STAPOConfig(STAREConfigMixin, TokenDumpConfigMixin, GRPOConfig):
                 )
 
     def _validate_token_rules(self) -> None:
-        if isinstance(self.token_rules, str):
-            self.token_rules = [self.token_rules]
+        for name in ("token_rules", "shadow_token_rules"):
+            if isinstance(getattr(self, name), str):
+                setattr(self, name, [getattr(self, name)])
         if isinstance(self.token_rule_kwargs, str):
             try:
                 self.token_rule_kwargs = json.loads(self.token_rule_kwargs)
@@ -315,24 +250,59 @@ class STAPOConfig(STAREConfigMixin, TokenDumpConfigMixin, GRPOConfig):
                 "token_rule_kwargs must map rule names to keyword dicts, e.g. {'my_rule': {'alpha': 0.5}}; got "
                 f"{self.token_rule_kwargs!r}."
             )
+        switches = {spec.name: spec.switch for spec in switched_rules()}
         for name in self.token_rules:
-            if name in BUILT_IN_RULE_SWITCHES:
+            if name in switches:
                 raise ValueError(
-                    f"token_rules lists {name!r}, a built-in rule: switch it on with "
-                    f"{BUILT_IN_RULE_SWITCHES[name]}=True instead (it then runs before your rules)."
+                    f"token_rules lists {name!r}, a built-in rule: switch it on with {switches[name]}=True instead "
+                    "(it then runs before your rules)."
                 )
-            if name not in TOKEN_RULES:
-                raise ValueError(
-                    f"token_rules lists {name!r}, which is not registered. Registered rules: "
-                    f"{', '.join(sorted(TOKEN_RULES))}. Import the module that registers it (with "
-                    "@stapo_trl.token_rules.register_token_rule) before creating the config."
-                )
-        duplicates = sorted({name for name in self.token_rules if self.token_rules.count(name) > 1})
-        if duplicates:
-            raise ValueError(f"token_rules lists {', '.join(duplicates)} more than once.")
-        stray = sorted(set(self.token_rule_kwargs) - set(self.token_rules))
+        for field_name in ("token_rules", "shadow_token_rules"):
+            for name in getattr(self, field_name):
+                if name not in TOKEN_RULES:
+                    raise ValueError(
+                        f"{field_name} lists {name!r}, which is not registered. Registered rules: "
+                        f"{', '.join(sorted(TOKEN_RULES))}. Import the module that registers it (with "
+                        "@stapo_trl.token_rules.register_token_rule) before creating the config."
+                    )
+            duplicates = sorted(
+                {name for name in getattr(self, field_name) if getattr(self, field_name).count(name) > 1}
+            )
+            if duplicates:
+                raise ValueError(f"{field_name} lists {', '.join(duplicates)} more than once.")
+        both = [name for name in self.shadow_token_rules if name in self.active_token_rules]
+        if both:
+            raise ValueError(
+                f"shadow_token_rules lists {', '.join(both)}, which this run also applies. A rule runs either applied "
+                "or in shadow (computed and logged only): remove it from one of the two."
+            )
+        stray = sorted(set(self.token_rule_kwargs) - set(self.token_rules) - set(self.shadow_token_rules))
         if stray:
             raise ValueError(
-                f"token_rule_kwargs has arguments for {', '.join(stray)}, which token_rules does not list "
-                f"({self.token_rules}); they would be ignored."
+                f"token_rule_kwargs has arguments for {', '.join(stray)}, which neither token_rules nor "
+                f"shadow_token_rules lists ({self.token_rules}); they would be ignored."
             )
+
+    def _validate_rule_fields(self) -> None:
+        """Each built-in rule's own checks, and no rule setting that no running rule reads."""
+        used = set(self.active_token_rules) | set(self.shadow_token_rules)
+        specs = switched_rules()
+        read = {name for spec in specs if spec.name in used for name in (*spec.fields, *spec.reads_fields)}
+        for spec in specs:
+            spec.validate(self, spec.name in used)
+            defaults = {item.name: item for item in dataclasses.fields(spec.config_mixin)} if spec.config_mixin else {}
+            changed = [
+                name
+                for name, item in defaults.items()
+                if name != spec.switch and name not in read and getattr(self, name) != _default(item)
+            ]
+            if changed:
+                method = f" (or method: {spec.method.name})" if spec.method is not None else ""
+                raise ValueError(
+                    f"{', '.join(changed)} set, but {spec.switch}=False, so they would be ignored. Set "
+                    f"{spec.switch}=True{method}, or remove them."
+                )
+
+
+def _default(item: dataclasses.Field):
+    return item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default

@@ -1,8 +1,11 @@
-"""The methods of the STAPO paper's comparison (arXiv 2602.15620, Table 2) and STARE, as `STAPOConfig` presets.
+"""The methods of the STAPO paper's comparison (arXiv 2602.15620, Table 2), STARE and the other rules that are methods, as
+`STAPOConfig` presets.
 
 A recipe selects one with ``method:``. The preset's values replace `STAPOConfig`'s defaults; values written in the
-recipe or on the command line still override them. All five share the JustRL basis of the paper (§1.1 of the design
-notes): clip-higher (``epsilon=0.2``, ``epsilon_high=0.28``), no KL (``beta=0``), token-level ``dapo`` aggregation.
+recipe or on the command line still override them. Every preset shares the JustRL basis of the paper: clip-higher
+(``epsilon=0.2``, ``epsilon_high=0.28``), no KL (``beta=0``), token-level ``dapo`` aggregation, and every token rule
+off but its own. The presets without a token rule are listed here; a rule that is a method of its own declares it in
+its spec (`stapo_trl.token_rules.RuleMethod`), so this module names no rule.
 """
 
 from __future__ import annotations
@@ -10,54 +13,58 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-_SHARED = {
-    "epsilon": 0.2,
-    "epsilon_high": 0.28,
-    "beta": 0.0,
-    "loss_type": "dapo",
-    "top_entropy_quantile": 1.0,
-    "use_stare": False,
-}
+from .token_rules import get_token_rule, switched_rules
+
+
+def _shared() -> dict[str, Any]:
+    """The JustRL basis, with every switched token rule off."""
+    return {
+        "epsilon": 0.2,
+        "epsilon_high": 0.28,
+        "beta": 0.0,
+        "loss_type": "dapo",
+        "top_entropy_quantile": 1.0,
+        **{spec.switch: False for spec in switched_rules()},
+    }
 
 
 @dataclass(frozen=True)
 class MethodPreset:
     name: str
+    title: str
     summary: str
     defaults: dict[str, Any] = field(default_factory=dict)
 
 
-METHODS: dict[str, MethodPreset] = {
-    preset.name: preset
-    for preset in (
-        MethodPreset(
-            "stapo",
-            "GRPO/DAPO plus the S2T mask: silence low-probability, low-entropy tokens of positive-advantage responses "
-            "and renormalize the loss over the kept tokens",
-            {**_SHARED, "use_s2t_mask": True},
-        ),
-        MethodPreset("grpo", "the same loss without any token mask", {**_SHARED, "use_s2t_mask": False}),
+def _presets() -> dict[str, MethodPreset]:
+    shared = _shared()
+    presets = [
+        MethodPreset("grpo", "GRPO", "the same loss without any token rule", dict(shared)),
         MethodPreset(
             "20-entropy",
+            "20-Entropy",
             "gradient only on the 20% highest-entropy tokens, without renormalization (arXiv 2506.01939), through "
             "TRL's top_entropy_quantile",
-            {**_SHARED, "use_s2t_mask": False, "top_entropy_quantile": 0.2},
+            {**shared, "top_entropy_quantile": 0.2},
         ),
         MethodPreset(
             "justrl",
+            "JustRL",
             "plain GRPO/DAPO with JustRL's dual-clip c=10 for negative advantages (TRL's delta) and weight decay 0.1",
-            {**_SHARED, "use_s2t_mask": False, "delta": 10.0, "weight_decay": 0.1},
+            {**shared, "delta": 10.0, "weight_decay": 0.1},
         ),
-        MethodPreset(
-            "stare",
-            "GRPO/DAPO plus STARE (arXiv 2606.19236): while the batch entropy is below 0.3 nats, multiply the "
-            "advantage of the 10% highest-surprisal positive-advantage tokens by W (1.1 by default; variant C2 also "
-            "the negative ones by M, 0.9), without renormalizing",
-            {**_SHARED, "use_s2t_mask": False, "use_stare": True},
-        ),
-    )
-}
+    ]
+    for spec in switched_rules():
+        if spec.method is not None:
+            defaults = {**shared, **spec.method.defaults, spec.switch: True}
+            presets.append(MethodPreset(spec.method.name, spec.method.title, spec.method.summary, defaults))
+    order = {"stapo": 0, "grpo": 1, "20-entropy": 2, "justrl": 3}
+    return {preset.name: preset for preset in sorted(presets, key=lambda preset: order.get(preset.name, 4))}
+
+
+METHODS: dict[str, MethodPreset] = _presets()
 METHOD_NAMES = tuple(METHODS)
+METHOD_TITLES = {name: preset.title for name, preset in METHODS.items()}
 _ALIASES = {"20_entropy": "20-entropy", "20entropy": "20-entropy", "entropy-20": "20-entropy", "just-rl": "justrl"}
 
 
@@ -71,12 +78,12 @@ def method_preset(name: str) -> MethodPreset:
 
 
 def infer_method(config: Any) -> str:
-    """The preset a `STAPOConfig` corresponds to, read from its switches: ``"stapo"`` (S2T on, also with STARE),
-    ``"stare"``, ``"20-entropy"``, ``"justrl"`` (a dual-clip ``delta``) or ``"grpo"``."""
-    if config.use_s2t_mask:
-        return "stapo"
-    if config.use_stare:
-        return "stare"
+    """The preset a `STAPOConfig` corresponds to, read from its switches: the method of the first switched-on rule
+    that has one (``"stapo"`` when S2T is on, also with STARE), else ``"20-entropy"``, ``"justrl"`` (a dual-clip
+    ``delta``) or ``"grpo"``."""
+    for spec in switched_rules():
+        if spec.method is not None and spec.is_on(config):
+            return spec.method.name
     if config.top_entropy_quantile < 1.0:
         return "20-entropy"
     if config.delta is not None:
@@ -84,30 +91,21 @@ def infer_method(config: Any) -> str:
     return "grpo"
 
 
+def method_title(config: Any) -> str:
+    """The method's name as printed: the titles of every switched-on rule that is a method, joined with " + "
+    (``"STAPO + STARE"``), or the preset's title."""
+    titles = [spec.method.title for spec in switched_rules() if spec.method is not None and spec.is_on(config)]
+    return " + ".join(titles) if titles else METHOD_TITLES[infer_method(config)]
+
+
 def describe_token_rule(training: Any) -> str:
-    """The active token rules of a `STAPOConfig`, in one line: what they select, their thresholds and weights."""
-    rules = []
-    if training.use_s2t_mask:
-        rules.append(f"S2T on: prob_threshold {training.prob_threshold}, entropy_quantile {training.entropy_quantile}")
-    if training.use_stare:
-        weights = f"W {training.stare_positive_weight}"
-        if training.stare_variant == "C2":
-            weights += f", M {training.stare_negative_weight}"
-        if training.stare_adaptive:
-            weights += (
-                f" (adaptive, alpha {training.stare_alpha}, W <= {training.stare_max_positive_weight}, "
-                f"M >= {training.stare_min_negative_weight})"
-            )
-        gate = {
-            "entropy": f"gate on below {training.stare_target_entropy} nats",
-            "on": "gate always on",
-            "off": "gate always off",
-        }[training.stare_gate]
-        rules.append(
-            f"STARE {training.stare_variant} on: top {training.stare_top_surprisal_share:g} surprisal share per "
-            f"{training.stare_selection_pool.replace('_', ' ')}, {weights}, {gate}"
-        )
-    rules += [f"{name} (registered rule)" for name in training.token_rules]
+    """The token rules of a `STAPOConfig`, applied and in shadow, in one line: what they select, their thresholds and
+    weights, and where their statistics come from."""
+    rules = [get_token_rule(name).describe(training) for name in training.active_token_rules]
+    rules += [
+        f"{get_token_rule(name).describe(training)} (in shadow: logged, not applied)"
+        for name in getattr(training, "shadow_token_rules", [])
+    ]
     if not rules:
         if training.top_entropy_quantile < 1.0:
             return f"no stapo-trl rule; TRL's top_entropy_quantile {training.top_entropy_quantile} (20-Entropy)"

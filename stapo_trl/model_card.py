@@ -9,7 +9,6 @@ sections sit between two HTML comments, so writing the card again replaces them 
 from __future__ import annotations
 
 import json
-import statistics
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -17,19 +16,8 @@ from typing import Any
 import yaml
 
 from .diagnostics.report import series
-from .names import (
-    EVAL_SUMMARY_FILE,
-    RUN_SUMMARY_FILE,
-    S2T_ENTROPY_THRESHOLD,
-    S2T_NUM_CANDIDATES,
-    S2T_NUM_SILENCED,
-    S2T_SILENCED_FRACTION,
-    STARE_GATE_ON,
-    STARE_NEGATIVE_WEIGHT,
-    STARE_POSITIVE_WEIGHT,
-    TRAINER_STATE_FILE,
-    with_current_metric_names,
-)
+from .names import EVAL_SUMMARY_FILE, RUN_SUMMARY_FILE, TRAINER_STATE_FILE
+from .token_rules import get_token_rule
 
 PAPER_TITLE = "STAPO: Stabilizing Reinforcement Learning for LLMs by Silencing Rare Spurious Tokens"
 PAPER_ID = "2602.15620"
@@ -60,21 +48,6 @@ SETTINGS = (
     ("temperature", "sampling temperature"),
     ("max_completion_length", "max completion tokens"),
 )
-S2T_SETTINGS = (
-    ("prob_threshold", "tau_p: candidates have p below"),
-    ("entropy_quantile", "q: tau_h is this quantile of the candidates' entropies"),
-    ("token_stats_source", "policy that supplies p and H"),
-)
-STARE_SETTINGS = (
-    ("stare_variant", "STARE variant"),
-    ("stare_top_surprisal_share", "P: top surprisal share per sign"),
-    ("stare_positive_weight", "W (start)"),
-    ("stare_negative_weight", "M (start, C2)"),
-    ("stare_target_entropy", "gate target entropy (nats)"),
-    ("stare_gate", "gate mode"),
-    ("stare_adaptive", "adaptive W/M"),
-    ("stare_selection_pool", "selection pool"),
-)
 SKIPPED_CONFIG_KEYS = {"output_dir", "logging_dir", "hub_token", "push_to_hub_token"}
 FILLED_IN_POST_INIT = {
     "accelerator_config",
@@ -93,14 +66,11 @@ def _value(value: Any) -> str:
 
 def method_section(config: Any) -> list[str]:
     """The method, with a link to the paper, and a table of the thresholds and loss settings that define it."""
-    from .evaluation.paper import METHOD_TITLES
-    from .methods import describe_token_rule, infer_method, method_preset
+    from .methods import describe_token_rule, infer_method, method_preset, method_title
     from .version import __version__
 
     method = infer_method(config)
-    title = METHOD_TITLES.get(method, method)
-    if config.use_s2t_mask and config.use_stare:
-        title = "STAPO + STARE"
+    title = method_title(config)
     lines = [
         "## STAPO training details",
         "",
@@ -114,11 +84,10 @@ def method_section(config: Any) -> list[str]:
         "| setting | value |",
         "|---|---|",
     ]
-    rows = list(SETTINGS)
-    if config.use_s2t_mask:
-        rows = list(S2T_SETTINGS) + rows
-    if config.use_stare:
-        rows += [row for row in STARE_SETTINGS if row[0] != "stare_negative_weight" or config.stare_variant == "C2"]
+    rows = [row for name in config.active_token_rules for row in get_token_rule(name).card_settings(config)]
+    if rows:
+        rows.append(("token_stats_source", "policy that supplies p and H"))
+    rows += SETTINGS
     if config.top_entropy_quantile < 1.0:
         rows.append(("top_entropy_quantile", "20-Entropy: share of highest-entropy tokens kept"))
     if config.delta is not None:
@@ -143,31 +112,11 @@ def statistics_section(config: Any, history: list[dict[str, Any]]) -> list[str]:
             f"- Mean token entropy: {entropy[0]:.3f} nats at the first logged step, {entropy[-1]:.3f} at the last "
             f"({len(steps)} logged steps, last step {steps[-1]['step']})."
         )
-    if config.use_s2t_mask:
-        silenced = _logged(steps, S2T_SILENCED_FRACTION)
-        thresholds = _logged(steps, S2T_ENTROPY_THRESHOLD)
-        if silenced:
-            lines.append(
-                f"- S2T silenced {int(sum(_logged(steps, S2T_NUM_SILENCED)))} tokens of "
-                f"{int(sum(_logged(steps, S2T_NUM_CANDIDATES)))} candidates; mean silenced fraction "
-                f"{sum(silenced) / len(silenced):.4%} of loss tokens, last step {silenced[-1]:.4%} (the paper reports "
-                "mostly under 0.01%)."
-            )
-        lines.append(
-            f"- tau_h: median {statistics.median(thresholds):.3f} nats, last {thresholds[-1]:.3f}."
-            if thresholds
-            else "- tau_h: no step had a candidate token, so no entropy threshold was computed."
-        )
-    else:
-        lines.append("- The S2T mask was off in this run.")
-    if config.use_stare:
-        gate = _logged(steps, STARE_GATE_ON)
-        weights = _logged(steps, STARE_POSITIVE_WEIGHT), _logged(steps, STARE_NEGATIVE_WEIGHT)
-        if gate and weights[0]:
-            lines.append(
-                f"- STARE gate on in {sum(gate) / len(gate):.0%} of logged steps; final W {weights[0][-1]:.3g}, "
-                f"M {weights[1][-1]:.3g}."
-            )
+    rules = config.active_token_rules
+    for name in rules:
+        lines += get_token_rule(name).card_statistics(steps)
+    if not rules:
+        lines.append("- No token rule was on in this run.")
     return lines
 
 
@@ -342,4 +291,4 @@ def refresh_model_card(output_dir: str | Path) -> Path:
         )
     config = torch.load(args, weights_only=False)
     history = json.loads(state.read_text()).get("log_history", []) if state.is_file() else []
-    return write_card_sections(card, config, with_current_metric_names(history, state), output_dir)
+    return write_card_sections(card, config, history, output_dir)

@@ -25,31 +25,32 @@ import torch
 from accelerate.utils import is_peft_model
 from transformers import TrainingArguments
 
-from . import policy_stats
 from .config import STAPOConfig
 from .diagnostics.token_dump import SilencedTokenDump, StepTokens
 from .distributed import all_reduce_sum
-from .fused_stats.generation import GenerationStatsRecorder, unrecordable_decoding
+from .fused_stats.generation import unrecordable_decoding
+from .gradient_probe import GradientProbe, probe_metric
 from .model_card import PAPER_ID, PAPER_TITLE, STAPO_CITATION, fill_trl_nones, write_card_sections
 from .names import (
     ADVANTAGES_BEFORE_RULES_KEY,
     ENTROPIES_KEY,
     LOG_PROBS_KEY,
     NUM_ITEMS_BEFORE_RULES_KEY,
+    SHADOW_SILENCED_KEY,
     SILENCED_KEY,
-    STARE_BATCH_ENTROPY,
-    STARE_NEGATIVE_WEIGHT,
-    STARE_POSITIVE_WEIGHT,
     TOKEN_DUMP_DROPPED,
     TOKEN_DUMP_WRITTEN,
+    TOKEN_STATS_MEAN_ENTROPY,
     TOKEN_WEIGHTS_KEY,
     TOOL_MASK_BEFORE_RULES_KEY,
     rule_metric,
+    shadow_metric,
 )
 from .resume import EpochSeededSampler, resolve_resume_checkpoint
 from .rewards import resolve_reward_funcs
-from .token_rules import STAREController, apply_token_rules
-from .trl_seams import GRPOSeams, get_config_model_id
+from .token_rules import RuleCall, StepContext, apply_token_rules, get_token_rule
+from .token_stats import TokenStatistics, side_effect_free_pass
+from .trl_seams import GRPOSeams, disable_gradient_checkpointing, get_config_model_id
 
 logger = logging.getLogger(__name__)
 
@@ -61,13 +62,12 @@ def _as_stapo_config(args: TrainingArguments) -> STAPOConfig:
     # GRPOConfig.__post_init__ fills both of these; only one may be given back.
     values["generation_batch_size"] = None
     config = STAPOConfig(**values)
+    rules = "; ".join(get_token_rule(name).describe(config) for name in config.active_token_rules)
     logger.warning(
-        "STAPOTrainer was given a %s; it was converted to a STAPOConfig with the S2T mask on (prob_threshold=%s, "
-        "entropy_quantile=%s). Your values are kept as given, so epsilon_high=%s rather than STAPO's 0.28. Pass a "
-        "STAPOConfig to get the paper's defaults.",
+        "STAPOTrainer was given a %s; it was converted to a STAPOConfig with its token rules on (%s). Your values are "
+        "kept as given, so epsilon_high=%s rather than STAPO's 0.28. Pass a STAPOConfig to get the paper's defaults.",
         type(args).__name__,
-        config.prob_threshold,
-        config.entropy_quantile,
+        rules,
         config.epsilon_high,
     )
     return config
@@ -99,27 +99,25 @@ class STAPOTrainer(GRPOSeams):
     `entropy_quantile`-th quantile of the candidates' entropies are silenced, and the loss is renormalized over the
     kept tokens (see the module docstring for how).
 
-    The S2T mask is the first of the token rules (`args.active_token_rules`): S2T (`use_s2t_mask`), then STARE
-    (`use_stare`), then your own registered `token_rules`, each seeing the tokens the rules before it kept. STARE's
-    gate and weights live in a [`~stapo_trl.token_rules.STAREController`] (`self.stare_controller`), updated once per
-    generation from the batch's mean token entropy under the generating policy, saved with each checkpoint
-    (`stare_controller_state.json`) and restored by `resume_from_checkpoint`.
+    The S2T mask is one of the token rules of `stapo_trl.token_rules`, which apply in order
+    (`args.active_token_rules`), each seeing the tokens the rules before it kept; `args.shadow_token_rules` are
+    computed and logged without being applied. A rule's stateful controller (STARE's gate and weights) lives in
+    `self.rule_controllers`, is updated once per generation from the batch's mean token entropy under the generating
+    policy, saved with each checkpoint and restored by `resume_from_checkpoint`.
 
-    Where `p` and `H` come from (`token_stats_source`):
+    Where `p` and `H` come from is `self.token_stats` ([`~stapo_trl.token_stats.TokenStatistics`]), per
+    `token_stats_source`:
 
-    - `"generation"` (default): the policy that generated the batch. When TRL already runs its old-log-prob pass
-      (vLLM importance-sampling correction, or `num_iterations > 1`, or misaligned accumulation) the statistics are
-      taken from that pass; on TRL's `generate()` path they are recorded while sampling (a hook on the LM head, see
-      `stapo_trl.fused_stats.generation`); otherwise one no-grad pass runs per generation (`generation_stats_blocker`
-      says why). Only that last case costs a forward, and it runs with dropout off and leaves the random streams
-      untouched. When every generation feeds exactly one optimizer step
+    - `"generation"` (default): the policy that generated the batch, from TRL's old-log-prob pass when TRL runs it,
+      else recorded while `generate()` samples, else one no-grad pass per generation (`generation_stats_blocker`
+      says why recording is not possible). When every generation feeds exactly one optimizer step
       (`steps_per_generation == gradient_accumulation_steps`, `num_iterations == 1`) that policy *is* the policy
       being optimized, so the mask equals the loss-time mask. Otherwise the statistics are stale by at most
       `steps_per_generation / gradient_accumulation_steps * num_iterations - 1` updates.
     - `"loss"`: the policy being optimized in the step, as in the paper. A no-grad pass over the step's micro-batches
       runs when the step starts, except in the first step after a generation whose statistics already exist.
 
-    Evaluation losses are reported without the mask: S2T changes training gradients only.
+    Evaluation losses are reported without the rules: they change training gradients only.
 
     With `dump_silenced_tokens`, each step's silenced tokens (text, context, `p`, `H`, advantage) go to
     `output_dir/silenced_tokens.jsonl`, bounded and sampled (see [`~stapo_trl.diagnostics.SilencedTokenDump`]). The
@@ -131,15 +129,7 @@ class STAPOTrainer(GRPOSeams):
     card_tags = ("trl", "grpo", "stapo")
     card_paper = {"title": PAPER_TITLE, "id": PAPER_ID, "citation": STAPO_CITATION}
 
-    # (log_probs, entropies) of every `_get_per_token_logps_and_entropies` call during a training generation, or None.
-    _captured_token_stats: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None
-    # The recorder of the training generation under way, and how many generate() calls it has seen.
-    _generation_recorder: GenerationStatsRecorder | None = None
-    _generation_calls: int = 0
-    token_stats_origin: str | None = None
-    """Where the last training generation's p and H came from: ``"trl_pass"`` (TRL's old-log-prob pass),
-    ``"generate"`` (recorded while sampling), ``"statistics_pass"`` (STAPO's own no-grad pass) or ``"deferred"`` (the
-    ``"loss"`` source computes them when the step starts)."""
+    token_stats: TokenStatistics | None = None
 
     def __init__(self, model, reward_funcs=None, args: STAPOConfig | None = None, *positional, **kwargs):
         if args is None:
@@ -152,23 +142,32 @@ class STAPOTrainer(GRPOSeams):
         given = given.arguments
         _check_prompt_column(given.get("train_dataset"), given.get("environment_factory"))
         super().__init__(model, reward_funcs, args, *positional, **kwargs)
-        self._generation_global_step: int | None = None
         self.token_rules = args.active_token_rules
-        self.token_stats_backend = self._resolve_token_stats_backend() if self.token_rules else None
-        self.stare_controller = (
-            STAREController(
-                target_entropy=args.stare_target_entropy,
-                positive_weight=args.stare_positive_weight,
-                negative_weight=args.stare_negative_weight,
-                adaptive=args.stare_adaptive,
-                alpha=args.stare_alpha,
-                max_positive_weight=args.stare_max_positive_weight,
-                min_negative_weight=args.stare_min_negative_weight,
-                gate_mode=args.stare_gate,
+        self.shadow_token_rules = args.shadow_rules_in_order
+        running = [get_token_rule(name) for name in (*self.token_rules, *self.shadow_token_rules)]
+        controllers = {spec.name: spec.make_controller(args) for spec in running}
+        self.rule_controllers = {name: controller for name, controller in controllers.items() if controller}
+        if running:
+            self.token_stats = TokenStatistics(
+                source=args.token_stats_source,
+                backend=args.token_stats_backend,
+                temperature=self.temperature,
+                chunk_size=args.per_device_train_batch_size,
+                get_model=lambda: self.model,
+                accelerator=self.accelerator,
+                model_head_pass=self.per_token_logps_and_entropies,
+                gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
+                vision_language=self.is_vision_language_model,
+                fsdp=self.is_fsdp_enabled,
+                generation_statistics_required=any(spec.needs_generation_statistics for spec in running),
             )
-            if args.use_stare
-            else None
-        )
+        self.gradient_probe = GradientProbe(args.gradient_probe_steps) if args.gradient_probe_steps else None
+        if self.gradient_probe is not None and (self.is_deepspeed_enabled or self.is_fsdp_enabled):
+            raise ValueError(
+                "gradient_probe_steps backpropagates outside TRL's training step, which DeepSpeed and FSDP do not "
+                "support here. Measure the gradient share in a run without them, or set gradient_probe_steps: 0."
+            )
+        bounds = [spec.report.probability_bound_field for spec in running if spec.report is not None]
         self.token_dump = (
             SilencedTokenDump(
                 args.output_dir,
@@ -177,21 +176,19 @@ class STAPOTrainer(GRPOSeams):
                 max_tokens=args.dump_max_tokens,
                 context_tokens=args.dump_context_tokens,
                 seed=args.seed,
-                prob_threshold=args.prob_threshold if args.use_s2t_mask else None,
+                probability_bound=getattr(args, bounds[0]) if bounds and bounds[0] else None,
                 is_main_process=self.accelerator.is_main_process,
             )
-            if args.dump_silenced_tokens and self.token_rules
+            if args.dump_silenced_tokens and running
             else None
         )
 
     # ------------------------------------------------------------------ statistics
-    def _resolve_token_stats_backend(self) -> str:
-        return policy_stats.resolve_token_stats_backend(self)
-
     def per_token_logps_and_entropies(
         self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, **kwargs
     ):
-        capture = self._captured_token_stats is not None and not self._is_reference_forward(model)
+        stats = self.token_stats
+        capture = stats is not None and stats.is_gathering and not self._is_reference_forward(model)
         logps, entropies, aux_loss = super().per_token_logps_and_entropies(
             model,
             input_ids,
@@ -202,7 +199,7 @@ class STAPOTrainer(GRPOSeams):
             **kwargs,
         )
         if capture:
-            self._captured_token_stats.append((logps, entropies))
+            stats.capture(logps, entropies)
             if not compute_entropy:
                 entropies = None
         return logps, entropies, aux_loss
@@ -221,15 +218,6 @@ class STAPOTrainer(GRPOSeams):
         from peft.tuners.tuners_utils import BaseTunerLayer
 
         return any(isinstance(module, BaseTunerLayer) and module.disable_adapters for module in unwrapped.modules())
-
-    def compute_token_stats(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-token ``(log_probs, entropies)`` ``[B, C]`` of the completions in a TRL batch under the current policy.
-
-        Runs without gradients, with dropout off and the random streams untouched, in chunks of
-        ``per_device_train_batch_size`` sequences, with the configured ``token_stats_backend``. Padding positions get
-        0 (see `stapo_trl.policy_stats`).
-        """
-        return policy_stats.compute_token_stats(self, batch)
 
     # ------------------------------------------------------------------ generation
     def generation_stats_blocker(self) -> str | None:
@@ -250,70 +238,38 @@ class STAPOTrainer(GRPOSeams):
             return decoding
         if self.is_vision_language_model:
             return "vision-language model"
-        transforms = policy_stats.logit_transforms(policy_stats.policy_parts(self)[0])
-        if transforms:
-            return f"the model transforms its logits after the LM head ({', '.join(transforms)})"
-        sharding = policy_stats.sharding(self)
-        if sharding is not None:
-            return f"{sharding} shards the LM head"
+        if self.token_stats.logit_transforms:
+            return (
+                f"the model transforms its logits after the LM head ({', '.join(self.token_stats.logit_transforms)})"
+            )
+        if self.token_stats.sharded_by is not None:
+            return f"{self.token_stats.sharded_by} shards the LM head"
         return None
 
     def generate_single_turn(self, prompt_ids, *args, **kwargs):
-        recorder = self._generation_recorder
-        self._generation_calls += 1
-        if recorder is None or self._generation_calls > 1:
+        if self.token_stats is None:
             return super().generate_single_turn(prompt_ids, *args, **kwargs)
-        base, _, lm_head = policy_stats.policy_parts(self)
-        with recorder.attached(base, lm_head):
-            completion_ids, logprobs = super().generate_single_turn(prompt_ids, *args, **kwargs)
-        return completion_ids, logprobs
-
-    def _recorded_stats(self, output: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The recorded statistics aligned with ``output["completion_ids"]``, padding set to 0, or None."""
-        recorder = self._generation_recorder
-        if recorder is None or self._generation_calls != 1:
-            return None
-        completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]
-        recorded = recorder.finish(completion_ids)
-        if recorded is None:
-            return None
-        keep = completion_mask.bool()
-        log_probs, entropies = (values.to(completion_ids.device).masked_fill(~keep, 0.0) for values in recorded)
-        return log_probs, entropies
+        with self.token_stats.recording_generate():
+            return super().generate_single_turn(prompt_ids, *args, **kwargs)
 
     def generate_and_score_completions(self, inputs):
-        collect = bool(self.token_rules) and self.model.training
-        self._captured_token_stats = [] if collect else None
-        self._generation_calls = 0
-        self._generation_recorder = (
-            GenerationStatsRecorder(self.temperature) if collect and self.generation_stats_blocker() is None else None
-        )
+        stats = self.token_stats
+        if stats is None or not self.model.training:
+            return super().generate_and_score_completions(inputs)
+        stats.begin_generation(record_generate=self.generation_stats_blocker() is None)
         try:
             output = super().generate_and_score_completions(inputs)
-            recorded = self._recorded_stats(output) if collect else None
-        finally:
-            captured, self._captured_token_stats = self._captured_token_stats, None
-            self._generation_recorder = None
-        if not collect:
-            return output
-
-        old_log_probs = output.get("old_per_token_logps")
-        stats = next((pair for pair in captured if old_log_probs is not None and pair[0] is old_log_probs), None)
-        origin = "trl_pass" if stats is not None else None
-        if stats is None and recorded is not None:
-            stats, origin = recorded, "generate"
-        # STARE's gate reads the generating policy's entropy, so it needs generation-time statistics either way.
-        if stats is None and (self.args.token_stats_source == "generation" or self.stare_controller is not None):
-            stats, origin = self.compute_token_stats(output), "statistics_pass"
-        self.token_stats_origin = origin or "deferred"
-        if stats is not None:
-            output[LOG_PROBS_KEY], output[ENTROPIES_KEY] = stats
+        except BaseException:
+            stats.abandon_generation()
+            raise
+        stats.finish_generation(output, self.state.global_step)
         output[TOOL_MASK_BEFORE_RULES_KEY] = output.get("tool_mask")
         output[NUM_ITEMS_BEFORE_RULES_KEY] = output["num_items_in_batch"]
         output[ADVANTAGES_BEFORE_RULES_KEY] = output["advantages"]
-        self._generation_global_step = self.state.global_step
-        if self.stare_controller is not None:
-            self.stare_controller.update(self._mean_token_entropy(output))
+        if self.rule_controllers:
+            entropy = self._mean_token_entropy(output)
+            for controller in self.rule_controllers.values():
+                controller.update(entropy)
         return output
 
     @staticmethod
@@ -322,63 +278,60 @@ class STAPOTrainer(GRPOSeams):
         tool_mask = batch[TOOL_MASK_BEFORE_RULES_KEY]
         return batch["completion_mask"] if tool_mask is None else batch["completion_mask"] * tool_mask
 
-    def _mean_token_entropy(self, batch: dict[str, Any]) -> float:
-        """Mean entropy of the loss tokens of a generation batch, over all processes."""
-        loss_mask = self._loss_mask_before_rules(batch).bool() & torch.isfinite(batch[ENTROPIES_KEY])
+    @staticmethod
+    def _mean_token_entropy(batch: dict[str, Any]) -> float:
+        """Mean entropy of the loss tokens of a batch (before the rules), over all processes."""
+        loss_mask = STAPOTrainer._loss_mask_before_rules(batch).bool() & torch.isfinite(batch[ENTROPIES_KEY])
         entropies = batch[ENTROPIES_KEY].double()
         total, count = all_reduce_sum(torch.stack([entropies[loss_mask].sum(), loss_mask.sum().double()])).tolist()
         return total / count if count else float("nan")
 
     def on_optimizer_step_start(self, step_batches: list[dict[str, Any]]) -> None:
-        if self.token_rules:
+        if self.token_stats is not None:
             self.apply_token_rules(step_batches)
+        if self.gradient_probe is not None and self.gradient_probe.is_due(self.state.global_step):
+            self.probe_gradient_share(step_batches)
+
+    def probe_gradient_share(self, step_batches: list[dict[str, Any]]) -> dict[str, float]:
+        """Measure the silenced tokens' share of the gradient at the weights for this step and log it under
+        ``gradient_probe/`` (see `stapo_trl.gradient_probe`)."""
+        model = self.accelerator.unwrap_model(self.model)
+        checkpointing = disable_gradient_checkpointing(model, self.args.gradient_checkpointing_kwargs)
+        with self.metrics_untouched(), side_effect_free_pass(model), checkpointing:
+            stats = self.gradient_probe.measure(self.compute_loss, model, step_batches)
+        for key, value in stats.items():
+            self.log_metric(probe_metric(key), value)
+        return stats
 
     # ------------------------------------------------------------------ the token rules
-    def token_rule_calls(self, step_batches: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
-        """The ``(name, params)`` of each active rule for one optimizer step, in the order they apply."""
-        calls = []
-        for name in self.token_rules:
-            if name == "s2t":
-                params = {"prob_threshold": self.args.prob_threshold, "entropy_quantile": self.args.entropy_quantile}
-            elif name == "stare":
-                params = self._stare_params(step_batches)
-            else:
-                params = dict(self.args.token_rule_kwargs.get(name, {}))
-            calls.append((name, params))
-        return calls
-
-    def _stare_params(self, step_batches: list[dict[str, Any]]) -> dict[str, Any]:
-        controller = self.stare_controller
-        params = {
-            "variant": self.args.stare_variant,
-            "top_surprisal_share": self.args.stare_top_surprisal_share,
-            "positive_weight": controller.positive_weight,
-            "negative_weight": controller.negative_weight,
-            "gate_on": controller.gate_on,
-        }
-        if self.args.stare_selection_pool == "micro_batch":
-            sizes = [batch["completion_ids"].size(0) for batch in step_batches]
-            device = step_batches[0]["completion_ids"].device
-            params["groups"] = torch.repeat_interleave(
-                torch.arange(len(sizes), device=device), torch.tensor(sizes, device=device)
-            )
-            params["across_processes"] = False
-            params["reduce_statistics"] = True
-        return params
+    def token_rule_calls(self, step_batches: list[dict[str, Any]]) -> list[RuleCall]:
+        """The rules to run for one optimizer step, applied and in shadow, in the order of their specs (your own
+        `token_rules` in the order listed), each with the parameters its spec builds from the config, the step and
+        its controller."""
+        step = StepContext(
+            micro_batch_sizes=tuple(batch["completion_ids"].size(0) for batch in step_batches),
+            global_step=self.state.global_step,
+            seed=self.args.seed,
+            process_index=self.accelerator.process_index,
+            device=step_batches[0]["completion_ids"].device,
+        )
+        named = [(name, False) for name in self.token_rules] + [(name, True) for name in self.shadow_token_rules]
+        named.sort(key=lambda item: get_token_rule(item[0]).order)
+        return [
+            RuleCall(name, get_token_rule(name).params(self.args, step, self.rule_controllers.get(name)), shadow)
+            for name, shadow in named
+        ]
 
     def apply_token_rules(self, step_batches: list[dict[str, Any]]) -> dict[str, dict[str, float | int]]:
-        """Apply the active token rules to the micro-batches of one optimizer step, in place, and log their statistics.
+        """Apply the token rules to the micro-batches of one optimizer step, in place, and log their statistics.
 
         On each micro-batch this sets ``tool_mask`` (the tool mask before the rules times the keep-mask),
         ``num_items_in_batch`` (TRL's count minus the silenced tokens, scaled as TRL scales it) and ``advantages`` (the
         generation's advantages times the weights, ``[B, T]``, when a rule weights a token other than 1), plus
-        ``stapo_silenced`` and ``stapo_token_weights`` for diagnostics. Returns each rule's statistics by rule name.
+        ``stapo_silenced``, ``stapo_shadow_silenced`` and ``stapo_token_weights`` for diagnostics. Returns each applied
+        rule's statistics by rule name.
         """
-        stale = self.state.global_step != self._generation_global_step
-        for batch in step_batches:
-            if LOG_PROBS_KEY not in batch or (self.args.token_stats_source == "loss" and stale):
-                batch[LOG_PROBS_KEY], batch[ENTROPIES_KEY] = self.compute_token_stats(batch)
-
+        self.token_stats.ensure_for_step(step_batches, self.state.global_step)
         loss_mask = torch.cat([self._loss_mask_before_rules(batch) for batch in step_batches]).bool()
         log_probs = torch.cat([batch[LOG_PROBS_KEY] for batch in step_batches])
         entropies = torch.cat([batch[ENTROPIES_KEY] for batch in step_batches])
@@ -387,19 +340,20 @@ class STAPOTrainer(GRPOSeams):
             self.token_rule_calls(step_batches), log_probs, entropies, unweighted_advantages, loss_mask
         )
         silenced = loss_mask & ~composed.keep
+        shadow_silenced = torch.zeros_like(silenced)
+        for dropped in composed.shadow_silenced.values():
+            shadow_silenced |= dropped
         num_silenced = int(all_reduce_sum(silenced.sum().reshape(1))[0])
         if self.token_dump is not None:
-            dumped = self.token_dump.record_step(
-                self.state.global_step + 1,
-                StepTokens(
-                    completion_ids=torch.cat([batch["completion_ids"] for batch in step_batches]),
-                    log_probs=log_probs,
-                    entropies=entropies,
-                    advantages=unweighted_advantages,
-                    loss_mask=loss_mask,
-                    silenced=silenced,
-                ),
+            tokens = StepTokens(
+                completion_ids=torch.cat([batch["completion_ids"] for batch in step_batches]),
+                log_probs=log_probs,
+                entropies=entropies,
+                advantages=unweighted_advantages,
+                loss_mask=loss_mask,
+                silenced=silenced,
             )
+            dumped = self.token_dump.record_step(self.state.global_step + 1, tokens)
             self.log_metric(TOKEN_DUMP_WRITTEN, dumped["written"])
             self.log_metric(TOKEN_DUMP_DROPPED, dumped["dropped"])
 
@@ -418,8 +372,8 @@ class STAPOTrainer(GRPOSeams):
         if weights is not None and bool((weights == 1).all()):
             weights = None
         weight_chunks = [None] * len(sizes) if weights is None else weights.split(sizes)
-        for batch, batch_silenced, batch_weights in zip(
-            step_batches, silenced.split(sizes), weight_chunks, strict=True
+        for batch, batch_silenced, batch_shadow, batch_weights in zip(
+            step_batches, silenced.split(sizes), shadow_silenced.split(sizes), weight_chunks, strict=True
         ):
             keep = (~batch_silenced).to(batch["completion_mask"].dtype)
             tool_mask_before_rules = batch[TOOL_MASK_BEFORE_RULES_KEY]
@@ -430,18 +384,28 @@ class STAPOTrainer(GRPOSeams):
                 advantages = (advantages if advantages.dim() == 2 else advantages.unsqueeze(1)) * batch_weights
             batch["advantages"] = advantages
             batch[SILENCED_KEY] = batch_silenced
+            batch[SHADOW_SILENCED_KEY] = batch_shadow
             batch[TOKEN_WEIGHTS_KEY] = batch_weights
-        self._log_token_rule_stats(composed.stats)
+        self._log_token_rule_stats(composed, self._step_mean_entropy(entropies, loss_mask))
         return composed.stats
 
-    def _log_token_rule_stats(self, stats: dict[str, dict[str, float | int]]) -> None:
-        for rule, rule_stats in stats.items():
+    @staticmethod
+    def _step_mean_entropy(entropies: torch.Tensor, loss_mask: torch.Tensor) -> float:
+        counted = loss_mask & torch.isfinite(entropies)
+        total, count = all_reduce_sum(torch.stack([entropies.double()[counted].sum(), counted.sum().double()]))
+        return float(total / count) if count > 0 else float("nan")
+
+    def _log_token_rule_stats(self, composed, mean_entropy: float) -> None:
+        for rule, rule_stats in composed.stats.items():
             for key, value in rule_stats.items():
                 self.log_metric(rule_metric(rule, key), value)
-        if self.stare_controller is not None:
-            self.log_metric(STARE_POSITIVE_WEIGHT, self.stare_controller.positive_weight)
-            self.log_metric(STARE_NEGATIVE_WEIGHT, self.stare_controller.negative_weight)
-            self.log_metric(STARE_BATCH_ENTROPY, self.stare_controller.batch_entropy)
+        for rule, rule_stats in composed.shadow_stats.items():
+            for key, value in rule_stats.items():
+                self.log_metric(shadow_metric(rule, key), value)
+        for rule, controller in self.rule_controllers.items():
+            for key, value in controller.metrics().items():
+                self.log_metric(rule_metric(rule, key), value)
+        self.log_metric(TOKEN_STATS_MEAN_ENTROPY, mean_entropy)
 
     # ------------------------------------------------------------------ model card
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
@@ -479,12 +443,12 @@ class STAPOTrainer(GRPOSeams):
         return EpochSeededSampler(sampler)
 
     def save_extra_state(self, output_dir):
-        """Save the STARE controller and the dump with the optimizer, so both are on disk before transformers writes
+        """Save the rules' controllers and the dump with the optimizer, so both are on disk before transformers writes
         ``trainer_state.json``, the file that marks a checkpoint complete."""
         if not self.args.should_save:
             return
-        if self.stare_controller is not None:
-            self.stare_controller.save_to(output_dir)
+        for controller in self.rule_controllers.values():
+            controller.save_to(output_dir)
         if self.token_dump is not None:
             self.token_dump.save_state(output_dir)
 
@@ -495,5 +459,5 @@ class STAPOTrainer(GRPOSeams):
                 checkpoint,
                 self.token_dump.records_path,
             )
-        if self.stare_controller is not None:
-            self.stare_controller.restore_from(checkpoint)
+        for controller in self.rule_controllers.values():
+            controller.restore_from(checkpoint)

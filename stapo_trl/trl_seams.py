@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,6 +139,24 @@ class GRPOSeams(GRPOTrainer):
     def log_metric(self, name: str, value: float, mode: str = "train") -> None:
         """Add a value to the metric ``name``: TRL averages each metric's values (NaN skipped) at the next log."""
         self._metrics[mode][name].append(value)
+
+    @contextmanager
+    def metrics_untouched(self):
+        """Run TRL code (its loss, for a measurement) whose metrics must not be logged: on exit every metric holds
+        the values it held on entry, and metrics that appeared inside are gone."""
+        before = {
+            mode: {name: len(values) for name, values in metrics.items()} for mode, metrics in self._metrics.items()
+        }
+        try:
+            yield
+        finally:
+            for mode, metrics in self._metrics.items():
+                for name in list(metrics):
+                    kept = before.get(mode, {}).get(name)
+                    if kept is None:
+                        del metrics[name]
+                    else:
+                        del metrics[name][kept:]
 
     @property
     def is_vision_language_model(self) -> bool:

@@ -45,7 +45,7 @@ def main(out_dir, max_steps):
         "engine_zero_stage": engine.zero_optimization_stage() if hasattr(engine, "zero_optimization_stage") else None,
         "comm_backend": torch.distributed.get_backend() if torch.distributed.is_initialized() else None,
         "deepspeed_accelerator": deepspeed.get_accelerator().device_name(),
-        "token_stats_backend": trainer.token_stats_backend,
+        "token_stats_backend": trainer.token_stats.backend,
         "log_history": trainer.state.log_history,
         "max_abs_change": max_abs_change,
     }

@@ -27,7 +27,7 @@ def make_trainer(tmp_path, **overrides):
     trainer = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path, **values))
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps
-    trainer._generation_global_step = trainer.state.global_step
+    trainer.token_stats.generation_step = trainer.state.global_step
     return trainer
 
 

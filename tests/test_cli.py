@@ -14,6 +14,10 @@ from stapo_trl.cli.plan import batch_plan, format_plan
 from stapo_trl.cli.recipe import RecipeError, parse_train_args, resolve_accelerate_config
 from stapo_trl.methods import METHOD_NAMES, method_preset
 
+PAPER_METHODS = ("stapo", "grpo", "20-entropy", "justrl", "stare")
+"""The methods of the paper's comparison and STARE, each with a recipe per model (a rule registered as a method
+of its own, for a study, may have none)."""
+
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
 PAPER_MODELS = ("qwen3-1.7b-base", "qwen3-8b-base", "qwen3-14b-base")
@@ -36,7 +40,7 @@ def parse(path: Path, *extra: str):
 
 def test_the_paper_recipes_cover_three_models_and_four_methods():
     for model in PAPER_MODELS:
-        for method in METHOD_NAMES:
+        for method in PAPER_METHODS:
             assert (RECIPES / "dapo_math_17k" / model / f"{method}.yaml").is_file(), (model, method)
     assert (RECIPES / "quickstart" / "smollm2-135m-cpu.yaml").is_file()
     for name in ("zero2.yaml", "zero3.yaml", "fsdp2.yaml", "slurm_multinode.sbatch"):
@@ -56,7 +60,7 @@ def test_every_recipe_passes_a_dry_run_at_its_declared_world_size(recipe, capsys
 
 
 @pytest.mark.parametrize("model", PAPER_MODELS)
-@pytest.mark.parametrize("method", METHOD_NAMES)
+@pytest.mark.parametrize("method", PAPER_METHODS)
 def test_paper_recipes_use_the_papers_batch_arithmetic_and_hyperparameters(model, method):
     request = parse(RECIPES / "dapo_math_17k" / model / f"{method}.yaml", "--dry_run")
     plan, training, script = request.plan, request.training, request.script
@@ -88,7 +92,7 @@ def test_paper_recipes_use_the_papers_batch_arithmetic_and_hyperparameters(model
 def test_paper_recipes_differ_only_in_what_the_method_changes():
     requests = {
         method: parse(RECIPES / "dapo_math_17k/qwen3-8b-base" / f"{method}.yaml", "--dry_run")
-        for method in METHOD_NAMES
+        for method in PAPER_METHODS
     }
     assert requests["stapo"].training.use_s2t_mask
     assert (requests["stapo"].training.prob_threshold, requests["stapo"].training.entropy_quantile) == (0.002, 0.8)
@@ -455,9 +459,8 @@ def test_the_quickstart_recipe_runs_every_method_although_it_dumps_silenced_toke
 
 
 def test_train_help_fits_a_screen_lists_every_method_and_only_options_that_exist(capsys):
-    from stapo_trl.cli.help import GROUPS
+    from stapo_trl.cli.help import option_groups
     from stapo_trl.cli.recipe import _launch_parser, _option_names, make_train_parser
-    from stapo_trl.methods import METHOD_NAMES
 
     assert main(["train", "-h"]) == 0
     text = capsys.readouterr().out
@@ -466,7 +469,7 @@ def test_train_help_fits_a_screen_lists_every_method_and_only_options_that_exist
         assert method in text
     known = set(_option_names(make_train_parser())) | set(_option_names(_launch_parser()))
     known |= {"config", "accelerate_config"}
-    for _, options in GROUPS:
+    for _, options in option_groups():
         for name, _ in options:
             assert name in known, f"train -h lists --{name}, which no parser defines"
             assert f"--{name} " in text

@@ -92,6 +92,11 @@ def test_train_runs_a_recipe_end_to_end_and_writes_every_output(tmp_path, tiny_m
     assert summary["steps"] == 2 and summary["method"] == "stapo"
     assert summary["accuracy_before"]["total"] == summary["accuracy_after"]["total"] == 2
     assert "held-out greedy accuracy:" in printed and "S2T silenced:" in printed
+    problems = [json.loads(line) for line in (output_dir / "heldout_results.jsonl").read_text().splitlines()]
+    assert [problem["problem"] for problem in problems] == [0, 1]
+    assert sum(problem["before_correct"] for problem in problems) == summary["accuracy_before"]["correct"]
+    assert sum(problem["after_correct"] for problem in problems) == summary["accuracy_after"]["correct"]
+    assert all(isinstance(problem["after_completion"], str) for problem in problems)
 
 
 def test_train_with_method_grpo_logs_no_mask(tmp_path, tiny_model_dir):

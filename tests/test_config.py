@@ -51,6 +51,8 @@ def test_every_stapo_field_has_help():
         "stare_selection_pool",
         "token_rules",
         "token_rule_kwargs",
+        "shadow_token_rules",
+        "gradient_probe_steps",
         "dump_silenced_tokens",
         "dump_tokens_per_step",
         "dump_max_tokens",
@@ -151,7 +153,10 @@ def test_stare_settings_without_use_stare_are_not_silently_ignored():
     [
         ({"token_rules": ["s2t"]}, r"'s2t', a built-in rule: switch it on with use_s2t_mask=True"),
         ({"token_rules": ["nope"]}, r"'nope', which is not registered. Registered rules: .*s2t, stare"),
-        ({"token_rule_kwargs": {"stare": {"variant": "C2"}}}, r"arguments for stare, which token_rules does not"),
+        (
+            {"token_rule_kwargs": {"stare": {"variant": "C2"}}},
+            r"arguments for stare, which neither token_rules nor shadow_token_rules lists",
+        ),
         ({"token_rule_kwargs": "{not json"}, r"token_rule_kwargs is not valid JSON"),
         ({"token_rule_kwargs": {"x": 1}}, r"must map rule names to keyword dicts"),
     ],
@@ -162,7 +167,7 @@ def test_bad_token_rule_lists_are_rejected(overrides, message):
 
 
 def test_liger_backend_without_liger_names_the_install(monkeypatch):
-    monkeypatch.setattr("stapo_trl.fused_stats.is_liger_available", lambda: False)
+    monkeypatch.setattr("stapo_trl.fused_stats.liger.is_liger_available", lambda: False)
     with pytest.raises(ValueError, match=r"pip install 'stapo-trl\[liger\]'"):
         make_config(token_stats_backend="liger")
 
@@ -269,10 +274,9 @@ def test_the_dump_in_a_run_without_token_rules_warns_that_it_records_nothing():
         make_config(dump_silenced_tokens=True, use_s2t_mask=False)
 
 
-def test_the_backend_once_called_trl_is_read_as_model_head():
-    with pytest.warns(FutureWarning, match="token_stats_backend='trl' is now called 'model_head'"):
-        config = make_config(token_stats_backend="trl")
-    assert config.token_stats_backend == "model_head"
+def test_the_backend_is_called_model_head_not_trl():
+    with pytest.raises(ValueError, match="token_stats_backend must be one of"):
+        make_config(token_stats_backend="trl")
 
 
 def test_stare_and_dump_fields_come_from_their_mixins():

@@ -142,17 +142,16 @@ def test_auto_picks_torch_on_cpu_and_liger_on_cuda(monkeypatch):
 
 
 def test_missing_liger_gives_an_install_hint(monkeypatch):
-    monkeypatch.setattr("stapo_trl.fused_stats.is_liger_available", lambda: False)
+    monkeypatch.setattr(liger_module, "is_liger_available", lambda: False)
     with pytest.raises(ImportError, match=r"pip install 'stapo-trl\[liger\]'"):
         resolve_backend("liger", "cpu")
-    monkeypatch.setattr(liger_module, "is_liger_available", lambda: False)
     with pytest.raises(ImportError, match=r"pip install 'stapo-trl\[liger\]'"):
         liger_module.liger_logprob_entropy(torch.zeros(1, 2), torch.zeros(3, 2), torch.zeros(1, dtype=torch.long))
 
 
-def test_the_backend_once_called_trl_still_resolves_with_a_warning():
-    with pytest.warns(FutureWarning, match="'trl' is now called 'trl_chunked'"):
-        assert resolve_backend("trl", "cpu") == "trl_chunked"
+def test_the_backend_is_called_trl_chunked_not_trl():
+    with pytest.raises(ValueError, match="Unknown statistics backend 'trl'"):
+        resolve_backend("trl", "cpu")
 
 
 def test_bad_backend_input_is_rejected():

@@ -21,16 +21,19 @@ class GenerationCapturingTrainer(STAPOTrainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.generations, self.origins, self.statistics_passes = [], [], 0
+        compute = self.token_stats.compute
 
-    def compute_token_stats(self, batch):
-        self.statistics_passes += 1
-        return super().compute_token_stats(batch)
+        def counted(batch):
+            self.statistics_passes += 1
+            return compute(batch)
+
+        self.token_stats.compute = counted
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
         if self.model.training:
             self.generations.append(output)
-            self.origins.append(self.token_stats_origin)
+            self.origins.append(self.token_stats.origin)
         return output
 
 
@@ -76,7 +79,7 @@ def test_recorded_statistics_equal_the_no_grad_pass_and_give_the_same_mask(tmp_p
     batch = trainer.generations[0]
     values = {"prob_threshold": PROB_THRESHOLD, "temperature": 0.9, **SAMPLERS[sampler]}
     fresh = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path / "fresh", **values))
-    log_probs, entropies = fresh.compute_token_stats(batch)
+    log_probs, entropies = fresh.token_stats.compute(batch)
     completion = batch["completion_mask"].bool()
     assert torch.allclose(batch[LOG_PROBS_KEY][completion], log_probs[completion], atol=1e-5)
     assert torch.allclose(batch[ENTROPIES_KEY][completion], entropies[completion], atol=1e-5)

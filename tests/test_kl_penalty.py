@@ -54,7 +54,7 @@ def test_stapo_trains_with_a_kl_penalty_and_takes_statistics_from_the_policy(cas
     assert len(kl) == 3 and kl[0] == pytest.approx(0.0, abs=1e-6) and max(kl) > 0  # the policy moved off the reference
     assert len(logged(trainer, "s2t/silenced_fraction")) == 3
     expected = "trl_pass" if case["overrides"].get("num_iterations", 1) > 1 else "generate"
-    assert trainer.token_stats_origin == expected
+    assert trainer.token_stats.origin == expected
 
 
 def test_with_nothing_silenced_a_kl_penalized_stapo_run_is_grpo_bit_for_bit(model_dir, tmp_path):

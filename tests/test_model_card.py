@@ -162,7 +162,7 @@ def test_the_card_describes_stare_and_plain_grpo_runs(tmp_path):
 
     grpo = STAPOConfig(output_dir=str(tmp_path), use_cpu=True, use_s2t_mask=False)
     assert "Trained with **GRPO**" in "\n".join(method_section(grpo))
-    assert "- The S2T mask was off in this run." in statistics_section(grpo, history)
+    assert "- No token rule was on in this run." in statistics_section(grpo, history)
     no_candidates = [{"step": 1, "loss": 0.0, "s2t/silenced_fraction": 0.0, "s2t/entropy_threshold": math.nan}]
     assert "- tau_h: no step had a candidate token" in "\n".join(
         statistics_section(STAPOConfig(output_dir=str(tmp_path), use_cpu=True), no_candidates)

@@ -40,7 +40,7 @@ def logit_entropy(logits):
 
 
 def grad_factor(advantage, log_prob, entropy):
-    """One token's term of ``spurious_grad_sq_share``: A**2 (1 - 2p + max(p**2, exp(-H)))."""
+    """One token's term of ``spurious_logit_grad_sq_share_estimate``: A**2 (1 - 2p + max(p**2, exp(-H)))."""
     p = math.exp(log_prob)
     return advantage**2 * (1 - 2 * p + max(p * p, math.exp(-entropy)))
 
@@ -69,7 +69,7 @@ def test_an_empty_pool_silences_nothing_and_every_statistic_is_defined(log_probs
     assert stats["num_tokens"] == sum(loss_mask)
     assert stats["num_candidates"] == stats["num_spurious"] == 0
     assert math.isnan(stats["entropy_threshold"])
-    assert stats["spurious_fraction"] == 0.0 and stats["spurious_grad_sq_share"] == 0.0
+    assert stats["spurious_fraction"] == 0.0 and stats["spurious_logit_grad_sq_share_estimate"] == 0.0
     finite_entropies = [h for h, m in zip(entropies, loss_mask, strict=True) if m and math.isfinite(h)]
     assert math.isnan(stats["entropy_p50"]) == (not finite_entropies)
 
@@ -196,7 +196,9 @@ def test_degenerate_rows_are_never_silenced_and_leave_the_other_tokens_mask_alon
         log_probs[None, :5], entropies[None, :5], torch.tensor([1.0]), torch.ones(1, 5)
     )
     assert torch.equal(spurious[:, :5], finite_only)
-    assert finite_stats["spurious_grad_sq_share"] == pytest.approx(stats["spurious_grad_sq_share"], rel=1e-12)
+    assert finite_stats["spurious_logit_grad_sq_share_estimate"] == pytest.approx(
+        stats["spurious_logit_grad_sq_share_estimate"], rel=1e-12
+    )
     assert stats["entropy_p50"] == pytest.approx(finite_stats["entropy_p50"])
 
 
@@ -217,7 +219,7 @@ def test_a_non_finite_entropy_is_kept_and_stays_out_of_the_pool(entropy, factor_
     assert stats["entropy_p50"] == pytest.approx(0.2)
     factors = [grad_factor(1.0, LOW, h) for h in (0.1, 0.2, 0.9)]
     expected_share = (factors[0] + factors[1]) / (sum(factors) + factor_in_share)
-    assert stats["spurious_grad_sq_share"] == pytest.approx(expected_share, rel=1e-6)
+    assert stats["spurious_logit_grad_sq_share_estimate"] == pytest.approx(expected_share, rel=1e-6)
 
 
 def test_a_nan_log_prob_is_never_a_candidate_and_minus_inf_is_p_zero():
@@ -228,7 +230,9 @@ def test_a_nan_log_prob_is_never_a_candidate_and_minus_inf_is_p_zero():
     assert spurious.tolist() == [[False, True, True, False]]
     assert stats["num_candidates"] == 3 and stats["entropy_threshold"] == pytest.approx(0.62)
     factors = [grad_factor(1.0, -INF, 0.1), grad_factor(1.0, LOW, 0.2), grad_factor(1.0, LOW, 0.9)]
-    assert stats["spurious_grad_sq_share"] == pytest.approx((factors[0] + factors[1]) / sum(factors), rel=1e-6)
+    assert stats["spurious_logit_grad_sq_share_estimate"] == pytest.approx(
+        (factors[0] + factors[1]) / sum(factors), rel=1e-6
+    )
 
 
 def test_stare_sizes_its_selection_from_the_finite_surprisals_and_ranks_p_zero_first():

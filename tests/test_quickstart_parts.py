@@ -263,7 +263,8 @@ def test_the_summary_compares_the_first_and_last_quarter_of_rewards():
     ]
     summary = summarize_metrics(records)
     assert (summary["reward_first"], summary["reward_last"]) == (-1.0, 1.0)
-    assert summary["silenced_tokens"] == 16 and summary["silenced_fraction"] == pytest.approx(0.01)
+    s2t = summary["token_rules"]["s2t"]
+    assert s2t["silenced_tokens"] == 16 and s2t["silenced_fraction"] == pytest.approx(0.01)
     assert summarize_metrics([]) == {}
 
 
@@ -313,8 +314,8 @@ def test_a_stare_run_reports_its_gate_and_weights():
         for gate, w in ((0.0, 1.1), (1.0, 1.11), (1.0, 1.12), (1.0, 1.13))
     ]
     summary = summarize_metrics(records)
-    assert summary["stare_gate_on_fraction"] == 0.75
-    assert summary["stare_final_weights"] == pytest.approx((1.13, 0.87))
-    assert "silenced_fraction" not in summary
+    assert summary["token_rules"]["stare"]["gate_on_fraction"] == 0.75
+    assert summary["token_rules"]["stare"]["final_weights"] == pytest.approx((1.13, 0.87))
+    assert set(summary["token_rules"]) == {"stare"}
     line = step_summary({"reward": 0.5, "stare/gate_on": 1.0, "stare/positive_weight": 1.13}, 2, 4)
     assert line == "step 2/4 | reward +0.500 | stare on W 1.130"

@@ -69,7 +69,7 @@ def write_dump(directory, tokens=(" the", " the", "7", "\n")):
         "tokens_per_step": 64,
         "max_tokens": 5000,
         "context_tokens": 20,
-        "prob_threshold": 0.002,
+        "probability_bound": 0.002,
         "silenced": 6,
         "written": len(tokens),
         "dropped": 6 - len(tokens),
@@ -141,7 +141,7 @@ def test_the_summary_of_a_run_is_computed_from_its_log(tmp_path):
     assert summary["reward_first_quarter"] == -1.0 and summary["reward_last_quarter"] == 0.5
     assert summary["silenced_fraction"] == pytest.approx((0.001 + 0.0 + 0.002 + 0.001) / 4)
     assert (summary["silenced_tokens"], summary["candidates"]) == (4, 6)
-    assert summary["tau_h_median"] == pytest.approx(0.5)  # median of 0.6, 0.4, 0.5; step 2 had no candidates
+    assert summary["threshold_median"] == pytest.approx(0.5)  # median of 0.6, 0.4, 0.5; step 2 had no candidates
     assert entropy_trend(summary) == "falls (0.800 -> 0.400 nats)"
     assert (
         entropy_trend({"entropy_first_quarter": 0.5, "entropy_last_quarter": 0.51})
@@ -204,8 +204,8 @@ def test_masking_of_runs_overlaid_has_one_line_per_run_and_a_note_for_a_run_with
         "quiet: 0 of 1 candidates silenced",
     ]
     assert [line.label for line in threshold.series] == ["stapo", "quiet"]
-    without_s2t = "grpo: no S2T statistics (the run did not use the S2T mask)"
-    assert fraction.notes == [without_s2t, "quiet: 0% at every step"]
+    without_s2t = "grpo: no token rule silenced tokens (none was on)"
+    assert fraction.notes == ["quiet: 0% at every step", without_s2t]
     assert threshold.notes == [without_s2t]
     entropy = line_panel(runs, "entropy", "entropy", y_floor=0.0)
     assert [line.values for line in entropy.series] == [[0.8, 0.7, 0.5, 0.4], [0.5, 0.5, 0.5], [0.9, 0.6]]
@@ -263,7 +263,7 @@ def test_a_report_compares_runs_and_draws_every_figure(tmp_path):
     markdown = report.markdown.read_text()
     assert "| stapo | 4 | -1.000 → +0.500 | 0.800 → 0.400 | 0.1000% | 4 | 6 | 0.500 | 4 / 6 |" in markdown
     assert "| grpo | 2 | -1.000 → +0.000 | 0.900 → 0.600 | – | – | – | – | – |" in markdown
-    assert "grpo: no S2T statistics in the log" in markdown
+    assert "grpo: no token rule silenced tokens in the log (none was on)" in markdown
     assert "`…so [[␣the]] answer…`" in markdown  # a silenced token in its context, whitespace made visible
     for name in FIGURES.values():
         assert f"]({name})" in markdown

@@ -50,7 +50,7 @@ def outcome(trainer):
             for entry in trainer.state.log_history
             if "train_loss" not in entry
         ],
-        "controller": trainer.stare_controller.state_dict(),
+        "controller": trainer.rule_controllers["stare"].state_dict(),
         "completions": completions,
         "dump": (output_dir / "silenced_tokens.jsonl").read_text(),
         "dump_stats": json.loads((output_dir / "silenced_tokens_stats.json").read_text()),

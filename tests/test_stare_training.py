@@ -11,8 +11,9 @@ from tiny import build_char_tokenizer, build_tiny_qwen3, count_vowels_reward, pr
 from trl import GRPOConfig, GRPOTrainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
-from stapo_trl.names import ADVANTAGES_BEFORE_RULES_KEY, SILENCED_KEY, STARE_STATE_FILE, TOKEN_WEIGHTS_KEY
+from stapo_trl.names import ADVANTAGES_BEFORE_RULES_KEY, SILENCED_KEY, TOKEN_WEIGHTS_KEY
 from stapo_trl.token_rules import TOKEN_RULES, TokenRuleResult, register_token_rule
+from stapo_trl.token_rules.stare_controller import STARE_STATE_FILE
 
 STARE = {"use_s2t_mask": False, "use_stare": True}
 P = {"half": math.log(0.5), "most": math.log(0.9), "some": math.log(0.6)}
@@ -149,7 +150,7 @@ def test_the_gate_reads_the_generating_policys_mean_entropy(tmp_path):
     controller_entropy, loss_entropy = logged(stare, "stare/batch_entropy"), logged(stare, "entropy")
     assert all(math.isfinite(value) and value > 0.3 for value in controller_entropy)
     assert controller_entropy == pytest.approx(loss_entropy, rel=1e-5)
-    assert stare.stare_controller.num_updates == 3
+    assert stare.rule_controllers["stare"].num_updates == 3
 
 
 def test_s2t_and_stare_train_together_and_log_both(tmp_path):
@@ -190,19 +191,19 @@ def test_resume_restores_the_controller_exactly(tmp_path):
     straight = resumable_trainer(tmp_path / "straight", max_steps=4)
     straight.train()
     # Below target at every generation: W and M move one step of 0.01 per generation.
-    assert straight.stare_controller.positive_weight == pytest.approx(1.14)
-    assert straight.stare_controller.negative_weight == pytest.approx(0.86)
+    assert straight.rule_controllers["stare"].positive_weight == pytest.approx(1.14)
+    assert straight.rule_controllers["stare"].negative_weight == pytest.approx(0.86)
 
     first = resumable_trainer(tmp_path / "split", max_steps=2)
     first.train()
     checkpoint = tmp_path / "split" / "checkpoint-2"
     saved = json.loads((checkpoint / STARE_STATE_FILE).read_text())
-    assert saved == first.stare_controller.state_dict()
+    assert saved == first.rule_controllers["stare"].state_dict()
     assert saved["num_updates"] == 2 and saved["positive_weight"] == pytest.approx(1.12)
 
     resumed = resumable_trainer(tmp_path / "split", max_steps=4)
     resumed.train(resume_from_checkpoint=str(checkpoint))
-    assert resumed.stare_controller.state_dict() == straight.stare_controller.state_dict()
+    assert resumed.rule_controllers["stare"].state_dict() == straight.rule_controllers["stare"].state_dict()
     assert train_losses(resumed) == train_losses(straight)
     assert logged(resumed, "stare/positive_weight") == logged(straight, "stare/positive_weight")
     straight_parameters = parameters(straight)
@@ -216,8 +217,8 @@ def test_a_checkpoint_without_controller_state_warns_and_starts_fresh(tmp_path, 
     resumed = resumable_trainer(tmp_path, max_steps=3)
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
     assert "has no stare_controller_state.json" in caplog.text
-    assert resumed.stare_controller.num_updates == 1
-    assert resumed.stare_controller.positive_weight == pytest.approx(1.11)
+    assert resumed.rule_controllers["stare"].num_updates == 1
+    assert resumed.rule_controllers["stare"].positive_weight == pytest.approx(1.11)
 
 
 # ------------------------------------------------------------------------------------- a rule of your own

@@ -94,7 +94,7 @@ def test_token_records_stop_the_context_at_padding_and_read_per_token_advantages
 
 # ------------------------------------------------------------------------------------------- the caps
 def dump_for(directory, **caps):
-    values = {"tokens_per_step": 2, "max_tokens": 3, "context_tokens": 2, "seed": 0, "prob_threshold": 0.05}
+    values = {"tokens_per_step": 2, "max_tokens": 3, "context_tokens": 2, "seed": 0, "probability_bound": 0.05}
     values.update(caps)
     return SilencedTokenDump(directory, build_char_tokenizer(), **values)
 
@@ -125,7 +125,7 @@ def test_the_dump_writes_at_most_the_per_step_and_total_caps_and_counts_the_rest
         assert (0 if record["sample_id"].endswith("-0") else 1, record["position"]) in STEP_SILENCED[record["step"]]
     stats = json.loads((tmp_path / SILENCED_TOKENS_STATS_FILE).read_text())
     assert (stats["silenced"], stats["written"], stats["dropped"]) == (10, 3, 7)
-    assert stats["prob_threshold"] == 0.05 and stats["tokens_per_step"] == 2 and stats["max_tokens"] == 3
+    assert stats["probability_bound"] == 0.05 and stats["tokens_per_step"] == 2 and stats["max_tokens"] == 3
     # Every loss token of the 3 steps is in the density, all of them with a positive advantage.
     assert sum(map(sum, stats["density"]["positive_advantage"])) == 3 * 16
     assert sum(map(sum, stats["density"]["other"])) == 0

@@ -7,6 +7,7 @@ import torch
 
 from stapo_trl.token_rules import (
     TOKEN_RULES,
+    RuleCall,
     TokenRuleResult,
     apply_token_rules,
     get_token_rule,
@@ -102,3 +103,18 @@ def test_a_rule_returning_something_malformed_is_named(result, error, message):
             )
     finally:
         del TOKEN_RULES["test_malformed"]
+
+
+def test_a_rule_in_shadow_is_computed_and_reported_but_not_applied():
+    # S2T in shadow before STARE: STARE sees every token (nothing was dropped), S2T reports the one it would drop.
+    log_probs = torch.tensor([[LOW, LOW, math.log(0.5), math.log(0.6)]])
+    entropies = torch.tensor([[0.1, 2.0, 1.0, 1.0]])
+    advantages, loss_mask = torch.tensor([1.0]), torch.ones(1, 4)
+    composed = apply_token_rules(
+        [RuleCall("s2t", {}, shadow=True), RuleCall("stare", {})], log_probs, entropies, advantages, loss_mask
+    )
+    assert composed.keep.all()
+    assert torch.allclose(composed.weights, torch.tensor([[1.1, 1.1, 1.0, 1.0]]))
+    assert set(composed.stats) == {"stare"} and composed.stats["stare"]["num_tokens"] == 4
+    assert composed.shadow_stats["s2t"]["num_silenced"] == 1
+    assert composed.shadow_silenced["s2t"].tolist() == [[True, False, False, False]]

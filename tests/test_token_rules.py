@@ -87,7 +87,7 @@ def test_empty_pool_masks_nothing():
     assert stats["num_candidates"] == 0 and stats["num_spurious"] == 0
     assert math.isnan(stats["entropy_threshold"])
     assert stats["spurious_fraction"] == 0.0
-    assert stats["spurious_grad_sq_share"] == 0.0
+    assert stats["spurious_logit_grad_sq_share_estimate"] == 0.0
 
 
 def test_padding_and_tool_tokens_are_ignored():
@@ -126,7 +126,7 @@ def test_statistics_are_plain_python_numbers():
         "entropy_p50",
         "entropy_p80",
         "entropy_p99",
-        "spurious_grad_sq_share",
+        "spurious_logit_grad_sq_share_estimate",
     }
     assert all(type(value) in (int, float) for value in stats.values())
     assert stats["num_tokens"] == 4
@@ -145,7 +145,7 @@ def test_masked_grad_share_is_hand_computable():
     p = 0.001
     factor = [1 - 2 * p + max(p * p, math.exp(-h)) for h in (0.1, 0.9)]
     expected = 1.0 * factor[0] / (1.0 * factor[0] + 4.0 * factor[1])
-    assert stats["spurious_grad_sq_share"] == pytest.approx(expected, rel=1e-5)
+    assert stats["spurious_logit_grad_sq_share_estimate"] == pytest.approx(expected, rel=1e-5)
 
 
 def test_grad_norm_bound_is_below_the_exact_factor():

@@ -11,6 +11,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer, spurious_token_mask
 from stapo_trl.names import ENTROPIES_KEY, LOG_PROBS_KEY, SILENCED_KEY
+from stapo_trl.token_stats import TokenStatistics
 
 S2T_METRICS = [
     "s2t/silenced_fraction",
@@ -20,7 +21,7 @@ S2T_METRICS = [
     "s2t/entropy_p50",
     "s2t/entropy_p80",
     "s2t/entropy_p99",
-    "s2t/silenced_grad_sq_share",
+    "s2t/logit_grad_sq_share_estimate",
 ]
 # The tiny model spreads probabilities over ~50 tokens; this threshold makes candidates common enough to test.
 TEST_PROB_THRESHOLD = 0.05
@@ -101,10 +102,8 @@ def test_a_run_that_silences_nothing_is_bit_identical_to_grpo_with_dropout(tmp_p
     if where == "pass":  # the no-grad statistics pass runs at every generation
         monkeypatch.setattr(STAPOTrainer, "generation_stats_blocker", lambda self: "this test runs the pass")
     passes = []
-    original = STAPOTrainer.compute_token_stats
-    monkeypatch.setattr(
-        STAPOTrainer, "compute_token_stats", lambda self, batch: passes.append(1) or original(self, batch)
-    )
+    original = TokenStatistics.compute
+    monkeypatch.setattr(TokenStatistics, "compute", lambda self, batch: passes.append(1) or original(self, batch))
     model, lora = dropout_model(kind)
     config = tiny_config(STAPOConfig, tmp_path / "stapo", prob_threshold=1e-30, token_stats_source=source, **common)
     stapo = tiny_trainer(STAPOTrainer, config, model=model, peft_config=lora)
@@ -130,10 +129,10 @@ def test_the_statistics_pass_draws_no_random_numbers_and_restores_every_modules_
     modes = {name: module.training for name, module in trainer.model.named_modules()}
     output = trainer._generate_and_score_completions(batch)
     state = torch.get_rng_state()
-    first = trainer.compute_token_stats(output)
+    first = trainer.token_stats.compute(output)
     assert torch.equal(torch.get_rng_state(), state)
     assert {name: module.training for name, module in trainer.model.named_modules()} == modes
-    second = trainer.compute_token_stats(output)
+    second = trainer.token_stats.compute(output)
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))  # dropout off: deterministic
 
 
@@ -189,8 +188,8 @@ def test_gradient_accumulation_with_two_iterations_reuses_trls_old_logprob_pass(
     )
     trainer = tiny_trainer(STAPOTrainer, config)
     extra_passes = []
-    original = trainer.compute_token_stats
-    monkeypatch.setattr(trainer, "compute_token_stats", lambda batch: extra_passes.append(1) or original(batch))
+    original = trainer.token_stats.compute
+    monkeypatch.setattr(trainer.token_stats, "compute", lambda batch: extra_passes.append(1) or original(batch))
     before = parameters(trainer)
     trainer.train()
     assert extra_passes == []  # num_iterations=2 makes TRL compute old log-probs; S2T takes p and H from that pass
@@ -297,13 +296,13 @@ def test_direct_backends_agree_with_the_models_own_fused_head(tmp_path, backend)
         STAPOTrainer, tiny_config(STAPOConfig, tmp_path, token_stats_backend="model_head"), model=model
     )
     direct = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path, token_stats_backend=backend), model=model)
-    assert (head_trainer.token_stats_backend, direct.token_stats_backend) == ("model_head", backend)
+    assert (head_trainer.token_stats.backend, direct.token_stats.backend) == ("model_head", backend)
     head_trainer.model.train()
     batch = head_trainer._generate_and_score_completions([{"prompt": f"{i}+1="} for i in range(8)])
     completion = batch["completion_mask"].bool()
     assert completion.sum() > 0
-    want_log_probs, want_entropies = head_trainer.compute_token_stats(batch)
-    got_log_probs, got_entropies = direct.compute_token_stats(batch)
+    want_log_probs, want_entropies = head_trainer.token_stats.compute(batch)
+    got_log_probs, got_entropies = direct.token_stats.compute(batch)
     assert torch.allclose(got_log_probs[completion], want_log_probs[completion], atol=1e-5)
     assert torch.allclose(got_entropies[completion], want_entropies[completion], atol=1e-5)
     assert torch.all(got_log_probs[~completion] == 0)
@@ -314,15 +313,15 @@ def test_models_with_logit_soft_capping_use_the_models_own_head(tmp_path):
     model = build_tiny_qwen3(tokenizer)
     model.config.final_logit_softcapping = 30.0
     trainer = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path), model=model)
-    assert trainer.token_stats_backend == "model_head"
+    assert trainer.token_stats.backend == "model_head"
     with pytest.raises(ValueError, match="final_logit_softcapping.*Use token_stats_backend='model_head'"):
         tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path, token_stats_backend="torch"), model=model)
 
 
 def test_sharded_training_uses_the_models_own_head_by_default(tmp_path, monkeypatch):
-    monkeypatch.setattr("stapo_trl.policy_stats.sharding", lambda trainer: "DeepSpeed ZeRO-3")
+    monkeypatch.setattr("stapo_trl.token_stats.sharding", lambda fsdp: "DeepSpeed ZeRO-3")
     trainer = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path))
-    assert trainer.token_stats_backend == "model_head"
+    assert trainer.token_stats.backend == "model_head"
 
 
 def test_a_grpo_config_is_converted_keeping_its_values(tmp_path, caplog):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..methods import METHOD_NAMES
+from ..token_rules import switched_rules
 
 HELP_ALL_FLAG = "--help-all"
 
@@ -41,13 +42,14 @@ GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         ),
     ),
     (
-        "S2T mask (STAPO)",
+        "token rules",
         (
-            ("use_s2t_mask", "silence spurious tokens and renormalize the loss over the kept ones"),
-            ("prob_threshold", "tau_p: candidates have p below this (paper: 0.002)"),
-            ("entropy_quantile", "tau_h is this quantile of the candidates' entropies (paper: 0.8)"),
+            ("shadow_token_rules", "rules to compute and log without applying them, e.g. [s2t] with method grpo"),
             ("token_stats_source", "generation (the sampling policy) or loss (the policy being optimized)"),
-            ("dump_silenced_tokens", "write every silenced token, in context, to silenced_tokens.jsonl"),
+            (
+                "dump_silenced_tokens",
+                "write sampled silenced tokens in context (at most dump_tokens_per_step a step) to a file",
+            ),
         ),
     ),
     (
@@ -80,7 +82,16 @@ GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         ),
     ),
 )
-"""(group title, ((option, one-line description), ...)). A test checks that every option exists."""
+"""(group title, ((option, one-line description), ...)). Each token rule adds its own group (its spec's
+``help_title`` and ``help_options``) after "data and rewards". A test checks that every option exists."""
+
+
+def option_groups() -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
+    """The groups of ``train -h``: the fixed ones, with each token rule's group after "data and rewards"."""
+    rules = tuple((spec.help_title, spec.help_options) for spec in switched_rules() if spec.help_title)
+    split = next(index for index, (title, _) in enumerate(GROUPS) if title == "data and rewards") + 1
+    return GROUPS[:split] + rules + GROUPS[split:]
+
 
 WIDTH = 30
 
@@ -93,7 +104,7 @@ def short_help() -> str:
         "change most are below; `stapo-trl train --help-all` lists all of them, with TRL's and transformers' own.",
         "`--debug` prints the traceback of an error as well as its message.",
     ]
-    for title, options in GROUPS:
+    for title, options in option_groups():
         lines += ["", f"{title}:"]
         lines += [f"  --{name:<{WIDTH}} {text}" for name, text in options]
     lines += [

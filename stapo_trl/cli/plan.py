@@ -81,13 +81,13 @@ def batch_plan(config: Any, *, world_size: int, generation_batch_size_given: boo
             f"divisible by num_generations ({plan.num_generations}), so that every prompt's completions are "
             "generated together. Change one of these."
         )
-    rules = getattr(config, "active_token_rules", [])
+    rules = [*getattr(config, "active_token_rules", []), *getattr(config, "shadow_token_rules", [])]
     if rules and steps_per_generation % plan.gradient_accumulation_steps != 0:
         raise ValueError(
             f"With token rules on ({', '.join(rules)}), steps_per_generation ({steps_per_generation} at {world_size} "
             f"processes) must be a multiple of gradient_accumulation_steps ({plan.gradient_accumulation_steps}): the "
-            "rules run once per optimizer step (the S2T entropy pool is one optimizer step), so a step's "
-            "micro-batches must come from one generation."
+            "rules run once per optimizer step over all of its micro-batches, so a step's micro-batches must come "
+            "from one generation."
         )
     return plan
 

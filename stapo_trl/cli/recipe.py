@@ -31,7 +31,6 @@ STALE_KEYS = {
     "`trl vllm-serve` on separate GPUs and set vllm_mode: server",
     "vllm_guided_decoding_regex": "TRL 1.x renamed it vllm_structured_outputs_regex",
     "wandb_log_unique_prompts": "TRL 1.x renamed it log_unique_prompts",
-    "use_s2t": "it is called use_s2t_mask",
 }
 ACCELERATE_CONFIG_KEY = "accelerate_config"
 RESERVED_KEYS = {"env"}

@@ -9,8 +9,9 @@ from pathlib import Path
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stapo-trl report",
-        description="Plot entropy, reward, the S2T silenced fraction and tau_h over the steps of one or more runs, "
-        "and, from the silenced-token dump (dump_silenced_tokens: true), where the silenced tokens sit over p and H "
+        description="Plot entropy, reward, the silenced fraction and the silencing threshold (S2T's tau_h) over the "
+        "steps of one or more runs, and, from the silenced-token dump (dump_silenced_tokens: true), where the "
+        "silenced tokens sit over p and H "
         "and which tokens they were. Reads each run's trainer_state.json (or metrics.jsonl).",
     )
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="training output directories")
@@ -46,11 +47,13 @@ def report_command(argv: list[str]) -> int:
     for summary in report.summaries:
         line = f"{summary['label']}: {summary['steps']} steps, entropy {entropy_trend(summary)}"
         if "silenced_fraction" in summary:
-            line += (
-                f", S2T silenced {summary['silenced_fraction']:.4%} of loss tokens "
-                f"({summary['silenced_tokens']} tokens, "
-                f"{summary['candidates']} candidates)"
-            )
+            from ..token_rules import get_token_rule
+
+            counted = f"{summary['silenced_tokens']} tokens"
+            if "candidates" in summary:
+                counted += f", {summary['candidates']} candidates"
+            rule = get_token_rule(summary["silencing_rule"]).display_name
+            line += f", {rule} silenced {summary['silenced_fraction']:.4%} of loss tokens ({counted})"
         print(line)
     for note in report.notes:
         print(f"note: {note}")

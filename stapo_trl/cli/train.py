@@ -11,18 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..names import (
-    METRICS_FILE,
-    RUN_SUMMARY_FILE,
-    S2T_NUM_CANDIDATES,
-    S2T_NUM_SILENCED,
-    S2T_SILENCED_FRACTION,
-    SILENCED_TOKENS_FILE,
-    STARE_GATE_ON,
-    STARE_NEGATIVE_WEIGHT,
-    STARE_POSITIVE_WEIGHT,
-    TRAINING_CURVES_FILE,
-)
+from ..names import HELDOUT_RESULTS_FILE, METRICS_FILE, RUN_SUMMARY_FILE, SILENCED_TOKENS_FILE, TRAINING_CURVES_FILE
 from .recipe import RecipeError, TrainRequest, is_launched, parse_train_args
 
 logger = logging.getLogger("stapo_trl")
@@ -176,13 +165,9 @@ class RunSummary:
     """``model_name_or_path`` as given (a GGUF file's reference, not its conversion in this machine's cache)."""
     reward_first: float | None = None
     reward_last: float | None = None
-    silenced_fraction: float | None = None
-    silenced_tokens: int | None = None
-    candidates: int | None = None
-    silenced_steps: int | None = None
+    token_rules: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Each token rule's end-of-run summary (its spec's `summarize`), by rule name."""
     silenced_examples: list[str] = field(default_factory=list)
-    stare_gate_on_fraction: float | None = None
-    stare_final_weights: tuple[float, float] | None = None
     accuracy_before: dict | None = None
     accuracy_after: dict | None = None
     files: dict[str, str] = field(default_factory=dict)
@@ -202,20 +187,13 @@ class RunSummary:
                 f"  mean reward:              {self.reward_first:+.3f} (first quarter of steps) -> "
                 f"{self.reward_last:+.3f} (last quarter)"
             )
-        if self.silenced_fraction is not None:
-            lines.append(
-                f"  S2T silenced:             {self.silenced_tokens} of {self.candidates} candidate tokens, in "
-                f"{self.silenced_steps} of {self.steps} steps ({100 * self.silenced_fraction:.3f}% of loss tokens)"
-            )
-            if self.silenced_examples:
-                lines.append("  silenced tokens in context ([[token]]; p and H under the training temperature):")
-                lines += [f"    {example}" for example in self.silenced_examples]
-        if self.stare_gate_on_fraction is not None:
-            positive, negative = self.stare_final_weights
-            lines.append(
-                f"  STARE gate on:            {100 * self.stare_gate_on_fraction:.0f}% of logged steps; final W "
-                f"{positive:.3g}, M {negative:.3g}"
-            )
+        from ..token_rules import get_token_rule
+
+        for name, summary in self.token_rules.items():
+            lines += [f"  {line}" for line in get_token_rule(name).summary_lines(summary, self.steps)]
+        if self.silenced_examples:
+            lines.append("  silenced tokens in context ([[token]]; p and H under the training temperature):")
+            lines += [f"    {example}" for example in self.silenced_examples]
         lines.append(
             f"  time:                     {self.seconds_total:.0f} s in all, {self.seconds_training:.0f} s training"
         )
@@ -291,24 +269,32 @@ def write_recipe(request: TrainRequest, output_dir: Path) -> Path:
 
 
 def summarize_metrics(records: list[dict]) -> dict[str, Any]:
-    """Reward in the first and last quarter of the steps, and what S2T silenced over the run."""
+    """Reward in the first and last quarter of the steps, and each token rule's summary of the run (under
+    ``token_rules``, by rule name, for the rules that logged anything)."""
     from ..diagnostics.report import quarter_means
+    from ..token_rules import TOKEN_RULES
 
     summary: dict[str, Any] = {}
     rewards = quarter_means([record["reward"] for record in records if record.get("reward") is not None])
     if rewards is not None:
         summary["reward_first"], summary["reward_last"] = rewards
-    logged = [record for record in records if record.get(S2T_SILENCED_FRACTION) is not None]
-    if logged:
-        summary["silenced_tokens"] = int(sum(record.get(S2T_NUM_SILENCED, 0) for record in logged))
-        summary["candidates"] = int(sum(record.get(S2T_NUM_CANDIDATES, 0) for record in logged))
-        summary["silenced_steps"] = sum(1 for record in logged if record.get(S2T_NUM_SILENCED, 0) > 0)
-        summary["silenced_fraction"] = sum(record[S2T_SILENCED_FRACTION] for record in logged) / len(logged)
-    gated = [record for record in records if record.get(STARE_GATE_ON) is not None]
-    if gated:
-        summary["stare_gate_on_fraction"] = sum(record[STARE_GATE_ON] for record in gated) / len(gated)
-        summary["stare_final_weights"] = (gated[-1][STARE_POSITIVE_WEIGHT], gated[-1][STARE_NEGATIVE_WEIGHT])
+    rules = {name: spec.summarize(records) for name, spec in sorted(TOKEN_RULES.items(), key=lambda i: i[1].order)}
+    rules = {name: rule_summary for name, rule_summary in rules.items() if rule_summary}
+    if rules:
+        summary["token_rules"] = rules
     return summary
+
+
+def write_heldout_results(output_dir: Path, heldout, results: dict) -> Path:
+    """``output_dir/heldout_results.jsonl``: each held-out problem with its greedy result before and after training,
+    for paired comparisons between runs. Written whole to a temporary file, then renamed into place."""
+    from ..evaluation.greedy import per_problem_records
+
+    path = output_dir / HELDOUT_RESULTS_FILE
+    staging = path.with_name(path.name + ".partial")
+    staging.write_text("".join(json.dumps(record) + "\n" for record in per_problem_records(heldout, results)))
+    os.replace(staging, path)
+    return path
 
 
 def silenced_examples(dump_path: Path, count: int = 3) -> list[str]:
@@ -397,8 +383,10 @@ def run_training(request: TrainRequest) -> RunSummary:
     if not training.disable_tqdm and trainer.pop_callback(ProgressCallback) is not None:
         trainer.add_callback(StepSummaryProgressCallback)
 
+    heldout_results = {}
+
     def evaluate(label: str):
-        result = greedy_accuracy(
+        result = heldout_results[label] = greedy_accuracy(
             trainer.model,
             tokenizer,
             heldout,
@@ -457,6 +445,8 @@ def run_training(request: TrainRequest) -> RunSummary:
         if training.dump_silenced_tokens:
             summary.files["silenced tokens"] = str(output_dir / SILENCED_TOKENS_FILE)
             summary.silenced_examples = silenced_examples(output_dir / SILENCED_TOKENS_FILE)
+        if heldout_results:
+            summary.files["held-out results"] = str(write_heldout_results(output_dir, heldout, heldout_results))
         summary.files["summary"] = str(output_dir / RUN_SUMMARY_FILE)
         summary.seconds_total = time.perf_counter() - started
         (output_dir / RUN_SUMMARY_FILE).write_text(json.dumps(summary.__dict__, indent=2) + "\n")

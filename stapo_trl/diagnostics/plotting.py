@@ -67,8 +67,8 @@ class DensityPanel:
     """One run's p-H density of positive-advantage loss tokens, with the S2T region and the dumped silenced tokens.
 
     ``counts[i][j]`` is the number of tokens in bin i of log10 p and bin j of H over ``extent``
-    ``(log10 p low, high, H low, high)``. ``silenced_box`` is ``(log10 prob_threshold, median tau_h)`` when the run had
-    candidates; ``threshold_only`` is ``log10 prob_threshold`` when it had none. ``silenced`` holds the dumped
+    ``(log10 p low, high, H low, high)``. ``silenced_box`` is ``(log10 probability bound, median threshold)`` when the run had
+    candidates; ``threshold_only`` is the log10 probability bound when it had none. ``silenced`` holds the dumped
     silenced tokens as ``(log10 p, H)``, clamped into the extent.
     """
 
@@ -288,10 +288,10 @@ def plot_density_panels(
 def populated_density_limits(
     counts: Sequence[Sequence[int]],
     extent: tuple[float, float, float, float],
-    prob_threshold: float | None = None,
+    probability_bound: float | None = None,
 ) -> tuple[float, float] | None:
     """The lowest log10 p and the highest H worth showing of a density histogram: the populated bins plus a margin,
-    and the probability threshold with the same margin. None when every bin is empty."""
+    and the silencing rule's probability bound with the same margin. None when every bin is empty."""
     import numpy as np
 
     counts = np.asarray(counts)
@@ -302,8 +302,8 @@ def populated_density_limits(
     x_width = (x_high - x_low) / counts.shape[0]
     y_width = (y_high - y_low) / counts.shape[1]
     lowest_p = x_low + rows.min() * x_width - 2 * x_width
-    if prob_threshold:
-        lowest_p = min(lowest_p, math.log10(prob_threshold) - 2 * x_width)
+    if probability_bound:
+        lowest_p = min(lowest_p, math.log10(probability_bound) - 2 * x_width)
     return max(x_low, float(lowest_p)), min(y_high, float(y_low + (columns.max() + 1) * y_width * 1.15 + y_width))
 
 

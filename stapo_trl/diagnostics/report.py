@@ -19,18 +19,9 @@ from typing import Any
 
 from ..errors import UsageError
 from ..jsonl import read_json_lines
-from ..names import (
-    METRICS_FILE,
-    S2T_ENTROPY_THRESHOLD,
-    S2T_NUM_CANDIDATES,
-    S2T_NUM_SILENCED,
-    S2T_SILENCED_FRACTION,
-    SILENCED_TOKENS_FILE,
-    SILENCED_TOKENS_STATS_FILE,
-    TRAINER_STATE_FILE,
-    with_current_metric_names,
-)
+from ..names import METRICS_FILE, SILENCED_TOKENS_FILE, SILENCED_TOKENS_STATS_FILE, TRAINER_STATE_FILE
 from ..resume import last_complete_checkpoint
+from ..token_rules import TOKEN_RULES, TokenRuleSpec
 from .plotting import (
     DensityPanel,
     LinePanel,
@@ -95,8 +86,7 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 def read_history(source: Path) -> list[dict[str, Any]]:
     """The per-step training records of a ``trainer_state.json`` or ``metrics.jsonl`` (the end-of-training summary
-    record, which has ``train_runtime``, is left out). Metric names of earlier versions are read under their current
-    names, with a FutureWarning."""
+    record, which has ``train_runtime``, is left out)."""
     try:
         if source.name == METRICS_FILE:
             records = read_metrics(source)
@@ -107,8 +97,7 @@ def read_history(source: Path) -> list[dict[str, Any]]:
             f"{source} cannot be read ({error}); the file is damaged. Point the report at a checkpoint-N/ of the run, "
             "whose trainer_state.json holds the log up to that step."
         ) from None
-    steps = [record for record in records if "step" in record and "train_runtime" not in record]
-    return with_current_metric_names(steps, source)
+    return [record for record in records if "step" in record and "train_runtime" not in record]
 
 
 def load_run(directory: str | Path, label: str | None = None) -> RunLogs:
@@ -174,6 +163,27 @@ def top_silenced_tokens(run: RunLogs, limit: int = 15) -> list[tuple[str, int]]:
     return counts.most_common(limit)
 
 
+def silencing_rule(history: list[dict[str, Any]]) -> TokenRuleSpec | None:
+    """The rule whose silenced tokens the report shows: the first registered rule, in apply order, that logged a
+    ``silenced_fraction``; None when no rule did."""
+    for spec in sorted(TOKEN_RULES.values(), key=lambda spec: spec.order):
+        if any(spec.metric("silenced_fraction") in record for record in history):
+            return spec
+    return None
+
+
+def _candidates_metric(spec: TokenRuleSpec | None) -> str | None:
+    if spec is None or spec.report is None or spec.report.candidates_statistic is None:
+        return None
+    return spec.metric(spec.report.candidates_statistic)
+
+
+def _threshold_metric(spec: TokenRuleSpec | None) -> str | None:
+    if spec is None or spec.report is None or spec.report.threshold_statistic is None:
+        return None
+    return spec.metric(spec.report.threshold_statistic)
+
+
 def summarize_run(run: RunLogs) -> dict[str, Any]:
     """The numbers the report's table shows for one run."""
     summary: dict[str, Any] = {"label": run.label, "steps": max(record["step"] for record in run.history)}
@@ -181,14 +191,20 @@ def summarize_run(run: RunLogs) -> dict[str, Any]:
         means = quarter_means(series(run.history, key)[1])
         if means is not None:
             summary[f"{name}_first_quarter"], summary[f"{name}_last_quarter"] = means
-    _, silenced = series(run.history, S2T_SILENCED_FRACTION)
-    if silenced:
-        summary["silenced_fraction"] = sum(silenced) / len(silenced)
-        summary["silenced_tokens"] = int(sum(series(run.history, S2T_NUM_SILENCED)[1]))
-        summary["candidates"] = int(sum(series(run.history, S2T_NUM_CANDIDATES)[1]))
-    _, thresholds = series(run.history, S2T_ENTROPY_THRESHOLD)
+    spec = silencing_rule(run.history)
+    if spec is not None:
+        summary["silencing_rule"] = spec.name
+        _, silenced = series(run.history, spec.metric("silenced_fraction"))
+        if silenced:
+            summary["silenced_fraction"] = sum(silenced) / len(silenced)
+        summary["silenced_tokens"] = int(sum(series(run.history, spec.metric("num_silenced"))[1]))
+        candidates = _candidates_metric(spec)
+        if candidates is not None:
+            summary["candidates"] = int(sum(series(run.history, candidates)[1]))
+    threshold = _threshold_metric(spec)
+    thresholds = series(run.history, threshold)[1] if threshold is not None else []
     if thresholds:
-        summary["tau_h_median"] = statistics.median(thresholds)
+        summary["threshold_median"] = statistics.median(thresholds)
     if run.dump_stats is not None:
         for key in ("silenced", "written", "dropped"):
             summary[f"dump_{key}"] = run.dump_stats[key]
@@ -207,7 +223,6 @@ def entropy_trend(summary: dict[str, Any]) -> str:
 
 # ------------------------------------------------------------------------------------------------- figure data
 # What each figure shows, as the data classes of plotting.py (which draws them); the tests pin these.
-S2T_KEYS = (S2T_SILENCED_FRACTION, S2T_ENTROPY_THRESHOLD)
 
 
 def metric_series(history: list[dict[str, Any]], key: str, label: str, scale: float = 1.0) -> Series | None:
@@ -244,31 +259,44 @@ def line_panel(
 
 
 def masking_panels(runs: list[RunLogs]) -> tuple[LinePanel, LinePanel]:
-    """The S2T silenced fraction (%) and ``tau_h`` over the steps. The legend of the first says how many tokens each
-    run silenced of how many candidates."""
-    absent = "no S2T statistics (the run did not use the S2T mask)"
-    fraction = line_panel(
-        runs,
-        S2T_SILENCED_FRACTION,
-        "S2T silenced fraction of loss tokens (%)",
-        scale=100.0,
-        y_floor=0.0,
-        absent=absent,
-    )
+    """The silenced fraction (%) of each run's silencing rule and that rule's threshold (S2T's ``tau_h``) over the
+    steps. The legend of the first says how many tokens each run silenced of how many candidates; the titles name
+    the rules."""
+    absent = "no token rule silenced tokens (none was on)"
+    fraction = LinePanel(title="", series=[], y_floor=0.0)
+    threshold = LinePanel(title="", series=[], y_floor=0.0)
+    rules, thresholds = [], []
     by_label = {run.label: summarize_run(run) for run in runs}
-    for series in fraction.series:
-        summary = by_label[series.label]
-        if series.defined and all(value == 0.0 for _, value in series.defined):
-            fraction.notes.append(f"{series.label}: 0% at every step")
-        series.label = f"{series.label}: {summary['silenced_tokens']} of {summary['candidates']} candidates silenced"
-    threshold = line_panel(
-        runs,
-        S2T_ENTROPY_THRESHOLD,
-        "tau_h: entropy quantile of the candidates (nats)",
-        y_floor=0.0,
-        absent=absent,
-        undefined_label="no candidates, so no tau_h",
-    )
+    for run in runs:
+        spec = silencing_rule(run.history)
+        found = metric_series(run.history, spec.metric("silenced_fraction"), run.label, 100.0) if spec else None
+        if found is None:
+            fraction.notes.append(f"{run.label}: {absent}")
+            threshold.notes.append(f"{run.label}: {absent}")
+            continue
+        if spec.display_name not in rules:
+            rules.append(spec.display_name)
+        summary = by_label[run.label]
+        if found.defined and all(value == 0.0 for _, value in found.defined):
+            fraction.notes.append(f"{run.label}: 0% at every step")
+        counted = f"{summary['silenced_tokens']} silenced"
+        if "candidates" in summary:
+            counted = f"{summary['silenced_tokens']} of {summary['candidates']} {spec.report.candidates_noun} silenced"
+        found.label = f"{run.label}: {counted}"
+        fraction.series.append(found)
+        metric = _threshold_metric(spec)
+        line = metric_series(run.history, metric, run.label) if metric is not None else None
+        if line is None:
+            threshold.notes.append(f"{run.label}: {spec.display_name} has no threshold")
+            continue
+        threshold.series.append(line)
+        threshold.undefined_label = f"no {spec.report.candidates_noun}, so no {spec.report.threshold_name}"
+        if spec.report.threshold_title not in thresholds:
+            thresholds.append(spec.report.threshold_title)
+    fraction.title = f"{', '.join(rules) or 'token rule'} silenced fraction of loss tokens (%)"
+    threshold.title = "; ".join(thresholds) or "threshold of the silencing rule"
+    if threshold.series and not any(series.defined for series in threshold.series):
+        threshold.notes.append(f"{threshold.undefined_label} at every logged step")
     return fraction, threshold
 
 
@@ -300,13 +328,14 @@ def density_panel(run: RunLogs) -> DensityPanel:
     panel = DensityPanel(run.label, counts=stats["density"]["positive_advantage"], extent=extent)
     if panel.num_tokens == 0:
         panel.note = "no completion token had a positive advantage"
-    prob_threshold = stats.get("prob_threshold")
-    threshold_series = metric_series(run.history, S2T_ENTROPY_THRESHOLD, run.label)
+    probability_bound = stats.get("probability_bound")
+    metric = _threshold_metric(silencing_rule(run.history))
+    threshold_series = metric_series(run.history, metric, run.label) if metric is not None else None
     thresholds = [value for _, value in threshold_series.defined] if threshold_series is not None else []
-    if prob_threshold and thresholds:
-        panel.silenced_box = (math.log10(prob_threshold), statistics.median(thresholds))
-    elif prob_threshold:
-        panel.threshold_only = math.log10(prob_threshold)
+    if probability_bound and thresholds:
+        panel.silenced_box = (math.log10(probability_bound), statistics.median(thresholds))
+    elif probability_bound:
+        panel.threshold_only = math.log10(probability_bound)
     x_low, _, _, y_high = extent
     panel.silenced = [
         (max(x_low, math.log10(max(record["p"], 1e-300))), min(y_high, record["entropy"]))
@@ -319,15 +348,21 @@ def density_panel(run: RunLogs) -> DensityPanel:
 TRAINING_CURVES = (
     ("reward", "mean reward", None, 1.0),
     ("entropy", "mean token entropy (nats)", 0.0, 1.0),
-    (S2T_SILENCED_FRACTION, "S2T silenced fraction (%)", 0.0, 100.0),
 )
-"""(metric, title, lowest value the axis shows, scale) of each panel of ``training_curves.png``."""
+"""(metric, title, lowest value the axis shows, scale) of the first panels of ``training_curves.png``; the last is
+the silenced fraction of the run's silencing rule."""
 
 
 def training_curve_panels(records: list[dict], label: str = "run") -> list[LinePanel]:
     """The panels of ``training_curves.png`` (reward, entropy, silenced fraction) of one run's records."""
     panels = []
-    for key, title, y_floor, scale in TRAINING_CURVES:
+    spec = silencing_rule(records)
+    silenced = (
+        (spec.metric("silenced_fraction"), f"{spec.name} silenced fraction (%)", 0.0, 100.0)
+        if spec is not None
+        else ("silenced_fraction", "silenced fraction (%)", 0.0, 100.0)
+    )
+    for key, title, y_floor, scale in (*TRAINING_CURVES, silenced):
         found = metric_series([record for record in records if "step" in record], key, label, scale)
         panel = LinePanel(title=title, series=[found] if found is not None else [], y_floor=y_floor)
         if found is None:
@@ -348,7 +383,7 @@ def plot_metric(runs: list[RunLogs], key: str, label: str, path: Path, y_floor: 
 
 
 def plot_masking(runs: list[RunLogs], path: Path) -> Path:
-    """The S2T silenced fraction (%) and ``tau_h`` over the steps, one line per run."""
+    """The silenced fraction (%) and the silencing rule's threshold over the steps, one line per run."""
     return plot_line_panels(masking_panels(runs), path, panel_size=(5.5, 3.8))
 
 
@@ -368,7 +403,9 @@ def density_limits(runs: list[RunLogs]) -> tuple[float, float] | None:
             [a + b for a, b in zip(row_a, row_b, strict=True)]
             for row_a, row_b in zip(density["positive_advantage"], density["other"], strict=True)
         ]
-        found = populated_density_limits(counts, _density_extent(run.dump_stats), run.dump_stats.get("prob_threshold"))
+        found = populated_density_limits(
+            counts, _density_extent(run.dump_stats), run.dump_stats.get("probability_bound")
+        )
         if found is not None:
             limits.append(found)
     if not limits:
@@ -377,8 +414,9 @@ def density_limits(runs: list[RunLogs]) -> tuple[float, float] | None:
 
 
 def plot_token_density(runs: list[RunLogs], path: Path) -> Path:
-    """Where the positive-advantage loss tokens sit over (log10 p, H), per run on shared axes, with the S2T silencing
-    region (``p < prob_threshold`` and ``H < tau_h``, the run's median ``tau_h``) and the dumped silenced tokens."""
+    """Where the positive-advantage loss tokens sit over (log10 p, H), per run on shared axes, with the silencing
+    region of the run's rule (for S2T ``p < prob_threshold`` and ``H < tau_h``, the run's median ``tau_h``) and the
+    dumped silenced tokens."""
     return plot_density_panels(
         [density_panel(run) for run in runs],
         path,
@@ -412,7 +450,7 @@ def _cell(value: Any, pattern: str) -> str:
 def _summary_table(summaries: list[dict[str, Any]]) -> str:
     header = (
         "| run | steps | reward (first → last quarter) | entropy (first → last quarter) | silenced fraction | "
-        "silenced tokens | candidates | median tau_h | dump written / silenced |"
+        "silenced tokens | candidates | median threshold | dump written / silenced |"
     )
     lines = [header, "|---|---:|---|---|---:|---:|---:|---:|---:|"]
     for s in summaries:
@@ -430,7 +468,7 @@ def _summary_table(summaries: list[dict[str, Any]]) -> str:
         dump = f"{s['dump_written']} / {s['dump_silenced']}" if "dump_written" in s else "–"
         lines.append(
             f"| {s['label']} | {s['steps']} | {reward} | {entropy} | {silenced} "
-            f"| {_cell(s.get('candidates'), '{}')} | {_cell(s.get('tau_h_median'), '{:.3f}')} | {dump} |"
+            f"| {_cell(s.get('candidates'), '{}')} | {_cell(s.get('threshold_median'), '{:.3f}')} | {dump} |"
         )
     return "\n".join(lines)
 
@@ -483,8 +521,8 @@ def write_report(
             "`dump_silenced_tokens: true` to get them."
         )
     for run in runs:
-        if not any(S2T_SILENCED_FRACTION in record for record in run.history):
-            notes.append(f"{run.label}: no S2T statistics in the log (the run did not use the S2T mask).")
+        if silencing_rule(run.history) is None:
+            notes.append(f"{run.label}: no token rule silenced tokens in the log (none was on).")
 
     summaries = [summarize_run(run) for run in runs]
     markdown = output_dir / REPORT_FILE
@@ -499,7 +537,7 @@ def write_report(
 FIGURE_TITLES = {
     "entropy": "Mean token entropy",
     "reward": "Reward",
-    "masking": "S2T silenced fraction and tau_h",
+    "masking": "Silenced fraction and the silencing threshold",
     "token_density": "Probability and entropy of positive-advantage tokens",
     "top_silenced_tokens": "Top silenced tokens",
 }

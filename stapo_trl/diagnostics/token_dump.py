@@ -138,7 +138,7 @@ class SilencedTokenDump:
         max_tokens: int,
         context_tokens: int,
         seed: int = 0,
-        prob_threshold: float | None = None,
+        probability_bound: float | None = None,
         is_main_process: bool = True,
     ):
         self.directory = Path(output_dir)
@@ -147,7 +147,7 @@ class SilencedTokenDump:
         self.max_tokens = max_tokens
         self.context_tokens = context_tokens
         self.seed = seed
-        self.prob_threshold = prob_threshold
+        self.probability_bound = probability_bound
         self.is_main_process = is_main_process
         self.stats: dict[str, Any] | None = None
         self._opened = False
@@ -165,7 +165,7 @@ class SilencedTokenDump:
             "tokens_per_step": self.tokens_per_step,
             "max_tokens": self.max_tokens,
             "context_tokens": self.context_tokens,
-            "prob_threshold": self.prob_threshold,
+            "probability_bound": self.probability_bound,
             "silenced": 0,
             "written": 0,
             "dropped": 0,

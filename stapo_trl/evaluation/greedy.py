@@ -22,6 +22,9 @@ class GreedyAccuracy:
     total: int
     answered: int | None = None
     completions: list[str] = field(default_factory=list, repr=False)
+    problem_correct: list[bool] = field(default_factory=list, repr=False)
+    """Whether each problem, in the dataset's order, was scored correct: for paired comparisons of two models."""
+    problem_answered: list[bool | None] = field(default_factory=list, repr=False)
 
     @property
     def accuracy(self) -> float:
@@ -105,6 +108,27 @@ def greedy_accuracy(
         solution=list(dataset["solution"]),
         log_extra=lambda name, values: extracted.append(list(values)),
     )
-    correct = sum(1 for score in scores if score is not None and score > 0)
-    answered = sum(value is not None for value in extracted[0]) if extracted else None
-    return GreedyAccuracy(correct=correct, total=len(completions), answered=answered, completions=completions)
+    problem_correct = [score is not None and score > 0 for score in scores]
+    problem_answered = [value is not None for value in extracted[0]] if extracted else [None] * len(completions)
+    return GreedyAccuracy(
+        correct=sum(problem_correct),
+        total=len(completions),
+        answered=sum(problem_answered) if extracted else None,
+        completions=completions,
+        problem_correct=problem_correct,
+        problem_answered=problem_answered,
+    )
+
+
+def per_problem_records(dataset, results: dict[str, GreedyAccuracy]) -> list[dict[str, Any]]:
+    """One record per held-out problem with each labelled result (``{"before": ..., "after": ...}``): whether it was
+    correct and answered, and the greedy completion, so that two models can be compared problem by problem."""
+    records = []
+    for index in range(len(dataset)):
+        record: dict[str, Any] = {"problem": index, "solution": dataset[index]["solution"]}
+        for label, result in results.items():
+            record[f"{label}_correct"] = result.problem_correct[index]
+            record[f"{label}_answered"] = result.problem_answered[index]
+            record[f"{label}_completion"] = result.completions[index]
+        records.append(record)
+    return records

@@ -9,7 +9,6 @@ PAPER_BENCHMARKS = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiad
 PAPER_SOURCE = "STAPO paper, Table 2 (arXiv 2602.15620)"
 FULL_SIZES = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 500, "minerva": 272, "olympiadbench": 675}
 """Problems in each benchmark as the paper evaluates it; a run on fewer is marked as partial in tables."""
-METHOD_TITLES = {"grpo": "GRPO", "20-entropy": "20-Entropy", "justrl": "JustRL", "stapo": "STAPO", "stare": "STARE"}
 
 # (size, method) -> setting -> the six benchmarks in PAPER_BENCHMARKS order, then the average.
 _TABLE_2: dict[tuple[str, str], dict[str, tuple[float, ...]]] = {
@@ -58,6 +57,8 @@ class PaperRow:
 
     @property
     def label(self) -> str:
+        from ..methods import METHOD_TITLES
+
         return f"paper: Qwen3-{self.size}-Base {METHOD_TITLES.get(self.method, self.method)}"
 
 

@@ -11,20 +11,16 @@ name             what                                                       wher
 ``trl_chunked``  TRL's ``ChunkedLogProbFunction`` (its fused head's kernel)  never chosen by ``auto``
 ``naive``        full logits through autograd, for reference only           never chosen by ``auto``
 ===============  =========================================================  =====================================
-
-``"trl"``, this backend's earlier name, still resolves to ``"trl_chunked"`` with a FutureWarning.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 
 import torch
 
 from .chunked import chunked_logprob_entropy
-from .liger import INSTALL_HINT as LIGER_INSTALL_HINT
-from .liger import is_liger_available, liger_logprob_entropy
+from .liger import is_liger_available, liger_logprob_entropy, liger_unavailable
 from .reference import naive_logprob_entropy
 from .trl_kernel import trl_logprob_entropy
 
@@ -36,20 +32,16 @@ BACKENDS: dict[str, BackendFn] = {
     "trl_chunked": trl_logprob_entropy,
     "naive": naive_logprob_entropy,
 }
-RETIRED_BACKENDS = {"trl": "trl_chunked"}
-"""Earlier backend names and their current ones (``"trl"`` read as the library's name)."""
+
+
+def backend_unavailable(name: str) -> str | None:
+    """Why the backend ``name`` cannot run on this installation (what to install), or None when it can."""
+    return liger_unavailable() if name == "liger" else None
 
 
 def resolve_backend(name: str, device: torch.device | str, *, has_bias: bool = False) -> str:
     """Resolve ``"auto"`` to a concrete backend name and check that the requested one can run."""
     device = torch.device(device)
-    if name in RETIRED_BACKENDS:
-        warnings.warn(
-            f"The statistics backend {name!r} is now called {RETIRED_BACKENDS[name]!r}; the old name will be removed.",
-            FutureWarning,
-            stacklevel=2,
-        )
-        name = RETIRED_BACKENDS[name]
     if name == "auto":
         if device.type == "cuda" and is_liger_available() and not has_bias:
             return "liger"
@@ -58,8 +50,9 @@ def resolve_backend(name: str, device: torch.device | str, *, has_bias: bool = F
         raise ValueError(
             f"Unknown statistics backend {name!r}; choose one of 'auto', {', '.join(map(repr, BACKENDS))}."
         )
-    if name == "liger" and not is_liger_available():
-        raise ImportError(f"The 'liger' statistics backend needs liger-kernel>=0.8.5: {LIGER_INSTALL_HINT}")
+    problem = backend_unavailable(name)
+    if problem is not None:
+        raise ImportError(problem[0].upper() + problem[1:] + ".")
     return name
 
 
@@ -110,6 +103,7 @@ def token_logprob_entropy(
 
 __all__ = [
     "BACKENDS",
+    "backend_unavailable",
     "chunked_logprob_entropy",
     "is_liger_available",
     "liger_logprob_entropy",

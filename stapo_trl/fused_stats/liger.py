@@ -17,6 +17,14 @@ def is_liger_available() -> bool:
     return importlib.util.find_spec("liger_kernel") is not None
 
 
+def liger_unavailable() -> str | None:
+    """Why the 'liger' backend cannot run here (what to install), or None when liger-kernel is installed. The one
+    check that the config, the backend resolver and the op itself use."""
+    if is_liger_available():
+        return None
+    return f"the 'liger' statistics backend needs liger-kernel>=0.8.5, which is not installed: {INSTALL_HINT}"
+
+
 def liger_logprob_entropy(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -30,8 +38,9 @@ def liger_logprob_entropy(
     Liger needs the hidden states and the weight in one dtype, so the weight is cast to the hidden states' dtype when
     they differ (for example an fp32 master weight under bf16 autocast).
     """
-    if not is_liger_available():
-        raise ImportError(f"The 'liger' statistics backend needs liger-kernel>=0.8.5: {INSTALL_HINT}")
+    problem = liger_unavailable()
+    if problem is not None:
+        raise ImportError(problem[0].upper() + problem[1:] + ".")
     if bias is not None:
         raise ValueError(
             "Liger's fused linear cross-entropy has no bias term; this LM head has one. Use the 'torch' backend."

@@ -1,32 +1,52 @@
-"""Token rules: pure tensor functions that decide which completion tokens feed the policy gradient, and how much.
+"""Token rules: pure tensor functions that decide which completion tokens feed the policy gradient, and how much,
+each registered with a spec that describes it to the rest of stapo-trl.
 
-- :mod:`.registry`: :class:`TokenRuleResult`, :func:`register_token_rule` and :func:`apply_token_rules`.
+- :mod:`.registry`: :class:`TokenRuleSpec`, :class:`TokenRuleResult`, :func:`register_token_rule_spec`,
+  :func:`register_token_rule` (for a plain function) and :func:`apply_token_rules`.
 - :mod:`.s2t`: the S2T spurious-token mask of STAPO, registered as ``"s2t"``.
-- :mod:`.stare`: STARE's surprisal-guided advantage weights, registered as ``"stare"``.
-- :mod:`.stare_controller`: STARE's target-entropy gate and adaptive weights, which live across steps.
-- :mod:`.stare_config`: :class:`STAREConfigMixin`, STARE's configuration fields, which `STAPOConfig` inherits.
+- :mod:`.stare`, :mod:`.stare_config`, :mod:`.stare_controller`, :mod:`.stare_rule`: STARE's surprisal-guided
+  advantage weights, its configuration fields, its target-entropy gate, and its spec, registered as ``"stare"``.
 
-Nothing here imports TRL, so verl or a hand-written loop can use these directly.
+Importing this package imports every module in it, so a rule's module registers its spec without being listed
+anywhere else. Nothing here imports TRL, so verl or a hand-written loop can use these directly.
 """
 
+import importlib
+import pkgutil
+
+from ..names import rule_metric, shadow_metric
 from .registry import (
     TOKEN_RULES,
     ComposedTokenRules,
+    FunctionRuleSpec,
+    RuleCall,
+    RuleMethod,
+    RuleReport,
+    StepContext,
     TokenRuleResult,
+    TokenRuleSpec,
+    active_rule_names,
     apply_token_rules,
     get_token_rule,
     register_token_rule,
+    register_token_rule_spec,
+    rule_config_mixins,
+    shadow_rule_names,
+    switched_rules,
 )
-from .s2t import (
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
+
+from .s2t import (  # noqa: E402
     ENTROPY_PERCENTILES,
     linear_quantiles,
     logit_grad_sq_norm_lower_bound,
-    s2t_rule,
     spurious_token_mask,
 )
-from .stare import STARE_VARIANTS, STAREWeights, stare_rule, stare_token_weights, top_share_mask
-from .stare_config import STARE_SELECTION_POOLS, STAREConfigMixin
-from .stare_controller import GATE_MODES, STAREController
+from .stare import STARE_VARIANTS, STAREWeights, stare_token_weights, top_share_mask  # noqa: E402
+from .stare_config import STARE_SELECTION_POOLS, STAREConfigMixin  # noqa: E402
+from .stare_controller import GATE_MODES, STAREController  # noqa: E402
 
 __all__ = [
     "ENTROPY_PERCENTILES",
@@ -35,18 +55,29 @@ __all__ = [
     "STARE_VARIANTS",
     "TOKEN_RULES",
     "ComposedTokenRules",
+    "FunctionRuleSpec",
+    "RuleCall",
+    "RuleMethod",
+    "RuleReport",
     "STAREConfigMixin",
     "STAREController",
     "STAREWeights",
+    "StepContext",
     "TokenRuleResult",
+    "TokenRuleSpec",
+    "active_rule_names",
     "apply_token_rules",
     "get_token_rule",
     "linear_quantiles",
     "logit_grad_sq_norm_lower_bound",
     "register_token_rule",
-    "s2t_rule",
+    "register_token_rule_spec",
+    "rule_config_mixins",
+    "rule_metric",
+    "shadow_metric",
+    "shadow_rule_names",
     "spurious_token_mask",
-    "stare_rule",
     "stare_token_weights",
+    "switched_rules",
     "top_share_mask",
 ]

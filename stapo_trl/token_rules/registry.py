@@ -1,25 +1,38 @@
-"""The token-rule registry: rules are pure tensor functions, registered by name and applied in order.
+"""The token-rule registry: each rule is one self-describing spec, registered by name and applied in order.
 
 A rule decides, for one optimizer step's completion tokens, which tokens feed the policy gradient and with what
-weight. It is called as ``rule(log_probs, entropies, advantages, loss_mask, **params)`` with ``[B, T]`` tensors
-(``advantages`` may be ``[B]``) and returns a :class:`TokenRuleResult`:
+weight. Its pure tensor function is called as ``rule(log_probs, entropies, advantages, loss_mask, **params)`` with
+``[B, T]`` tensors (``advantages`` may be ``[B]``) and returns a :class:`TokenRuleResult`:
 
 - ``keep``: a bool ``[B, T]`` mask. Dropped tokens leave the loss *and its denominator*: the loss is renormalized
-  over the kept tokens (S2T).
+  over the kept tokens (S2T). By convention a rule that drops tokens logs ``num_silenced`` and ``silenced_fraction``.
 - ``weights``: a non-negative float ``[B, T]`` tensor that multiplies each token's advantage, so the token's
   policy-gradient term, without changing the denominator (STARE's token-mean "not divided by the weights").
 - ``stats``: plain numbers to log, under ``<rule name>/<key>``.
 
+A :class:`TokenRuleSpec` wraps that function with everything the rest of stapo-trl needs to know about the rule: the
+config field that switches it on and the dataclass mixin holding its fields, how it builds its parameters for one
+optimizer step, its optional stateful controller (saved with checkpoints), and how it describes itself to the model
+card, the end-of-run summary, the console line, ``train -h`` and the report. The trainer, the config, the methods,
+the card and the CLI iterate over the registry and never name a rule. Adding a rule is one module in this package
+that defines its function and spec and calls :func:`register_token_rule_spec`; the package imports every module in
+it, so nothing else changes.
+
 Rules import nothing from TRL, so verl or a hand-written loop can call them, or :func:`apply_token_rules`, directly.
+A plain function registered with :func:`register_token_rule` gets a minimal spec: it is listed in the config's
+``token_rules`` and takes its keyword arguments from ``token_rule_kwargs``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
+
+from ..names import rule_metric
 
 
 @dataclass(frozen=True)
@@ -42,28 +55,241 @@ class TokenRule(Protocol):
     ) -> TokenRuleResult: ...
 
 
-TOKEN_RULES: dict[str, TokenRule] = {}
+@dataclass(frozen=True)
+class StepContext:
+    """What a rule's parameter builder may read about the optimizer step it is called for."""
+
+    micro_batch_sizes: tuple[int, ...]
+    """Completions in each of the step's micro-batches on this process, in order."""
+    global_step: int
+    """Optimizer steps completed before this one."""
+    seed: int
+    """The run's seed."""
+    process_index: int = 0
+    device: torch.device | str = "cpu"
+
+
+class RuleController(Protocol):
+    """State a rule keeps across steps (STARE's gate and weights). Training state: saved with every checkpoint."""
+
+    def update(self, batch_entropy: float) -> None:
+        """Called once per training generation with the batch's mean loss-token entropy under the generating policy."""
+
+    def metrics(self) -> dict[str, float]:
+        """Statistics to log each optimizer step, under ``<rule>/<key>``."""
+
+    def save_to(self, directory: str) -> None: ...
+
+    def restore_from(self, checkpoint: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class RuleMethod:
+    """A training method that is GRPO/DAPO plus this rule: a ``method:`` preset of `stapo-trl train`. The preset
+    switches this rule on, every other rule off, and adds ``defaults``."""
+
+    name: str
+    title: str
+    summary: str
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RuleReport:
+    """What `stapo-trl report` draws for a rule besides its silenced fraction."""
+
+    threshold_statistic: str | None = None
+    """A per-step threshold the rule logs (S2T's ``entropy_threshold``), drawn as a line."""
+    threshold_title: str = ""
+    threshold_name: str = "the threshold"
+    """How the threshold is called in notes: ``"no candidates, so no tau_h"``."""
+    candidates_statistic: str | None = None
+    """The count the silenced tokens are chosen from (S2T's ``num_candidates``)."""
+    candidates_noun: str = "candidates"
+    probability_bound_field: str | None = None
+    """A config field bounding the probability of the tokens the rule silences (S2T's ``prob_threshold``): the p-H
+    density draws the region it spans."""
+
+
+class TokenRuleSpec:
+    """One token rule and everything stapo-trl needs to know about it. Subclass it, set the class attributes and
+    override the methods whose defaults do not fit; see :mod:`stapo_trl.token_rules.s2t` for a complete example.
+
+    Class attributes:
+        name: the registered name; metrics are ``<name>/<statistic>``.
+        title: how people write it (``"S2T"``); the name when empty.
+        switch: the boolean config field that turns the rule on (``use_s2t_mask``), or None for a rule listed by name
+            in the config's ``token_rules``.
+        config_mixin: a dataclass whose fields `STAPOConfig` inherits (the switch among them), or None.
+        order: rules apply in increasing order; ``token_rules`` then follow in the order listed.
+        method: the ``method:`` preset that is GRPO plus this rule, if any.
+        reads_fields: fields of other rules' mixins that this rule reads (so they are not reported as ignored).
+        needs_generation_statistics: the rule's controller reads the generating policy's entropy, so p and H are
+            computed at generation time even when ``token_stats_source="loss"``.
+        report: what `stapo-trl report` draws for it.
+        help_title, help_options: its group in ``stapo-trl train -h``: ``(field, one-line help)`` pairs.
+    """
+
+    name: ClassVar[str] = ""
+    title: ClassVar[str] = ""
+    switch: ClassVar[str | None] = None
+    config_mixin: ClassVar[type | None] = None
+    order: ClassVar[int] = 1000
+    method: ClassVar[RuleMethod | None] = None
+    reads_fields: ClassVar[tuple[str, ...]] = ()
+    needs_generation_statistics: ClassVar[bool] = False
+    report: ClassVar[RuleReport | None] = None
+    help_title: ClassVar[str | None] = None
+    help_options: ClassVar[tuple[tuple[str, str], ...]] = ()
+
+    # --- the rule itself
+    def apply(
+        self, log_probs: torch.Tensor, entropies: torch.Tensor, advantages: torch.Tensor, loss_mask: torch.Tensor, **p
+    ) -> TokenRuleResult:
+        raise NotImplementedError
+
+    def __call__(self, log_probs, entropies, advantages, loss_mask, **params) -> TokenRuleResult:
+        return self.apply(log_probs, entropies, advantages, loss_mask, **params)
+
+    def metric(self, statistic: str) -> str:
+        return rule_metric(self.name, statistic)
+
+    @property
+    def display_name(self) -> str:
+        return self.title or self.name
+
+    # --- configuration
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The config fields this rule owns (its mixin's)."""
+        if self.config_mixin is None:
+            return ()
+        return tuple(item.name for item in dataclasses.fields(self.config_mixin))
+
+    def is_on(self, config: Any) -> bool:
+        """Whether the rule is applied in a run with ``config``."""
+        if self.switch is not None:
+            return bool(getattr(config, self.switch, False))
+        return self.name in (getattr(config, "token_rules", None) or [])
+
+    def validate(self, config: Any, used: bool) -> None:
+        """Check this rule's fields of ``config``; ``used`` says whether the rule runs (applied or in shadow).
+        Raise a ValueError that says what to change."""
+
+    def params(self, config: Any, step: StepContext, controller: RuleController | None) -> dict[str, Any]:
+        """The keyword arguments of the rule function for one optimizer step."""
+        return dict((getattr(config, "token_rule_kwargs", None) or {}).get(self.name, {}))
+
+    def make_controller(self, config: Any) -> RuleController | None:
+        return None
+
+    # --- how it describes itself
+    def describe(self, config: Any) -> str:
+        """One line for the model card, the dry-run plan and the method description."""
+        return f"{self.name} (registered rule)"
+
+    def card_settings(self, config: Any) -> list[tuple[str, str]]:
+        """``(config field, meaning)`` rows of the model card's settings table."""
+        return []
+
+    def card_statistics(self, steps: list[dict[str, Any]]) -> list[str]:
+        """Markdown bullet lines about the rule over the logged steps, for the model card."""
+        return []
+
+    def summarize(self, records: list[dict[str, Any]]) -> dict[str, Any]:
+        """The end-of-run summary of the rule from the logged records (JSON-serializable), or ``{}``."""
+        return {}
+
+    def summary_lines(self, summary: dict[str, Any], steps: int) -> list[str]:
+        """Lines of the end-of-run console summary, from :meth:`summarize`'s result."""
+        return []
+
+    def step_line(self, logs: dict[str, Any]) -> list[str]:
+        """Parts of the one-line console summary of a logged step."""
+        return []
+
+
+class FunctionRuleSpec(TokenRuleSpec):
+    """The spec of a plain rule function registered with :func:`register_token_rule`: listed by name in the
+    config's ``token_rules``, with keyword arguments from ``token_rule_kwargs``."""
+
+    def __init__(self, name: str, function: TokenRule):
+        self.name = name
+        self.function = function
+
+    def apply(self, log_probs, entropies, advantages, loss_mask, **params) -> TokenRuleResult:
+        return self.function(log_probs, entropies, advantages, loss_mask, **params)
+
+    def __repr__(self) -> str:
+        return f"FunctionRuleSpec({self.name!r}, {self.function!r})"
+
+
+TOKEN_RULES: dict[str, TokenRuleSpec] = {}
+"""Every registered rule's spec, by name."""
+
+
+def register_token_rule_spec(spec: TokenRuleSpec) -> TokenRuleSpec:
+    """Register a rule spec under ``spec.name``. Names are unique; registering another spec under a taken name is an
+    error."""
+    if not spec.name:
+        raise ValueError(f"{type(spec).__name__} has no name.")
+    existing = TOKEN_RULES.get(spec.name)
+    same_class = existing is not None and _class_path(existing) == _class_path(spec)
+    if existing is not None and existing is not spec and not same_class:
+        raise ValueError(f"A token rule named {spec.name!r} is already registered ({existing!r}).")
+    TOKEN_RULES[spec.name] = spec
+    return spec
+
+
+def _class_path(spec: TokenRuleSpec) -> tuple[str, str]:
+    return type(spec).__module__, type(spec).__qualname__
 
 
 def register_token_rule(name: str) -> Callable[[TokenRule], TokenRule]:
-    """Register a token rule under ``name``, as a decorator. Names are unique; registering one twice is an error."""
+    """Register a plain rule function under ``name``, as a decorator (see :class:`FunctionRuleSpec`)."""
 
     def register(rule: TokenRule) -> TokenRule:
-        if name in TOKEN_RULES and TOKEN_RULES[name] is not rule:
-            raise ValueError(f"A token rule named {name!r} is already registered ({TOKEN_RULES[name]!r}).")
-        TOKEN_RULES[name] = rule
+        existing = TOKEN_RULES.get(name)
+        if existing is not None and getattr(existing, "function", None) is not rule:
+            raise ValueError(f"A token rule named {name!r} is already registered ({existing!r}).")
+        TOKEN_RULES[name] = FunctionRuleSpec(name, rule)
         return rule
 
     return register
 
 
-def get_token_rule(name: str) -> TokenRule:
+def get_token_rule(name: str) -> TokenRuleSpec:
+    """The spec registered under ``name``; it is callable as the rule function."""
     if name not in TOKEN_RULES:
         raise KeyError(
             f"No token rule named {name!r}. Registered rules: {', '.join(sorted(TOKEN_RULES))}. Register yours with "
             "@stapo_trl.token_rules.register_token_rule(name) before creating the config."
         )
     return TOKEN_RULES[name]
+
+
+def switched_rules() -> list[TokenRuleSpec]:
+    """The rules with a config switch (the built-in ones), in the order they apply."""
+    return sorted((spec for spec in TOKEN_RULES.values() if spec.switch is not None), key=lambda spec: spec.order)
+
+
+def active_rule_names(config: Any) -> list[str]:
+    """The rules a run with ``config`` applies, in order: switched-on rules by ``order``, then ``token_rules``."""
+    return [spec.name for spec in switched_rules() if spec.is_on(config)] + list(
+        getattr(config, "token_rules", None) or []
+    )
+
+
+def shadow_rule_names(config: Any) -> list[str]:
+    """The rules a run with ``config`` computes and logs without applying (``shadow_token_rules``), in apply order."""
+    shadowed = set(getattr(config, "shadow_token_rules", None) or [])
+    ordered = [spec.name for spec in switched_rules() if spec.name in shadowed]
+    return ordered + [name for name in getattr(config, "shadow_token_rules", None) or [] if name not in ordered]
+
+
+def rule_config_mixins() -> tuple[type, ...]:
+    """The config mixins of the registered rules, in apply order (`STAPOConfig` inherits them all)."""
+    return tuple(spec.config_mixin for spec in switched_rules() if spec.config_mixin is not None)
 
 
 def working_dtype(tensor: torch.Tensor) -> torch.dtype:
@@ -104,35 +330,61 @@ def _checked(name: str, result: TokenRuleResult, shape: torch.Size) -> TokenRule
 
 
 @dataclass(frozen=True)
+class RuleCall:
+    """One rule to apply in one optimizer step: its name, its keyword arguments, and whether it runs in shadow."""
+
+    name: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    shadow: bool = False
+
+
+@dataclass(frozen=True)
 class ComposedTokenRules:
-    """The outcome of several rules: the kept tokens, the product of the weights, and each rule's statistics."""
+    """The outcome of several rules: the kept tokens, the product of the weights, each rule's statistics, and the
+    tokens each shadow rule would have dropped."""
 
     keep: torch.Tensor
     weights: torch.Tensor | None
     stats: dict[str, dict[str, float | int]]
+    shadow_stats: dict[str, dict[str, float | int]] = field(default_factory=dict)
+    shadow_silenced: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def apply_token_rules(
-    rules: Sequence[tuple[str, dict[str, Any]]],
+    rules: Sequence[RuleCall | tuple[str, Mapping[str, Any]]],
     log_probs: torch.Tensor,
     entropies: torch.Tensor,
     advantages: torch.Tensor,
     loss_mask: torch.Tensor,
 ) -> ComposedTokenRules:
-    """Apply ``(name, params)`` rules in order. Each rule sees the loss mask narrowed by the rules before it.
+    """Apply rules in order. Each rule sees the loss mask narrowed by the applied rules before it.
 
-    ``keep`` is ``loss_mask`` with every rule's dropped tokens removed; ``weights`` is the product of the rules'
-    weights (None when no rule weights). Under ``torch.distributed``, call this on every rank with the same rules.
+    ``keep`` is ``loss_mask`` with every applied rule's dropped tokens removed; ``weights`` is the product of the
+    applied rules' weights (None when no rule weights). A shadow rule (``RuleCall(..., shadow=True)``) is computed on
+    the same narrowed mask, but its keep-mask and weights are not applied: its statistics go to ``shadow_stats`` and
+    the loss tokens it would have dropped to ``shadow_silenced``. Under ``torch.distributed``, call this on every rank
+    with the same rules.
     """
     validate_token_inputs(log_probs, entropies, advantages, loss_mask)
     keep = loss_mask.bool()
     weights = None
-    stats = {}
-    for name, params in rules:
-        result = _checked(name, get_token_rule(name)(log_probs, entropies, advantages, keep, **params), keep.shape)
+    stats, shadow_stats, shadow_silenced = {}, {}, {}
+    for call in rules:
+        if not isinstance(call, RuleCall):
+            call = RuleCall(*call)
+        result = _checked(
+            call.name, get_token_rule(call.name)(log_probs, entropies, advantages, keep, **call.params), keep.shape
+        )
+        if call.shadow:
+            shadow_stats[call.name] = dict(result.stats)
+            dropped = torch.zeros_like(keep) if result.keep is None else keep & ~result.keep
+            shadow_silenced[call.name] = dropped
+            continue
         if result.keep is not None:
             keep = keep & result.keep
         if result.weights is not None:
             weights = result.weights if weights is None else weights * result.weights
-        stats[name] = dict(result.stats)
-    return ComposedTokenRules(keep=keep, weights=weights, stats=stats)
+        stats[call.name] = dict(result.stats)
+    return ComposedTokenRules(
+        keep=keep, weights=weights, stats=stats, shadow_stats=shadow_stats, shadow_silenced=shadow_silenced
+    )

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 
 from ..distributed import all_gather_variable, all_reduce_sum
-from .registry import TokenRuleResult, register_token_rule, validate_token_inputs, working_dtype
+from .registry import TokenRuleResult, validate_token_inputs, working_dtype
 
 STARE_VARIANTS = ("O1", "C2")
 
@@ -166,7 +166,6 @@ def stare_token_weights(
     return STAREWeights(weights, selected_positive, selected_negative, stats)
 
 
-@register_token_rule("stare")
 def stare_rule(
     log_probs: torch.Tensor,
     entropies: torch.Tensor,

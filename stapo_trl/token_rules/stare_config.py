@@ -118,8 +118,9 @@ class STAREConfigMixin:
         },
     )
 
-    def validate_stare_fields(self) -> None:
-        """Check the STARE fields; called by the config's ``__post_init__``."""
+    def validate_stare_fields(self, used: bool = True) -> None:
+        """Check the STARE fields; ``used`` says whether STARE runs, so that the settings that only some variants and
+        modes read are checked against the ones it runs with."""
         if isinstance(self.stare_variant, str):
             self.stare_variant = self.stare_variant.upper()
         if self.stare_variant not in STARE_VARIANTS:
@@ -152,17 +153,12 @@ class STAREConfigMixin:
                 f"The adaptive clamps must satisfy stare_max_positive_weight >= 1 and 0 < stare_min_negative_weight "
                 f"<= 1, got {self.stare_max_positive_weight} and {self.stare_min_negative_weight}."
             )
+        if not used:
+            return
         defaults = type(self).__dataclass_fields__
         changed = [
             name for name in defaults if name.startswith("stare_") and getattr(self, name) != defaults[name].default
         ]
-        if not self.use_stare:
-            if changed:
-                raise ValueError(
-                    f"{', '.join(changed)} set, but use_stare=False, so they would be ignored. Set use_stare=True "
-                    "(or method: stare), or remove them."
-                )
-            return
         unused = []
         if self.stare_variant == "O1" and "stare_negative_weight" in changed:
             unused.append("stare_negative_weight applies only to stare_variant='C2'")

@@ -21,11 +21,11 @@ import math
 import os
 from dataclasses import asdict, dataclass
 
-from ..names import STARE_STATE_FILE
-
 logger = logging.getLogger(__name__)
 
 GATE_MODES = ("entropy", "on", "off")
+STARE_STATE_FILE = "stare_controller_state.json"
+"""STARE's controller state, in each checkpoint."""
 STATE_KEYS = ("gate_on", "positive_weight", "negative_weight", "batch_entropy", "num_updates")
 
 
@@ -65,6 +65,14 @@ class STAREController:
             step = self.alpha * _sign(self.target_entropy - batch_entropy)
             self.positive_weight = min(max(self.positive_weight + step, 1.0), self.max_positive_weight)
             self.negative_weight = min(max(self.negative_weight - step, self.min_negative_weight), 1.0)
+
+    def metrics(self) -> dict[str, float]:
+        """What the trainer logs each optimizer step, under ``stare/<key>``."""
+        return {
+            "positive_weight": self.positive_weight,
+            "negative_weight": self.negative_weight,
+            "batch_entropy": self.batch_entropy,
+        }
 
     def state_dict(self) -> dict[str, float | int | bool | None]:
         state = {key: value for key, value in asdict(self).items() if key in STATE_KEYS}

@@ -1,0 +1,364 @@
+"""Where the per-token ``(log p, H)`` that the token rules read come from: one object, :class:`TokenStatistics`, with a
+begin/finish lifecycle per training generation.
+
+For each training generation the statistics come from the first of these that applies:
+
+1. ``"trl_pass"``: TRL's own old-log-prob pass, when TRL runs it (vLLM importance-sampling correction,
+   ``num_iterations > 1``, or misaligned gradient accumulation). Entropy is forced on in that pass, at no extra
+   forward.
+2. ``"generate"``: recorded while TRL's `generate()` samples, by hooks on the LM head
+   (:class:`~stapo_trl.fused_stats.generation.GenerationStatsRecorder`), when the trainer says recording is possible.
+3. ``"statistics_pass"``: one no-grad pass of this module per generation, with dropout off and the random streams
+   untouched, when ``token_stats_source="generation"`` or a rule's controller needs the generating policy's entropy.
+4. ``"deferred"``: none yet; with ``token_stats_source="loss"`` the pass runs when each optimizer step starts.
+
+The backend vocabulary of ``token_stats_backend`` and its resolver live here too. The ``"model_head"`` backend runs
+the whole model, its own LM head included, through TRL's fused head (the ``model_head_pass`` the trainer hands in);
+the others run the backbone and hand its hidden states and the LM head to
+:func:`stapo_trl.fused_stats.token_logprob_entropy`.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .fused_stats import backend_unavailable, resolve_backend, token_logprob_entropy
+from .fused_stats.generation import GenerationStatsRecorder
+from .names import ENTROPIES_KEY, LOG_PROBS_KEY
+
+logger = logging.getLogger(__name__)
+
+TOKEN_STATS_SOURCES = ("generation", "loss")
+DIRECT_BACKENDS = ("torch", "liger")
+"""The `stapo_trl.fused_stats` backends a statistics pass may be asked for by name."""
+TOKEN_STATS_BACKENDS = ("auto", "model_head", *DIRECT_BACKENDS)
+
+ORIGIN_TRL_PASS = "trl_pass"
+ORIGIN_GENERATE = "generate"
+ORIGIN_STATISTICS_PASS = "statistics_pass"
+ORIGIN_DEFERRED = "deferred"
+
+MULTIMODAL_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+)
+"""Batch keys that TRL's per-token pass takes for vision-language inputs."""
+LOGIT_TRANSFORM_ATTRIBUTES = (
+    "final_logit_softcapping",
+    "logit_scale",
+    "output_multiplier",
+    "lm_head_multiplier",
+    "logits_scaling",
+)
+"""Config attributes with which TRL's fused head rescales or soft-caps logits; the direct backends do neither."""
+
+
+def check_token_stats_backend(name: str) -> None:
+    """Raise a ValueError, saying what to change, for a ``token_stats_backend`` that is unknown or not installed."""
+    if name not in TOKEN_STATS_BACKENDS:
+        raise ValueError(f"token_stats_backend must be one of {TOKEN_STATS_BACKENDS}, got {name!r}.")
+    problem = backend_unavailable(name)
+    if problem is not None:
+        raise ValueError(f"token_stats_backend={name!r}: {problem}. Or set token_stats_backend='auto'.")
+
+
+def policy_parts(model: torch.nn.Module, accelerator) -> tuple[Any, Any, torch.nn.Module]:
+    """The transformers model under any DDP/PEFT wrapping, its backbone and its LM head."""
+    from accelerate.utils import is_peft_model
+
+    unwrapped = accelerator.unwrap_model(model)
+    base = unwrapped.get_base_model() if is_peft_model(unwrapped) else unwrapped
+    return base, base.base_model, base.get_output_embeddings()
+
+
+def logit_transforms(model) -> list[str]:
+    """The attributes of ``model``'s text config that transform logits after the LM head."""
+    text_config = model.config.get_text_config()
+    return [name for name in LOGIT_TRANSFORM_ATTRIBUTES if getattr(text_config, name, None) is not None]
+
+
+def sharding(is_fsdp_enabled: bool) -> str | None:
+    """Why the LM head may be sharded outside its module's forward (FSDP, ZeRO-3), or None."""
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+    if is_fsdp_enabled:
+        return "FSDP"
+    if is_deepspeed_zero3_enabled():
+        return "DeepSpeed ZeRO-3"
+    return None
+
+
+def resolve_token_stats_backend(
+    requested: str, base_model, lm_head: torch.nn.Module, *, vision_language: bool, sharded_by: str | None, device
+) -> str:
+    """The backend for ``requested``: ``"auto"`` picks TRL's fused head where the direct backends do not cover the
+    model (logit transforms, vision-language inputs, a sharded head); an explicit direct backend on such a model is
+    refused, or warned about under sharding."""
+    if requested == "model_head":
+        return "model_head"
+    blockers = logit_transforms(base_model)
+    if vision_language:
+        blockers.append("vision-language inputs")
+    if blockers:
+        if requested == "auto":
+            return "model_head"
+        raise ValueError(
+            f"token_stats_backend={requested!r} computes statistics from the backbone's hidden states and the LM "
+            f"head alone, which does not cover this model ({', '.join(blockers)}). Use token_stats_backend='model_head' "
+            "(the model's own TRL fused head) or 'auto'."
+        )
+    if sharded_by is not None:
+        if requested == "auto":
+            return "model_head"
+        logger.warning(
+            "token_stats_backend=%r under %s gathers the LM head outside the model's forward; this path is not "
+            "covered by stapo-trl's tests. token_stats_backend='model_head' (what 'auto' picks here) is.",
+            requested,
+            sharded_by,
+        )
+    return resolve_backend(requested, device, has_bias=lm_head.bias is not None)
+
+
+@contextmanager
+def side_effect_free_pass(model: torch.nn.Module):
+    """Run a forward that changes nothing but its result: dropout off (every module in eval mode, each module's mode
+    restored afterwards), and the torch, CUDA, NumPy and Python random streams forked, so that the training run draws
+    the same numbers with or without this pass."""
+    import numpy as np
+
+    modes = [(module, module.training) for module in model.modules()]
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    cuda_devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=cuda_devices):
+        model.eval()
+        try:
+            yield
+        finally:
+            for module, training in modes:
+                module.training = training
+            random.setstate(python_state)
+            np.random.set_state(numpy_state)
+
+
+ModelHeadPass = Callable[..., tuple[torch.Tensor, torch.Tensor | None, Any]]
+"""TRL's per-token pass: ``(model, input_ids, attention_mask, logits_to_keep, batch_size=, compute_entropy=, **mm)``
+returning ``(log_probs, entropies, aux)``."""
+
+
+@dataclass
+class _Generation:
+    """What one training generation has gathered so far."""
+
+    captured: list[tuple[torch.Tensor, torch.Tensor | None]] = field(default_factory=list)
+    recorder: GenerationStatsRecorder | None = None
+    generate_calls: int = 0
+
+
+class TokenStatistics:
+    """Per-token ``(log p, H)`` of a trainer's completions, from wherever they are cheapest (see the module
+    docstring), written into each generation batch under ``stapo_log_probs`` and ``stapo_entropies``.
+
+    Args:
+        source: ``token_stats_source``, ``"generation"`` or ``"loss"``.
+        backend: ``token_stats_backend`` as configured.
+        temperature: the sampling temperature; p and H are taken under it.
+        chunk_size: sequences per forward of the statistics pass (``per_device_train_batch_size``).
+        get_model: returns the model as the trainer holds it now (wrapping may change when training starts).
+        accelerator: the trainer's accelerator (unwrapping, autocast, device).
+        model_head_pass: TRL's per-token pass, used by the ``"model_head"`` backend.
+        gradient_checkpointing_kwargs: switched off during the statistics pass.
+        vision_language, fsdp: facts about the model that decide what ``"auto"`` resolves to.
+        generation_statistics_required: compute p and H at generation time even when ``source="loss"`` (a rule's
+            controller reads the generating policy's entropy).
+    """
+
+    def __init__(
+        self,
+        *,
+        source: str,
+        backend: str,
+        temperature: float,
+        chunk_size: int,
+        get_model: Callable[[], torch.nn.Module],
+        accelerator,
+        model_head_pass: ModelHeadPass,
+        gradient_checkpointing_kwargs: dict | None = None,
+        vision_language: bool = False,
+        fsdp: bool = False,
+        generation_statistics_required: bool = False,
+    ):
+        self.source = source
+        self.temperature = temperature
+        self.chunk_size = chunk_size
+        self._get_model = get_model
+        self._accelerator = accelerator
+        self._model_head_pass = model_head_pass
+        self._gradient_checkpointing_kwargs = gradient_checkpointing_kwargs
+        self.generation_statistics_required = generation_statistics_required
+        self.sharded_by = sharding(fsdp)
+        base, _, lm_head = self.policy_parts()
+        self.logit_transforms = logit_transforms(base)
+        self.backend = resolve_token_stats_backend(
+            backend,
+            base,
+            lm_head,
+            vision_language=vision_language,
+            sharded_by=self.sharded_by,
+            device=accelerator.device,
+        )
+        self.origin: str | None = None
+        """Where the last training generation's statistics came from: ``"trl_pass"``, ``"generate"``,
+        ``"statistics_pass"`` or ``"deferred"``."""
+        self.generation_step: int | None = None
+        """The optimizer steps completed when the last training generation's statistics were taken."""
+        self._generation: _Generation | None = None
+
+    def policy_parts(self) -> tuple[Any, Any, torch.nn.Module]:
+        return policy_parts(self._get_model(), self._accelerator)
+
+    # ------------------------------------------------------------------ one training generation
+    def begin_generation(self, *, record_generate: bool) -> None:
+        """Start gathering statistics for a training generation; ``record_generate`` says whether TRL's `generate()`
+        path may be recorded (the trainer knows why not: vLLM, beam search, tools, ...)."""
+        self._generation = _Generation(recorder=GenerationStatsRecorder(self.temperature) if record_generate else None)
+
+    @property
+    def is_gathering(self) -> bool:
+        return self._generation is not None
+
+    def capture(self, log_probs: torch.Tensor, entropies: torch.Tensor | None) -> None:
+        """Keep one result of TRL's per-token pass made during the generation (the old-log-prob pass among them)."""
+        if self._generation is not None:
+            self._generation.captured.append((log_probs, entropies))
+
+    def recording_generate(self):
+        """A context for one TRL `generate()` call: the first call of a generation is recorded; later ones (tool
+        turns) make the recording unusable and are not hooked."""
+        generation = self._generation
+        if generation is None:
+            return nullcontext()
+        generation.generate_calls += 1
+        if generation.recorder is None or generation.generate_calls > 1:
+            return nullcontext()
+        base, _, lm_head = self.policy_parts()
+        return generation.recorder.attached(base, lm_head)
+
+    def finish_generation(self, output: dict[str, Any], global_step: int) -> None:
+        """Write the generation's ``(log p, H)`` into ``output`` (TRL's generation batch), computing them with the
+        statistics pass when neither TRL's pass nor the recording gave them and they are needed now, and set
+        :attr:`origin`."""
+        generation, self._generation = self._generation, None
+        if generation is None:
+            return
+        stats, origin = None, ORIGIN_DEFERRED
+        old_log_probs = output.get("old_per_token_logps")
+        if old_log_probs is not None:
+            stats = next((pair for pair in generation.captured if pair[0] is old_log_probs), None)
+            origin = ORIGIN_TRL_PASS if stats is not None else origin
+        if stats is None and generation.recorder is not None and generation.generate_calls == 1:
+            stats = self._recorded(generation.recorder, output)
+            origin = ORIGIN_GENERATE if stats is not None else origin
+        if stats is None and (self.source == "generation" or self.generation_statistics_required):
+            stats, origin = self.compute(output), ORIGIN_STATISTICS_PASS
+        self.origin = origin
+        self.generation_step = global_step
+        if stats is not None:
+            output[LOG_PROBS_KEY], output[ENTROPIES_KEY] = stats
+
+    def abandon_generation(self) -> None:
+        """Drop what a generation that raised had gathered."""
+        self._generation = None
+
+    @staticmethod
+    def _recorded(recorder: GenerationStatsRecorder, output: dict[str, Any]):
+        completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]
+        recorded = recorder.finish(completion_ids)
+        if recorded is None:
+            return None
+        keep = completion_mask.bool()
+        return tuple(values.to(completion_ids.device).masked_fill(~keep, 0.0) for values in recorded)
+
+    # ------------------------------------------------------------------ one optimizer step
+    def ensure_for_step(self, step_batches: list[dict[str, Any]], global_step: int) -> None:
+        """Make sure every micro-batch of an optimizer step holds ``(log p, H)`` of the policy ``source`` names: with
+        ``"loss"``, recomputed unless the generation's statistics were taken at this very step."""
+        stale = global_step != self.generation_step
+        for batch in step_batches:
+            if LOG_PROBS_KEY not in batch or (self.source == "loss" and stale):
+                batch[LOG_PROBS_KEY], batch[ENTROPIES_KEY] = self.compute(batch)
+
+    @torch.no_grad()
+    def compute(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token ``(log_probs, entropies)`` ``[B, C]`` of the completions in a TRL batch under the current policy,
+        with the resolved backend, in chunks of ``chunk_size`` sequences. Padding positions get 0."""
+        model = self._get_model()
+        with side_effect_free_pass(model):
+            return self._forward(model, batch)
+
+    def _forward(self, model, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        from .trl_seams import disable_gradient_checkpointing, maybe_gather_lm_head_ctx
+
+        prompt_ids, completion_ids = batch["prompt_ids"], batch["completion_ids"]
+        completion_mask = batch["completion_mask"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([batch["prompt_mask"], completion_mask], dim=1)
+        num_completion_tokens = completion_ids.size(1)
+        chunk = self.chunk_size
+
+        with disable_gradient_checkpointing(model, self._gradient_checkpointing_kwargs):
+            if self.backend == "model_head":
+                multimodal = {key: batch[key] for key in MULTIMODAL_KEYS if batch.get(key) is not None}
+                log_probs, entropies, _ = self._model_head_pass(
+                    model,
+                    input_ids,
+                    attention_mask,
+                    num_completion_tokens,
+                    batch_size=chunk,
+                    compute_entropy=True,
+                    **multimodal,
+                )
+                return log_probs, entropies
+
+            _, backbone, lm_head = self.policy_parts()
+            weight, bias = lm_head.weight, lm_head.bias
+            if hasattr(weight, "full_tensor"):  # FSDP2 shards parameters as DTensors
+                weight = weight.full_tensor()
+                bias = None if bias is None else bias.full_tensor()
+            targets = completion_ids.masked_fill(completion_mask == 0, -100)
+            log_probs, entropies = [], []
+            for start in range(0, input_ids.size(0), chunk):
+                end = start + chunk
+                with self._accelerator.autocast():
+                    hidden = backbone(
+                        input_ids=input_ids[start:end], attention_mask=attention_mask[start:end], use_cache=False
+                    ).last_hidden_state
+                # The hidden state at position j predicts token j + 1.
+                hidden = hidden[:, -num_completion_tokens - 1 : -1].to(weight.device)
+                with maybe_gather_lm_head_ctx(weight, bias):
+                    chunk_log_probs, chunk_entropies = token_logprob_entropy(
+                        hidden,
+                        weight,
+                        targets[start:end].to(weight.device),
+                        bias=bias,
+                        temperature=self.temperature,
+                        backend=self.backend,
+                    )
+                log_probs.append(chunk_log_probs.float())
+                entropies.append(chunk_entropies.float())
+        device = completion_ids.device
+        return torch.cat(log_probs).to(device), torch.cat(entropies).to(device)
