@@ -15,8 +15,8 @@ from stapo_trl.cli.recipe import RecipeError, parse_train_args, resolve_accelera
 from stapo_trl.methods import METHOD_NAMES, method_preset
 
 PAPER_METHODS = ("stapo", "grpo", "20-entropy", "justrl", "stare")
-"""The methods of the paper's comparison and STARE, each with a recipe per model (a rule registered as a method
-of its own, for a study, may have none)."""
+"""The methods of the paper's comparison and STARE, each with a recipe per model (RANDOM is a control for the
+mechanism study and has none)."""
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
@@ -427,7 +427,7 @@ def test_help_all_lists_every_key_with_its_help(capsys):
     assert main(["train", "--help-all"]) == 0
     text = capsys.readouterr().out
     for option in (
-        "--method {stapo,grpo,20-entropy,justrl,stare}",
+        "--method {stapo,grpo,20-entropy,justrl,stare,random}",
         "--max_prompt_tokens",
         "--entropy_quantile",
         "--lora_r",

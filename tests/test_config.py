@@ -52,6 +52,7 @@ def test_every_stapo_field_has_help():
         "token_rules",
         "token_rule_kwargs",
         "shadow_token_rules",
+        "use_random_silencing",
         "gradient_probe_steps",
         "dump_silenced_tokens",
         "dump_tokens_per_step",

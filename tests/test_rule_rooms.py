@@ -107,5 +107,5 @@ def test_every_module_in_the_rules_package_is_imported_so_its_rule_registers():
 
     for module in pkgutil.iter_modules([str(RULES_PACKAGE)]):
         assert f"stapo_trl.token_rules.{module.name}" in sys.modules
-    assert {"s2t", "stare"} <= set(TOKEN_RULES)
-    assert importlib.import_module("stapo_trl.token_rules.stare_rule").STARERule.name in TOKEN_RULES
+    assert {"s2t", "stare", "random_silencing"} <= set(TOKEN_RULES)
+    assert importlib.import_module("stapo_trl.token_rules.random_silencing").RandomSilencingRule.name in TOKEN_RULES

@@ -1,0 +1,184 @@
+"""RANDOM silencing, the control for S2T, registered as ``"random_silencing"``.
+
+At each optimizer step it silences as many loss tokens as S2T would (same ``prob_threshold`` and
+``entropy_quantile``), drawn uniformly from the positive-advantage loss tokens, and the loss is renormalized over the
+kept tokens exactly as with S2T. If a run with it behaves like STAPO, what helps is removing that many tokens from
+positive responses, not which tokens S2T picks.
+
+Under ``torch.distributed`` each process draws as many tokens as S2T would silence among its own rows, from its own
+positive-advantage tokens: the total matches S2T's, but the draw is uniform within each process, not over the pool of
+all processes. The draw uses its own generator, seeded from the run's seed, the step and the process, so it neither
+reads nor advances torch's global random stream (sampling is the same as in a run without the rule).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..distributed import all_reduce_sum
+from .registry import (
+    RuleMethod,
+    TokenRuleResult,
+    TokenRuleSpec,
+    register_token_rule_spec,
+    rule_metric,
+    validate_token_inputs,
+)
+from .s2t import check_s2t_thresholds, spurious_token_mask
+
+RANDOM_NUM_SILENCED = rule_metric("random_silencing", "num_silenced")
+RANDOM_SILENCED_FRACTION = rule_metric("random_silencing", "silenced_fraction")
+RANDOM_OVERLAP = rule_metric("random_silencing", "num_also_spurious")
+
+
+def random_silencing_mask(
+    log_probs: torch.Tensor,
+    entropies: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    prob_threshold: float = 0.002,
+    entropy_quantile: float = 0.8,
+    seed: int = 0,
+) -> tuple[torch.Tensor, dict[str, float | int]]:
+    """Silence, uniformly at random among the positive-advantage loss tokens, as many tokens as
+    :func:`~stapo_trl.token_rules.spurious_token_mask` would silence with the same thresholds.
+
+    Args:
+        log_probs, entropies, advantages, loss_mask: as for :func:`~stapo_trl.token_rules.spurious_token_mask`.
+        prob_threshold, entropy_quantile: S2T's thresholds, which fix how many tokens are silenced.
+        seed: seeds the draw (a generator of its own; torch's global random stream is untouched).
+
+    Returns:
+        ``(silenced, stats)``: a bool ``[B, T]`` mask of the drawn tokens, and global statistics: ``num_tokens``,
+        ``num_positive`` (positive-advantage loss tokens), ``num_silenced`` (equal to S2T's count, unless a process
+        has fewer positive tokens than that), ``silenced_fraction`` and ``num_also_spurious`` (drawn tokens that S2T
+        would have silenced too).
+    """
+    validate_token_inputs(log_probs, entropies, advantages, loss_mask)
+    spurious, _ = spurious_token_mask(
+        log_probs, entropies, advantages, loss_mask, prob_threshold=prob_threshold, entropy_quantile=entropy_quantile
+    )
+    valid = loss_mask.bool()
+    expanded = advantages.detach().unsqueeze(1) if advantages.dim() == 1 else advantages.detach()
+    positive = valid & (expanded > 0).expand_as(valid)
+    positions = positive.flatten().nonzero().squeeze(1)
+    count = min(int(spurious.sum()), positions.numel())
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    drawn = positions[torch.randperm(positions.numel(), generator=generator)[:count].to(positions.device)]
+    silenced = torch.zeros(valid.numel(), dtype=torch.bool, device=valid.device)
+    silenced[drawn] = True
+    silenced = silenced.view_as(valid)
+    totals = all_reduce_sum(
+        torch.stack([valid.sum(), positive.sum(), silenced.sum(), (silenced & spurious).sum()]).double()
+    )
+    num_tokens, num_positive, num_silenced, overlap = (int(value) for value in totals.tolist())
+    stats = {
+        "num_tokens": num_tokens,
+        "num_positive": num_positive,
+        "num_silenced": num_silenced,
+        "silenced_fraction": num_silenced / num_tokens if num_tokens else 0.0,
+        "num_also_spurious": overlap,
+    }
+    return silenced, stats
+
+
+@dataclass
+class RandomSilencingConfigMixin:
+    r"""
+    The switch of RANDOM silencing, the control for S2T.
+
+    Parameters:
+        use_random_silencing (`bool`, *optional*, defaults to `False`):
+            At each optimizer step silence as many positive-advantage loss tokens as S2T would (with
+            `prob_threshold` and `entropy_quantile`), drawn uniformly, and renormalize the loss over the kept
+            tokens. Needs `use_s2t_mask=False`.
+    """
+
+    use_random_silencing: bool = field(
+        default=False,
+        metadata={
+            "help": "The control for S2T: at each optimizer step silence as many positive-advantage loss tokens as "
+            "S2T would (with prob_threshold and entropy_quantile), drawn uniformly at random, and renormalize the "
+            "loss over the kept tokens. Needs use_s2t_mask=False."
+        },
+    )
+
+
+class RandomSilencingRule(TokenRuleSpec):
+    """RANDOM silencing as a token rule: drops the drawn tokens; no weights."""
+
+    name = "random_silencing"
+    title = "RANDOM"
+    switch = "use_random_silencing"
+    config_mixin = RandomSilencingConfigMixin
+    order = 30
+    reads_fields = ("prob_threshold", "entropy_quantile")
+    method = RuleMethod(
+        "random",
+        "RANDOM",
+        "GRPO/DAPO with as many positive-advantage tokens silenced as S2T would silence, drawn uniformly at random, "
+        "and the loss renormalized over the kept tokens: the control for STAPO",
+    )
+
+    def apply(self, log_probs, entropies, advantages, loss_mask, **params) -> TokenRuleResult:
+        silenced, stats = random_silencing_mask(log_probs, entropies, advantages, loss_mask, **params)
+        return TokenRuleResult(keep=~silenced, stats=stats)
+
+    def validate(self, config: Any, used: bool) -> None:
+        if not used:
+            return
+        check_s2t_thresholds(config.prob_threshold, config.entropy_quantile)
+        if self.is_on(config) and config.use_s2t_mask:
+            raise ValueError(
+                "use_random_silencing=True is the control for S2T and runs instead of it: set use_s2t_mask=False "
+                "(method: random does both). To log what S2T would silence in the same run, add "
+                "shadow_token_rules: [s2t]."
+            )
+
+    def params(self, config: Any, step, controller) -> dict[str, Any]:
+        return {
+            "prob_threshold": config.prob_threshold,
+            "entropy_quantile": config.entropy_quantile,
+            "seed": (config.seed * 1_000_003 + step.global_step) * 1_009 + step.process_index,
+        }
+
+    def describe(self, config: Any) -> str:
+        return (
+            f"RANDOM silencing on: as many positive-advantage tokens as S2T would silence at prob_threshold "
+            f"{config.prob_threshold}, entropy_quantile {config.entropy_quantile}, drawn uniformly"
+        )
+
+    def card_settings(self, config: Any) -> list[tuple[str, str]]:
+        return [
+            ("prob_threshold", "S2T's tau_p, which sets how many tokens are drawn"),
+            ("entropy_quantile", "S2T's q, which sets how many tokens are drawn"),
+        ]
+
+    def summarize(self, records: list[dict[str, Any]]) -> dict[str, Any]:
+        logged = [record for record in records if record.get(RANDOM_SILENCED_FRACTION) is not None]
+        if not logged:
+            return {}
+        return {
+            "silenced_tokens": int(sum(record.get(RANDOM_NUM_SILENCED, 0) for record in logged)),
+            "also_spurious": int(sum(record.get(RANDOM_OVERLAP, 0) for record in logged)),
+            "silenced_fraction": sum(record[RANDOM_SILENCED_FRACTION] for record in logged) / len(logged),
+        }
+
+    def summary_lines(self, summary: dict[str, Any], steps: int) -> list[str]:
+        return [
+            f"RANDOM silenced:          {summary['silenced_tokens']} tokens ({100 * summary['silenced_fraction']:.3f}% "
+            f"of loss tokens), {summary['also_spurious']} of them spurious by S2T"
+        ]
+
+    def step_line(self, logs: dict[str, Any]) -> list[str]:
+        if RANDOM_SILENCED_FRACTION not in logs:
+            return []
+        fraction, count = logs[RANDOM_SILENCED_FRACTION], int(logs.get(RANDOM_NUM_SILENCED, 0))
+        return [f"random-silenced {100 * fraction:.3f}% ({count} tok)"]
+
+
+register_token_rule_spec(RandomSilencingRule())
