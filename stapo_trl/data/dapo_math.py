@@ -69,24 +69,51 @@ def _detect_schema(dataset: Dataset, label: str) -> str:
     )
 
 
-def _user_text(messages: Any) -> str:
-    if not isinstance(messages, list) or not messages:
+def _user_text(messages: Any, row: int, label: str) -> str:
+    """The last user message of a verl row's ``prompt``, or "" for an empty one; a row in another shape is refused
+    with its row number."""
+    if messages is None or (isinstance(messages, list) and not messages):
         return ""
-    users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
-    chosen = (users or messages)[-1]
-    content = chosen.get("content") if isinstance(chosen, dict) else None
-    return content if isinstance(content, str) else ""
+    if not isinstance(messages, list) or not all(isinstance(message, dict) for message in messages):
+        raise DatasetSchemaError(
+            f"{label}, row {row} (counting from 0): prompt is {_kind(messages)}; in the {_VERL_SCHEMA} it is a list of "
+            "{role, content} messages."
+        )
+    if any("role" not in message and {"from", "value"} <= set(message) for message in messages):
+        raise DatasetSchemaError(
+            f"{label}, row {row} (counting from 0): the prompt's messages use ShareGPT's {{from, value}} keys. Convert them to "
+            "{role, content} (from: human -> role: user, from: gpt -> role: assistant, value -> content) first."
+        )
+    users = [message for message in messages if message.get("role") == "user"]
+    content = (users or messages)[-1].get("content")
+    if content is not None and not isinstance(content, str):
+        raise DatasetSchemaError(
+            f"{label}, row {row} (counting from 0): the user message's content is {_kind(content)}, not text."
+        )
+    return content or ""
 
 
-def _normalize_rows(batch: dict[str, list], indices: list[int], *, schema: str, style: str, system_prompt: str | None):
+def _kind(value: Any) -> str:
+    text, name = repr(value), type(value).__name__
+    article = "an" if name[0] in "aeiou" else "a"
+    return f"{article} {name} ({text[:40] + '...' if len(text) > 40 else text})"
+
+
+def _normalize_rows(
+    batch: dict[str, list], indices: list[int], *, schema: str, style: str, system_prompt: str | None, label: str
+):
     out: dict[str, list] = {name: [] for name in ROW_FEATURES}
     for offset, index in enumerate(indices):
         if schema == "verl":
-            original = _user_text(batch["prompt"][offset])
+            original = _user_text(batch["prompt"][offset], index, label)
             reward_model = batch["reward_model"][offset] or {}
             gold = gold_text(reward_model.get("ground_truth"))
         else:
             original = batch["prompt"][offset] or ""
+            if not isinstance(original, str):
+                raise DatasetSchemaError(
+                    f"{label}, row {index} (counting from 0): prompt is {_kind(original)}; in the {_OPEN_R1_SCHEMA} it is text."
+                )
             gold = gold_text(batch["solution"][offset])
         extra_info = batch["extra_info"][offset] if "extra_info" in batch else None
         row_id = extra_info.get("index") if isinstance(extra_info, dict) else None
@@ -206,7 +233,7 @@ def load_dapo_math(
         with_indices=True,
         remove_columns=raw.column_names,
         features=ROW_FEATURES,
-        fn_kwargs={"schema": schema, "style": prompt_style, "system_prompt": system_prompt},
+        fn_kwargs={"schema": schema, "style": prompt_style, "system_prompt": system_prompt, "label": label},
         num_proc=num_proc,
         desc="Formatting DAPO-Math-17K",
     )
