@@ -206,3 +206,13 @@ def test_bad_shapes_are_rejected():
         spurious_token_mask(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(3), torch.ones(2, 3))
     with pytest.raises(ValueError, match="log_probs must be \\[B, T\\]"):
         spurious_token_mask(torch.zeros(6), torch.zeros(6), torch.zeros(6), torch.ones(6))
+
+
+def test_probabilities_passed_as_log_probabilities_are_refused():
+    probabilities = torch.tensor([[0.001, 0.5, 0.9]])
+    with pytest.raises(ValueError, match=r"log_probs holds values above 0 \(the largest is 0.9\).*torch.log\(probs\)"):
+        spurious_token_mask(probabilities, torch.ones(1, 3), torch.tensor([1.0]), torch.ones(1, 3))
+    padding_only = torch.tensor([[math.log(0.001), 5.0]])  # a positive value outside the loss mask is not looked at
+    spurious_token_mask(padding_only, torch.ones(1, 2), torch.tensor([1.0]), torch.tensor([[1, 0]]))
+    rounding = torch.tensor([[math.log(0.001), 1e-6]])  # rounding above 0 passes
+    spurious_token_mask(rounding, torch.ones(1, 2), torch.tensor([1.0]), torch.ones(1, 2))

@@ -58,6 +58,22 @@ def logit_grad_sq_norm_lower_bound(log_probs: torch.Tensor, entropies: torch.Ten
     return (1 - 2 * probs + sum_sq_probs).clamp(min=0)
 
 
+POSITIVE_LOG_PROB_TOLERANCE = 1e-3
+"""A log-probability is at most 0; fused kernels can overshoot by rounding, far less than this."""
+
+
+def check_log_probabilities(log_probs: torch.Tensor, loss_mask: torch.Tensor) -> None:
+    """Refuse ``log_probs`` above 0 among the loss tokens: probabilities passed instead of log-probabilities would
+    otherwise silence nothing, without a word."""
+    counted = log_probs.detach()[loss_mask.bool()]
+    largest = counted[torch.isfinite(counted)].max() if counted.numel() else None
+    if largest is not None and float(largest) > POSITIVE_LOG_PROB_TOLERANCE:
+        raise ValueError(
+            f"log_probs holds values above 0 (the largest is {float(largest):.4g}), which no log-probability can be. "
+            "Pass natural-log probabilities, for example torch.log(probs), not probabilities."
+        )
+
+
 def spurious_token_mask(
     log_probs: torch.Tensor,
     entropies: torch.Tensor,
@@ -106,6 +122,7 @@ def spurious_token_mask(
     if not 0.0 <= entropy_quantile <= 1.0:
         raise ValueError(f"entropy_quantile must be in [0, 1], got {entropy_quantile}.")
     validate_token_inputs(log_probs, entropies, advantages, loss_mask)
+    check_log_probabilities(log_probs, loss_mask)
 
     log_probs = log_probs.detach().to(working_dtype(log_probs))
     entropies = entropies.detach().to(working_dtype(entropies))
