@@ -12,3 +12,14 @@ class UsageError(Exception):
     derives from it, next to the built-in class it has always been (``ValueError``, ``FileNotFoundError``,
     ``RuntimeError``), so code that catches those keeps working.
     """
+
+
+class UserCodeError(Exception):
+    """An exception raised in training by the user's own code (a reward function, a callback, an environment), or
+    TRL's refusal of what that code returned. It names the code (``source``) and the optimizer step (``step``, the
+    step being prepared when it raised); the original exception is its ``__cause__``."""
+
+    def __init__(self, message: str, *, source: str, step: int):
+        super().__init__(message)
+        self.source = source
+        self.step = step

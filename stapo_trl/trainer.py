@@ -51,6 +51,7 @@ from .rewards import resolve_reward_funcs
 from .token_rules import RuleCall, StepContext, apply_token_rules, get_token_rule
 from .token_stats import TokenStatistics, side_effect_free_pass
 from .trl_seams import GRPOSeams, disable_gradient_checkpointing, get_config_model_id
+from .user_code import reward_function_error, warn_about_infinite_rewards
 
 logger = logging.getLogger(__name__)
 
@@ -245,6 +246,20 @@ class STAPOTrainer(GRPOSeams):
         if self.token_stats.sharded_by is not None:
             return f"{self.token_stats.sharded_by} shards the LM head"
         return None
+
+    def calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        """TRL's rewards, with blame: an exception from a reward function becomes a `UserCodeError` that names it and
+        the step, and infinite rewards are warned about with the function that returned them."""
+        step = self.state.global_step + 1
+        try:
+            rewards = super().calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        except Exception as error:
+            blamed = reward_function_error(error, self.reward_funcs, self.reward_func_names, step)
+            if blamed is None:
+                raise
+            raise blamed from error
+        warn_about_infinite_rewards(rewards, self.reward_func_names, step)
+        return rewards
 
     def generate_single_turn(self, prompt_ids, *args, **kwargs):
         if self.token_stats is None:

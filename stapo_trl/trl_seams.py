@@ -27,6 +27,7 @@ TESTED_TRL = "1.16"
 
 __all__ = [
     "SEAMS",
+    "TRL_REWARD_COUNT_MESSAGE",
     "GRPOSeams",
     "Seam",
     "disable_gradient_checkpointing",
@@ -91,6 +92,14 @@ class GRPOSeams(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         return self.generate_and_score_completions(inputs)
+
+    def calculate_rewards(self, inputs, prompts, completions, completion_ids_list) -> torch.Tensor:
+        """TRL's ``_calculate_rewards``: the ``[completions, reward functions]`` rewards of this process's completions
+        (NaN where a function returned None), before they are gathered across processes."""
+        return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        return self.calculate_rewards(inputs, prompts, completions, completion_ids_list)
 
     def generate_single_turn(self, prompt_ids, *args, **kwargs) -> tuple[Any, Any]:
         """TRL's ``_generate_single_turn``: one round of sampling, ``(completion_ids, logprobs)``."""
@@ -226,6 +235,24 @@ def _check_generate_and_score() -> list[str]:
     return problems + _missing(source, '"num_items_in_batch"', '"advantages"', '"completion_mask"', '"tool_mask"')
 
 
+TRL_REWARD_COUNT_MESSAGE = "The reward function '"
+"""How TRL's refusal of a reward function's output starts (it then names the function and the counts)."""
+
+
+def _check_calculate_rewards() -> list[str]:
+    problems = []
+    if _parameters(GRPOTrainer._calculate_rewards) != [
+        "self",
+        "inputs",
+        "prompts",
+        "completions",
+        "completion_ids_list",
+    ]:
+        problems.append("_calculate_rewards no longer takes (self, inputs, prompts, completions, completion_ids_list)")
+    source = _source(GRPOTrainer._calculate_rewards)
+    return problems + _missing(source, "return rewards_per_func", TRL_REWARD_COUNT_MESSAGE, "torch.nan")
+
+
 def _check_generate_single_turn() -> list[str]:
     return _missing(_source(GRPOTrainer._generate_single_turn), "return completion_ids, logprobs")
 
@@ -318,6 +345,14 @@ SEAMS: tuple[Seam, ...] = (
         "advantages, num_items_in_batch (the loss-token count of the whole generation over all processes).",
         "Extra batch-first keys added to that dict survive TRL's shuffle and split into micro-batches.",
         _check_generate_and_score,
+    ),
+    Seam(
+        "calculate_rewards",
+        "_calculate_rewards(inputs, prompts, completions, completion_ids_list) calls every reward function on this "
+        "process's completions and returns rewards_per_func [completions, functions], None as NaN; it refuses an "
+        "output of the wrong length with a ValueError that starts \"The reward function '<name>'\".",
+        "Wrapping it names the user's reward function that raised, and the step, and warns about infinite rewards.",
+        _check_calculate_rewards,
     ),
     Seam(
         "generate_single_turn",

@@ -23,6 +23,7 @@ LAYERS = (
             "trl_seams",
             "token_stats",
             "gradient_probe",
+            "user_code",
             "resume",
             "callbacks",
             "methods",

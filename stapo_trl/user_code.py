@@ -1,0 +1,78 @@
+"""Blame where it belongs: an exception raised in training by the user's own reward function is reported as coming
+from that function, at that step; rewards that are infinite are reported with the function that returned them."""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .errors import UserCodeError
+from .trl_seams import TRL_REWARD_COUNT_MESSAGE
+
+logger = logging.getLogger(__name__)
+
+
+def _code_objects(function: Any) -> set:
+    """The code objects of a reward function: a function's own, or a callable object's ``__call__``."""
+    found = set()
+    call = type(function).__call__ if not hasattr(function, "__code__") and callable(function) else None
+    for candidate in (function, call, getattr(function, "func", None)):
+        code = getattr(candidate, "__code__", None)
+        if code is not None:
+            found.add(code)
+    return found
+
+
+def raising_reward_function(error: BaseException, functions: Sequence[Any], names: Sequence[str]) -> str | None:
+    """The name of the reward function whose code raised ``error`` (a frame of its traceback runs that function's
+    code), or whose output TRL refused (TRL's message names it); None when the error came from elsewhere."""
+    codes = {code: name for function, name in zip(functions, names, strict=True) for code in _code_objects(function)}
+    for frame, _ in traceback.walk_tb(error.__traceback__):
+        if frame.f_code in codes:
+            return codes[frame.f_code]
+    message = str(error)
+    if isinstance(error, ValueError) and message.startswith(TRL_REWARD_COUNT_MESSAGE):
+        return message[len(TRL_REWARD_COUNT_MESSAGE) :].split("'", 1)[0]
+    return None
+
+
+def reward_function_error(
+    error: BaseException, functions: Sequence[Any], names: Sequence[str], step: int
+) -> UserCodeError | None:
+    """A `UserCodeError` that names the reward function behind ``error`` and the step, or None when it is not one."""
+    name = raising_reward_function(error, functions, names)
+    if name is None:
+        return None
+    return UserCodeError(
+        f"reward function {name!r} raised {type(error).__name__} at optimizer step {step}: {error}",
+        source=f"reward function {name!r}",
+        step=step,
+    )
+
+
+def warn_about_infinite_rewards(rewards: torch.Tensor, names: Sequence[str], step: int) -> list[str]:
+    """Warn, naming the function, when a reward function returned +inf or -inf: TRL averages it into the reward and
+    the advantages, so the step's mean reward is infinite and the advantages are NaN. Returns the names warned about.
+    (None, which TRL turns into NaN, is how a function says a completion is not its to score, and is not warned
+    about.)"""
+    warned = []
+    for column, name in enumerate(names):
+        infinite = torch.isinf(rewards[:, column])
+        if bool(infinite.any()):
+            warned.append(name)
+            logger.warning(
+                "Reward function %r returned %d infinite reward(s) of %d at optimizer step %d (the first at completion "
+                "%d: %s). TRL's mean reward and advantages become inf and NaN. Return finite scores, or None for a "
+                "completion the function does not score.",
+                name,
+                int(infinite.sum()),
+                infinite.numel(),
+                step,
+                int(infinite.nonzero()[0, 0]),
+                float(rewards[infinite.nonzero()[0, 0], column]),
+            )
+    return warned
