@@ -83,43 +83,73 @@ class StepSummaryProgressCallback(ProgressCallback):
         self.training_bar.write(step_summary(logs, state.global_step, state.max_steps))
 
 
-class StopAtCheckpointOnInterrupt(TrainerCallback):
-    """The first Ctrl-C (SIGINT) ends training after the current optimizer step, and the trainer saves a checkpoint
-    the usual way (weights, optimizer, scheduler, RNG and STAPO's state), so that `resume_from_checkpoint: last`
-    continues exactly there. A second Ctrl-C raises ``KeyboardInterrupt`` at once, without a checkpoint.
+STOPPING_SIGNALS = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+"""The signals that stop training at a checkpoint: Ctrl-C, and SIGTERM, which Slurm, Kubernetes and spot preemption
+send before they kill a job."""
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+"""The exit code of a run stopped by each signal: 128 + the signal number, as a shell reports a process it killed."""
 
-    Install it in a single-process run only, on the main thread: with several processes each would receive the signal
-    at a different step. ``interrupted`` says whether training stopped this way.
+
+class StopAtCheckpointOnSignal(TrainerCallback):
+    """The first Ctrl-C (SIGINT) or SIGTERM ends training after the current optimizer step, and the trainer saves a
+    checkpoint the usual way (weights, optimizer, scheduler, RNG and STAPO's state), even with ``save_strategy:
+    "no"``, so that ``resume_from_checkpoint: last`` continues exactly there. A second one raises
+    ``KeyboardInterrupt`` at once, without a checkpoint.
+
+    With several processes, each installs the handler, and at the end of every optimizer step they agree (one small
+    all-reduce) whether any of them was signalled, so that all stop after the same step and save one checkpoint
+    together, whichever process the signal reached. Install it on the main thread. ``signal_received`` is the signal
+    that stopped training, or None.
     """
 
-    def __init__(self) -> None:
-        self.interrupted = False
-        self._previous_handler = None
+    def __init__(self, signals=tuple(STOPPING_SIGNALS)) -> None:
+        self.signals = tuple(signals)
+        self.signal_received: int | None = None
+        self._local_signal: int | None = None
+        self._previous_handlers: dict[int, object] = {}
+
+    @property
+    def interrupted(self) -> bool:
+        return self.signal_received is not None
 
     def _handle(self, signum, frame) -> None:
-        if self.interrupted:
+        if self._local_signal is not None:
             self.restore()
             raise KeyboardInterrupt
-        self.interrupted = True
+        self._local_signal = signum
         print(
-            "\nCtrl-C: training stops after this optimizer step and saves a checkpoint to resume from. "
-            "Press Ctrl-C again to stop at once, without one.",
+            f"\n{STOPPING_SIGNALS.get(signum, signum)}: training stops after this optimizer step and saves a checkpoint "
+            "to resume from. Send it again to stop at once, without one.",
             file=sys.stderr,
             flush=True,
         )
 
     def restore(self) -> None:
-        """Put back the SIGINT handler that was there before training began (a no-op once done)."""
-        if self._previous_handler is not None:
-            signal.signal(signal.SIGINT, self._previous_handler)
-            self._previous_handler = None
+        """Put back the handlers that were there before training began (a no-op once done)."""
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers = {}
 
     def on_train_begin(self, args, state, control, **kwargs):
         if threading.current_thread() is threading.main_thread():
-            self._previous_handler = signal.signal(signal.SIGINT, self._handle)
+            for signum in self.signals:
+                self._previous_handlers[signum] = signal.signal(signum, self._handle)
+
+    def _agreed_signal(self) -> int | None:
+        """The signal any process received, agreed on by all of them (this process's alone when not distributed)."""
+        import torch
+
+        from .distributed import all_reduce_max, world_size
+
+        if world_size() == 1:
+            return self._local_signal
+        agreed = int(all_reduce_max(torch.tensor([self._local_signal or 0]))[0])
+        return agreed or None
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.interrupted:
+        agreed = self._agreed_signal()
+        if agreed is not None:
+            self.signal_received = agreed
             control.should_save = True
             control.should_training_stop = True
 

@@ -1,4 +1,6 @@
-"""Ctrl-C during `stapo-trl train`: the run stops at a checkpoint, says how to resume, exits 130, and resumes."""
+"""Ctrl-C or SIGTERM (what Slurm, Kubernetes and spot preemption send) during `stapo-trl train`: the run stops at a
+checkpoint even with save_strategy "no", says how to resume, exits 130 or 143, and the printed command completes the
+run with every step logged once. With two processes, a signal to either stops both after the same step."""
 
 from __future__ import annotations
 
@@ -82,16 +84,21 @@ def recipe(tmp_path) -> Path:
     return path
 
 
-def test_ctrl_c_saves_a_checkpoint_prints_the_resume_command_exits_130_and_the_run_resumes(recipe, tmp_path):
+@pytest.mark.parametrize(
+    ("signum", "name", "code"), [(signal.SIGINT, "Ctrl-C", 130), (signal.SIGTERM, "SIGTERM", 143)]
+)
+def test_a_signal_saves_a_checkpoint_prints_the_resume_command_and_the_run_resumes(
+    recipe, tmp_path, signum, name, code
+):
     run = tmp_path / "run"
     process = start_training(recipe)
     wait_for_step(run / "metrics.jsonl", process, step=2)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signum)
     out, err = process.communicate(timeout=240)
 
-    assert process.returncode == 130, err[-3000:]
+    assert process.returncode == code, err[-3000:]
     assert "Traceback" not in err
-    assert "Ctrl-C: training stops after this optimizer step and saves a checkpoint" in err
+    assert f"{name}: training stops after this optimizer step and saves a checkpoint" in err
     checkpoints = sorted(run.glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
     assert checkpoints and (checkpoints[-1] / "trainer_state.json").is_file()
     stopped_at = int(checkpoints[-1].name.split("-")[1])
@@ -122,3 +129,49 @@ def test_a_second_run_into_a_finished_output_dir_is_refused_and_overwrite_replac
     assert replaced.returncode == 0, replaced.stderr[-3000:]
     assert "overwrite_output_dir: deleted the earlier run's" in replaced.stderr
     assert json.loads((tmp_path / "run" / "run_summary.json").read_text())["steps"] == 2
+
+
+def worker_pids(agent: subprocess.Popen) -> dict[int, int]:
+    """The torchrun agent's worker processes, by rank."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        found = {}
+        children = subprocess.run(["pgrep", "-P", str(agent.pid)], capture_output=True, text=True).stdout.split()
+        for pid in map(int, children):
+            environment = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            ranks = [entry.split(b"=", 1)[1] for entry in environment if entry.startswith(b"RANK=")]
+            if ranks:
+                found[int(ranks[0])] = pid
+        if len(found) == 2:
+            return found
+        time.sleep(0.5)
+    raise AssertionError("torchrun did not start two workers")
+
+
+@pytest.mark.distributed
+def test_sigterm_to_one_of_two_processes_stops_both_after_the_same_step_at_one_checkpoint(recipe, tmp_path):
+    run = tmp_path / "run"
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        + ["-m", "stapo_trl", "train", "--config", str(recipe), "--per_device_train_batch_size", "2"],
+        cwd=REPO,
+        env=ENVIRONMENT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    ranks = worker_pids(agent)
+    wait_for_step(run / "metrics.jsonl", agent, step=2)
+    os.kill(ranks[1], signal.SIGTERM)  # the non-main process: the main one must learn of it
+    out, err = agent.communicate(timeout=300)
+
+    assert "SIGTERM: training stops after this optimizer step" in err
+    checkpoints = sorted(run.glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
+    assert len(checkpoints) == 1 and (checkpoints[0] / "trainer_state.json").is_file(), err[-3000:]
+    stopped_at = int(checkpoints[0].name.split("-")[1])
+    state = json.loads((checkpoints[0] / "trainer_state.json").read_text())
+    assert state["global_step"] == stopped_at >= 2
+    assert "--resume_from_checkpoint last" in err
+    assert err.count("Continue from it with:") == 1  # the main process prints the resume command, once
+    # torchrun reports the first rank to exit; it then stops the other, so only the first is sure to show 143.
+    assert "exitcode  : 143" in err

@@ -1,5 +1,6 @@
-"""What `stapo-trl train` checks before it loads a model: the output directory, the checkpoint to resume from, and
-vLLM. Each check refuses input that would otherwise fail minutes later, or overwrite an earlier run."""
+"""What `stapo-trl train` checks before it loads a model: the output directory (and that no other run holds it), the
+checkpoint to resume from, and vLLM. Each check refuses input that would otherwise fail minutes later, or overwrite an
+earlier run."""
 
 from __future__ import annotations
 
@@ -34,6 +35,51 @@ RUN_FILES = (
 """Files that a finished or running `stapo-trl train` leaves in its output directory. Together with the
 ``checkpoint-N`` directories they mark an earlier run, and they are what ``overwrite_output_dir`` deletes (the
 other files a run writes, such as the tokenizer and the model card, are written again by the new run)."""
+
+
+LOCK_FILE = ".stapo-trl.lock"
+"""Held (``flock``) by the main process of the `stapo-trl train` that uses the output directory, for as long as it
+runs; it holds that process's PID. The kernel releases the lock when the process ends, however it ends, so a killed
+run leaves no stale lock."""
+
+
+class OutputDirLock:
+    """An exclusive lock on an output directory for this process's lifetime (or until `release`)."""
+
+    def __init__(self, output_dir: str | Path):
+        import datetime
+        import fcntl
+        import os
+        import socket
+
+        directory = Path(output_dir)
+        if directory.exists() and not directory.is_dir():
+            raise RecipeError(
+                f"output_dir {str(output_dir)!r} is a file, not a directory. Choose another --output_dir."
+            )
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / LOCK_FILE
+        self._file = open(self.path, "a+")  # noqa: SIM115 (held open: the lock lives as long as the file)
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.seek(0)
+            holder = self._file.read().strip() or "unknown"
+            self._file.close()
+            raise RecipeError(
+                f"output_dir {str(output_dir)!r} is in use by another stapo-trl train ({holder}). Two runs in one "
+                "output_dir would overwrite each other's checkpoints and logs: wait for it to finish, stop it, or "
+                "choose another --output_dir."
+            ) from None
+        self._file.seek(0)
+        self._file.truncate()
+        started = datetime.datetime.now().isoformat(timespec="seconds")
+        self._file.write(f"PID {os.getpid()} on {socket.gethostname()}, started {started}")
+        self._file.flush()
+
+    def release(self) -> None:
+        if not self._file.closed:
+            self._file.close()
 
 
 def earlier_run(output_dir: Path) -> list[str]:

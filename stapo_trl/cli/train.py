@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -315,13 +316,13 @@ def run_training(request: TrainRequest) -> RunSummary:
     from transformers import AutoTokenizer, ProgressCallback
     from trl import get_peft_config, get_quantization_config
 
-    from ..callbacks import MetricsFileCallback, StepSummaryProgressCallback, StopAtCheckpointOnInterrupt
+    from ..callbacks import MetricsFileCallback, StepSummaryProgressCallback, StopAtCheckpointOnSignal
     from ..diagnostics.report import plot_training_curves, read_metrics
     from ..evaluation import greedy_accuracy
     from ..resume import resolve_resume_checkpoint
     from ..rewards import get_reward_func
     from ..trainer import STAPOTrainer
-    from .preflight import check_output_dir, check_vllm
+    from .preflight import OutputDirLock, check_output_dir, check_vllm
 
     started = time.perf_counter()
     script, training, model_args = request.script, request.training, request.model
@@ -330,6 +331,7 @@ def run_training(request: TrainRequest) -> RunSummary:
     if not model_args.model_name_or_path:
         raise RecipeError("No model: set model_name_or_path in the recipe or on the command line.")
     check_vllm(training.use_vllm)
+    lock = OutputDirLock(training.output_dir) if state.is_main_process else None
     if state.is_main_process:
         note = check_output_dir(training.output_dir, training.resume_from_checkpoint, script.overwrite_output_dir)
         if note:
@@ -398,19 +400,17 @@ def run_training(request: TrainRequest) -> RunSummary:
         logger.info("Held-out greedy accuracy %s training: %s", label, result)
         return result.to_dict()
 
-    interrupt = StopAtCheckpointOnInterrupt() if state.num_processes == 1 else None
-    if interrupt is not None:
-        trainer.add_callback(interrupt)
+    interrupt = StopAtCheckpointOnSignal()
+    trainer.add_callback(interrupt)
 
     accuracy_before = evaluate("before") if heldout is not None else None
     training_started = time.perf_counter()
     try:
         trainer.train(resume_from_checkpoint=training.resume_from_checkpoint)
     finally:
-        if interrupt is not None:
-            interrupt.restore()
-    if interrupt is not None and interrupt.interrupted:
-        raise TrainingInterrupted(trainer.state.global_step)
+        interrupt.restore()
+    if interrupt.interrupted:
+        raise TrainingInterrupted(trainer.state.global_step, interrupt.signal_received)
     seconds_training = time.perf_counter() - training_started
     accuracy_after = evaluate("after") if heldout is not None else None
 
@@ -465,15 +465,19 @@ def run_training(request: TrainRequest) -> RunSummary:
         print(f"See what the mask did: stapo-trl report {output_dir}", flush=True)
     if hasattr(trainer, "end"):
         trainer.end()
+    if lock is not None:
+        lock.release()
     return summary
 
 
 class TrainingInterrupted(Exception):
-    """Ctrl-C stopped training after optimizer step ``step``, and the trainer saved a checkpoint there."""
+    """A signal (Ctrl-C or SIGTERM, ``signum``) stopped training after optimizer step ``step``, and the trainer saved
+    a checkpoint there."""
 
-    def __init__(self, step: int):
+    def __init__(self, step: int, signum: int = signal.SIGINT):
         super().__init__(f"interrupted after optimizer step {step}")
         self.step = step
+        self.signum = signum
 
 
 RESUME_FLAGS = ("--resume_from_checkpoint", "--overwrite_output_dir")
@@ -513,6 +517,7 @@ def interrupted_message(request: TrainRequest) -> str:
 
 
 def train_command(argv: list[str]) -> int:
+    from ..callbacks import EXIT_CODES
     from .help import HELP_ALL_FLAG, short_help
     from .plan import format_plan
     from .preflight import VLLM_MISSING, vllm_installed
@@ -535,7 +540,12 @@ def train_command(argv: list[str]) -> int:
         return launch(request, argv, request.cli_launch_tokens)
     try:
         run_training(request)
-    except (TrainingInterrupted, KeyboardInterrupt):
-        print(f"\n{interrupted_message(request)}", file=sys.stderr, flush=True)
+    except TrainingInterrupted as stopped:
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"\n{interrupted_message(request)}", file=sys.stderr, flush=True)
+        return EXIT_CODES.get(stopped.signum, 130)
+    except KeyboardInterrupt:
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"\n{interrupted_message(request)}", file=sys.stderr, flush=True)
         return 130
     return 0
