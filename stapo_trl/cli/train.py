@@ -516,8 +516,31 @@ def interrupted_message(request: TrainRequest) -> str:
     )
 
 
+def continue_hint(request: TrainRequest) -> str:
+    """How to go on after a run stopped early: resume from its newest complete checkpoint, or start again."""
+    from ..resume import last_complete_checkpoint
+
+    checkpoint = last_complete_checkpoint(request.training.output_dir)
+    if checkpoint is None:
+        return "No checkpoint was saved; after the fix, run the same command with --overwrite_output_dir true."
+    return f"The newest complete checkpoint is {checkpoint}; after the fix, continue from it with:\n  {resume_command(request)}"
+
+
+def user_code_failure(request: TrainRequest, error: BaseException) -> str:
+    """The report of an exception raised by the user's own code: its traceback (the user's frames), then which code
+    it was, at which step, and how to continue."""
+    import traceback
+
+    cause = error.__cause__ or error
+    trace = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
+    return (
+        f"{trace}\nstapo-trl train: {error}.\nThis came from your code, not from stapo-trl. {continue_hint(request)}"
+    )
+
+
 def train_command(argv: list[str]) -> int:
     from ..callbacks import EXIT_CODES
+    from ..errors import UserCodeError
     from .help import HELP_ALL_FLAG, short_help
     from .plan import format_plan
     from .preflight import VLLM_MISSING, vllm_installed
@@ -548,4 +571,8 @@ def train_command(argv: list[str]) -> int:
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"\n{interrupted_message(request)}", file=sys.stderr, flush=True)
         return 130
+    except UserCodeError as error:
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(user_code_failure(request, error), file=sys.stderr, flush=True)
+        return 1
     return 0
