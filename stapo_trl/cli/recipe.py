@@ -93,6 +93,22 @@ def _suggest(name: str, candidates) -> str:
     return f" Did you mean {matches[0]!r}?" if matches else ""
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that repeats a key (PyYAML keeps the last value without a word)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise RecipeError(
+                    f"the key {key!r} appears twice (lines {seen[key]} and {key_node.start_mark.line + 1}); YAML would "
+                    "silently keep the second. Keep one."
+                )
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     if path.is_dir():
@@ -103,9 +119,11 @@ def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
     if not path.is_file():
         raise RecipeError(f"Recipe not found: {path}. Pass the path of a YAML file, for example recipes/quickstart/.")
     try:
-        recipe = yaml.safe_load(path.read_text())
+        recipe = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as error:
         raise RecipeError(f"{path} is not valid YAML: {error}") from None
+    except RecipeError as error:
+        raise RecipeError(f"{path}: {error}") from None
     if recipe is None:
         return {}
     if not isinstance(recipe, dict):

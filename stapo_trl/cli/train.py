@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,43 @@ def launch(request: TrainRequest, argv: list[str], launch_tokens: list[str]) -> 
     arguments = launch_command_parser().parse_args([*request.launch_args, "-m", "stapo_trl", "train", *child_args])
     launch_command(arguments)
     return 0
+
+
+RENDEZVOUS_NOTE_SECONDS = 20.0
+"""How long the process group may take to form before `rendezvous_note` says what it is waiting for."""
+DISTRIBUTED_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@contextmanager
+def rendezvous_note():
+    """While the process group forms: if it takes longer than ``RENDEZVOUS_NOTE_SECONDS`` (the environment variable
+    ``STAPO_TRL_RENDEZVOUS_NOTE_SECONDS`` overrides it), print once which distributed variables make this process
+    wait for others. Variables left in a shell from an earlier torchrun otherwise make a one-process run wait forever
+    without a word."""
+    import threading
+
+    world_size = os.environ.get("WORLD_SIZE", "1")
+    if world_size in ("", "1"):
+        yield
+        return
+    found = ", ".join(f"{name}={os.environ[name]}" for name in DISTRIBUTED_VARIABLES if name in os.environ)
+
+    def note() -> None:
+        print(
+            f"[stapo-trl] still waiting for the other processes of a {world_size}-process run ({found}). If you meant "
+            f"to run one process, stop this one and unset WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR and MASTER_PORT "
+            "(left from an earlier torchrun?); otherwise start the other processes.",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    timer = threading.Timer(float(os.environ.get("STAPO_TRL_RENDEZVOUS_NOTE_SECONDS", RENDEZVOUS_NOTE_SECONDS)), note)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 class CurrentStderrHandler(logging.StreamHandler):
@@ -553,7 +591,8 @@ def train_command(argv: list[str]) -> int:
     if "-h" in argv or "--help" in argv:
         print(short_help())
         return 0
-    request = parse_train_args(argv)
+    with rendezvous_note():  # the training arguments set up torch.distributed from the environment
+        request = parse_train_args(argv)
     if request.script.dry_run:
         if request.training.use_vllm and not vllm_installed():
             request.notes.append(f"{VLLM_MISSING}: a real run on this machine would stop at this")
