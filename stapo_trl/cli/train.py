@@ -351,7 +351,7 @@ def silenced_examples(dump_path: Path, count: int = 3) -> list[str]:
 def run_training(request: TrainRequest) -> RunSummary:
     """Load, train, save (with TRL's model card), push if asked, and summarize."""
     from accelerate import PartialState
-    from transformers import AutoTokenizer, ProgressCallback
+    from transformers import ProgressCallback
     from trl import get_peft_config, get_quantization_config
 
     from ..callbacks import MetricsFileCallback, StepSummaryProgressCallback, StopAtCheckpointOnSignal
@@ -360,6 +360,7 @@ def run_training(request: TrainRequest) -> RunSummary:
     from ..resume import resolve_resume_checkpoint
     from ..rewards import get_reward_func
     from ..trainer import STAPOTrainer
+    from .model_checks import load_checked_tokenizer_and_config
     from .preflight import OutputDirLock, check_output_dir, check_vllm
 
     started = time.perf_counter()
@@ -388,8 +389,11 @@ def run_training(request: TrainRequest) -> RunSummary:
     model_path = resolve_model_path(model_args.model_name_or_path)
     if state.is_main_process:
         write_recipe(request, Path(training.output_dir))
-    tokenizer = AutoTokenizer.from_pretrained(
-        model_path, revision=model_args.model_revision, trust_remote_code=training.trust_remote_code
+    tokenizer, _ = load_checked_tokenizer_and_config(
+        model_path,
+        model_args.model_name_or_path,
+        revision=model_args.model_revision,
+        trust_remote_code=training.trust_remote_code,
     )
     try:
         train_dataset, heldout = load_datasets(script, tokenizer, training.seed)
