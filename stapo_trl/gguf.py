@@ -80,13 +80,41 @@ def gguf_checkpoint(reference: str | os.PathLike, cache_dir: str | os.PathLike |
 
     The weights are dequantized to fp32 by `transformers` (needs the `gguf` package). The cache key is the file's
     name, size and modification time, so a changed file is converted again. The directory is written under a temporary
-    name and renamed, so a killed conversion never leaves a half-written checkpoint behind.
+    name and renamed, so a killed conversion never leaves a half-written checkpoint behind; a cached conversion whose
+    weights cannot be read (damaged after the fact) is named in a warning and converted again.
     """
     source = resolve_gguf(reference)
     target = converted_checkpoint_dir(source, cache_dir)
     if (target / "config.json").is_file():
-        return target
+        problem = damaged_conversion(target)
+        if problem is None:
+            return target
+        logger.warning("The cached conversion %s is damaged (%s); converting %s again.", target, problem, source)
+        shutil.rmtree(target)
+    convert_gguf(source, target)
+    return target
 
+
+def damaged_conversion(target: Path) -> str | None:
+    """Why a cached conversion cannot be loaded (a weight file missing, or one whose header cannot be read, as a
+    killed copy or a full disk leaves it), or None when every weight file opens."""
+    from safetensors import safe_open
+
+    weights = sorted(target.glob("*.safetensors"))
+    if not weights:
+        return "no weight file"
+    for path in weights:
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                handle.keys()
+        except Exception as error:  # safetensors raises its own SafetensorError, not an OSError
+            return f"{path.name}: {error}"
+    return None
+
+
+def convert_gguf(source: Path, target: Path) -> None:
+    """Dequantize the GGUF file ``source`` with transformers and save it as a safetensors checkpoint at ``target``,
+    written under a temporary name and renamed, so that a killed conversion leaves nothing half-written."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     logger.warning(
@@ -110,4 +138,3 @@ def gguf_checkpoint(reference: str | os.PathLike, cache_dir: str | os.PathLike |
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return target
