@@ -21,6 +21,7 @@ LAYERS = (
             "config",
             "trainer",
             "trl_seams",
+            "colocated_vllm_cpu",
             "policy_stats",
             "resume",
             "callbacks",
