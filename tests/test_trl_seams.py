@@ -28,7 +28,11 @@ TRANSFORMERS_MODULES = (
 FOREIGN_PACKAGES = ("trl", "transformers", "accelerate", "peft")
 
 
-@pytest.mark.parametrize("seam", SEAMS, ids=lambda seam: seam.name)
+@pytest.mark.parametrize(
+    "seam",
+    [pytest.param(seam, marks=pytest.mark.vllm) if seam.requires == "vllm" else seam for seam in SEAMS],
+    ids=lambda seam: seam.name,
+)
 def test_seam_fits_the_installed_trl(seam):
     if not seam.can_check():
         pytest.skip(f"{seam.requires} is not installed; this seam is checked in the vLLM environment of .ci/run")
