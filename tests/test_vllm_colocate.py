@@ -120,17 +120,17 @@ def grpo_and_stapo_mask_off(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def two_processes(tmp_path_factory):
-    """STAPO on 2 processes (torchrun, gloo), 8 completions each per step (2 prompts x 8 generations, each group split
-    over both processes), 2 steps; prob_threshold 0.05 so that the pooled mask has candidates to silence. With groups
-    of 4 (4 completions per process) every group of the run scored all -1 here: no positive advantage, nothing to
-    silence."""
+    """STAPO on 2 processes (torchrun, gloo), 4 completions each per step, 2 steps. The mechanism is under test, not
+    the task: a dense vowel-count reward is added to the ``dapo`` reward so that every group has positive advantages
+    (with ``dapo`` alone every group of this run scored -1: nothing to silence), and prob_threshold is 0.05 so that
+    the pooled mask has candidates."""
     spec = {
         "trainer": "stapo",
         "learning_rate": 1e-5,
-        "per_device_train_batch_size": 8,
-        "num_generations": 8,
+        "per_device_train_batch_size": 4,
         "max_steps": 2,
         "prob_threshold": 0.05,
+        "vowel_reward": True,
     }
     return run_worker(spec, tmp_path_factory.mktemp("torchrun"), processes=2)
 

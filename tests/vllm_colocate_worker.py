@@ -136,10 +136,16 @@ def main(spec: dict, out_dir: str) -> None:
                     }
                 )
 
+    reward_funcs = [get_reward_func("dapo")]
+    if spec.get("vowel_reward"):
+        from tiny import count_vowels_chat_reward
+
+        # a dense reward with spread inside every group, so that advantages are never all zero
+        reward_funcs.append(count_vowels_chat_reward)
     with colocated_vllm_on_cpu():
         trainer = ProbedTrainer(
             model=model_path,
-            reward_funcs=[get_reward_func("dapo")],
+            reward_funcs=reward_funcs,
             args=config,
             train_dataset=dataset,
             peft_config=peft_config,
