@@ -82,7 +82,9 @@ def run(name: str, max_steps: int, output_dir: Path) -> dict:
     return record
 
 
-def summary(values: list[float]) -> dict[str, float]:
+def summary(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
     return {"median": round(statistics.median(values), 2), "min": min(values), "max": max(values)}
 
 
@@ -91,14 +93,26 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--max_steps", type=int, default=4)
     parser.add_argument("--output", type=Path, default=REPO / "docs" / "benchmarks" / "vllm_quickstart.json")
+    parser.add_argument(
+        "--from_log",
+        type=Path,
+        help="write the JSON from the run lines a finished benchmark printed, without rerunning",
+    )
     args = parser.parse_args()
+    if args.from_log:
+        lines = args.from_log.read_text().splitlines()
+        write_result([json.loads(line) for line in lines if line.startswith('{"recipe"')], args)
+        return
 
     runs = []
     with tempfile.TemporaryDirectory() as scratch:
         for pair in range(args.pairs):
             for name in ("generate", "vllm"):
                 runs.append(run(name, args.max_steps, Path(scratch) / f"{name}{pair}"))
+    write_result(runs, args)
 
+
+def write_result(runs: list[dict], args: argparse.Namespace) -> None:
     result = {
         "date": datetime.date.today().isoformat(),
         "commit": subprocess.run(
@@ -120,12 +134,14 @@ def main() -> None:
             "recipe": str(RECIPES[name].relative_to(REPO)),
             "wall_seconds": summary([record["wall_seconds"] for record in mine]),
             "cpu_seconds": summary([record["cpu_seconds"] for record in mine]),
+            "step_seconds": summary([seconds for record in mine for seconds in record["step_seconds"]]),
             "step_seconds_after_the_first": summary(later_steps),
             "load_average": summary([record["load_average_before"] for record in mine]),
         }
     result["vllm_over_generate"] = {
         key: round(result["vllm"][key]["median"] / result["generate"][key]["median"], 3)
-        for key in ("wall_seconds", "cpu_seconds", "step_seconds_after_the_first")
+        for key in ("wall_seconds", "cpu_seconds", "step_seconds", "step_seconds_after_the_first")
+        if result["vllm"][key] is not None
     }
     args.output.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({name: result[name] for name in (*RECIPES, "vllm_over_generate")}, indent=2))
