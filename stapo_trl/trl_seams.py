@@ -11,6 +11,7 @@ reads the installed TRL and transformers and lists what no longer fits. `tests/t
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -32,6 +33,7 @@ __all__ = [
     "Seam",
     "disable_gradient_checkpointing",
     "get_config_model_id",
+    "iter_vllm_weights",
     "maybe_gather_lm_head_ctx",
     "reseed_repeat_sampler",
     "save_model_without_push",
@@ -188,6 +190,13 @@ def save_model_without_push(trainer: Trainer, output_dir: str) -> None:
     trainer.save_model(output_dir, _internal_call=True)
 
 
+def iter_vllm_weights(generation) -> Any:
+    """The ``(name, tensor)`` pairs TRL's `VLLMGeneration` pushes into vLLM on a weight sync, one at a time, under
+    vLLM's names: PEFT adapters merged, ZeRO-3 and FSDP shards gathered (its ``_iter_named_params``). A generator: the
+    gathering and the adapter merge last until it is exhausted."""
+    return generation._iter_named_params()
+
+
 def set_model_name_or_path(config: PretrainedConfig, name: str) -> None:
     """Set the name transformers and TRL's model card read as the model's source (the config's ``_name_or_path``)."""
     config._name_or_path = name
@@ -204,6 +213,11 @@ class Seam:
     trl_does: str
     we_rely_on: str
     check: Callable[[], list[str]]
+    requires: str | None = None
+    """A package the check reads besides TRL and transformers (``"vllm"``); without it the check cannot run."""
+
+    def can_check(self) -> bool:
+        return self.requires is None or importlib.util.find_spec(self.requires) is not None
 
 
 def _source(function) -> str:
@@ -330,6 +344,118 @@ def _check_helpers() -> list[str]:
     ]
 
 
+# --- colocated vLLM on vLLM's CPU backend (stapo_trl.colocated_vllm_cpu) -------------------------------------------
+
+
+def _vllm_generation_class():
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    return VLLMGeneration
+
+
+def _check_vllm_engine_construction() -> list[str]:
+    import trl.generation.vllm_generation as trl_vllm_generation
+    import trl.trainer.grpo_trainer as trl_grpo_trainer
+    from trl import GRPOConfig
+
+    generation = _vllm_generation_class()
+    problems = []
+    wanted = ["model", "mode", "tensor_parallel_size", "gpu_memory_utilization", "enable_sleep_mode"]
+    missing = [name for name in wanted if name not in _parameters(generation.__init__)]
+    if missing:
+        problems.append(f"VLLMGeneration.__init__ no longer takes {missing}")
+    engine = _source(generation._init_vllm)
+    problems += _missing(engine, "self.llm = LLM(", 'distributed_executor_backend="external_launcher"')
+    problems += [
+        f"VLLMGeneration._init_vllm now passes {keyword}, which the CPU adapter adds itself"
+        for keyword in ("dtype=", "enforce_eager=", "kv_cache_memory_bytes=")
+        if keyword in engine
+    ]
+    problems += _missing(inspect.getsource(trl_vllm_generation), "    from vllm import LLM, ")
+    if getattr(trl_grpo_trainer, "VLLMGeneration", None) is not generation:
+        problems.append("trl.trainer.grpo_trainer no longer imports VLLMGeneration by that name")
+    problems += _missing(_source(GRPOTrainer.__init__), "self.vllm_generation = VLLMGeneration(")
+    default = GRPOConfig.__dataclass_fields__["vllm_gpu_memory_utilization"].default
+    if default != 0.3:
+        problems.append(f"GRPOConfig.vllm_gpu_memory_utilization defaults to {default}, not 0.3")
+    return problems
+
+
+def _check_vllm_weight_sync() -> list[str]:
+    generation = _vllm_generation_class()
+    problems = _missing(
+        _source(generation.sync_weights),
+        "for name, param in self._iter_named_params():",
+        "model_runner.model.load_weights([(name, param)])",
+        "self.llm.reset_prefix_cache()",
+    )
+    if not inspect.isgeneratorfunction(generation._iter_named_params) or _parameters(
+        generation._iter_named_params
+    ) != ["self"]:
+        problems.append("VLLMGeneration._iter_named_params is no longer a generator method without arguments")
+    single_turn = _source(GRPOTrainer._generate_single_turn)
+    problems += _missing(
+        single_turn, "if self.state.global_step != self._last_loaded_step:", "self.vllm_generation.sync_weights()"
+    )
+    return problems
+
+
+def _check_vllm_cpu_reload() -> list[str]:
+    from vllm import LLM
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    from vllm.v1.worker.gpu_worker import Worker
+
+    problems = _missing(
+        _source(UnquantizedLinearMethod.process_weights_after_loading),
+        "dispatch_cpu_unquantized_gemm(layer, remove_weight=True)",
+    )
+    parameters = _parameters(GPUModelRunner.reload_weights)
+    if parameters[:4] != ["self", "weights_iterator", "weights_path", "is_checkpoint_format"]:
+        problems.append(f"GPUModelRunner.reload_weights takes {parameters}")
+    problems += _missing(_source(GPUModelRunner.reload_weights), "initialize_layerwise_reload(model)")
+    problems += _missing(_source(Worker.reload_weights), "self.model_runner.reload_weights(")
+    if _parameters(LLM.collective_rpc)[:5] != ["self", "method", "timeout", "args", "kwargs"]:
+        problems.append("LLM.collective_rpc no longer takes (method, timeout, args, kwargs)")
+    return problems
+
+
+def _check_vllm_cpu_tied_head() -> list[str]:
+    from vllm.model_executor.layers import utils as layer_utils
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    problems = _missing(_source(UnquantizedEmbeddingMethod.tie_weights), "layer.weight = embed_tokens.weight")
+    problems += _missing(
+        _source(UnquantizedEmbeddingMethod.process_weights_after_loading),
+        "dispatch_cpu_unquantized_gemm(layer, remove_weight=False)",
+    )
+    return problems + _missing(_source(layer_utils.dispatch_cpu_unquantized_gemm), "layer.cpu_linear = ")
+
+
+def _check_vllm_cpu_worker() -> list[str]:
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.platforms.cpu import CpuPlatform
+    from vllm.utils import torch_utils
+    from vllm.v1.worker.cpu_worker import CPUWorker
+
+    problems = _missing(_source(CPUWorker.init_device), "torch.set_num_threads = skip_set_num_threads")
+    problems += _missing(_source(torch_utils.set_torch_threads_for_runtime), "torch.set_num_threads(1)")
+    problems += _missing(
+        _source(CpuPlatform.check_and_update_config),
+        '"VLLM_CPU_KVCACHE_SPACE"',
+        "cache_config.kv_cache_memory_bytes = kv_cache_space * GiB_bytes",
+    )
+    for method in (CPUWorker.sleep, CPUWorker.wake_up):
+        problems += _missing(_source(method), "sleep mode is not supported on CPU, ignore it.")
+    fields = EngineArgs.__dataclass_fields__
+    problems += [
+        f"EngineArgs has no {name}"
+        for name in ("dtype", "enforce_eager", "kv_cache_memory_bytes")
+        if name not in fields
+    ]
+    return problems
+
+
 SEAMS: tuple[Seam, ...] = (
     Seam(
         "per_token_logps_and_entropies",
@@ -419,6 +545,50 @@ SEAMS: tuple[Seam, ...] = (
         "The statistics pass uses them as TRL's own passes do.",
         _check_helpers,
     ),
+    Seam(
+        "colocated vLLM on CPU: engine construction",
+        "GRPOTrainer.__init__ builds VLLMGeneration (a name imported into trl.trainer.grpo_trainer) with mode, "
+        "tensor_parallel_size, gpu_memory_utilization (default 0.3), enable_sleep_mode; in colocate mode "
+        "_init_vllm calls the module's LLM(...) with external_launcher and no dtype, enforce_eager or KV cache size.",
+        "colocated_vllm_on_cpu swaps that name for CPUColocatedVLLMGeneration while trainers are built, and adds "
+        "dtype, enforce_eager and kv_cache_memory_bytes to the LLM(...) call.",
+        _check_vllm_engine_construction,
+    ),
+    Seam(
+        "colocated vLLM on CPU: weight sync",
+        "_generate_single_turn calls vllm_generation.sync_weights() when global_step moved; in colocate mode "
+        "sync_weights calls model_runner.model.load_weights once per (name, tensor) of _iter_named_params(), a "
+        "generator that merges PEFT adapters and gathers shards, then resets the prefix cache.",
+        "iter_vllm_weights yields the same tensors; the CPU sync sends them all to vLLM's reload_weights at once.",
+        _check_vllm_weight_sync,
+    ),
+    Seam(
+        "colocated vLLM on CPU: vLLM reload_weights",
+        "vLLM's CPU backend packs each linear weight for its GEMM and replaces the parameter "
+        "(dispatch_cpu_unquantized_gemm, remove_weight=True); reload_weights(weights_iterator, weights_path, "
+        "is_checkpoint_format) restores the layers, loads and repacks them.",
+        "LLM.collective_rpc('reload_weights', ...) runs in the training process (external launcher) and takes a "
+        "generator of checkpoint-format tensors.",
+        _check_vllm_cpu_reload,
+        requires="vllm",
+    ),
+    Seam(
+        "colocated vLLM on CPU: tied LM head",
+        "A tied ParallelLMHead shares the embedding's weight (tie_weights) and packs its own CPU GEMM kernel from it "
+        "(process_weights_after_loading, remove_weight=False), which reload_weights does not rebuild.",
+        "Calling process_weights_after_loading again on every layer that shares a weight rebuilds layer.cpu_linear.",
+        _check_vllm_cpu_tied_head,
+        requires="vllm",
+    ),
+    Seam(
+        "colocated vLLM on CPU: worker threads, KV cache, sleep",
+        "CPUWorker.init_device replaces torch.set_num_threads with a no-op and vLLM sets torch to 1 thread; the CPU "
+        "platform sizes the KV cache from VLLM_CPU_KVCACHE_SPACE (GiB); CPUWorker.sleep and wake_up only warn.",
+        "Restoring torch.set_num_threads and the thread count after the engine is built; EngineArgs takes dtype, "
+        "enforce_eager and kv_cache_memory_bytes; sleep mode is refused.",
+        _check_vllm_cpu_worker,
+        requires="vllm",
+    ),
 )
 
 
@@ -427,6 +597,9 @@ def main() -> None:
 
     print(f"stapo-trl seams, tested with TRL {TESTED_TRL}.x; installed: TRL {trl.__version__}")
     for seam in SEAMS:
+        if not seam.can_check():
+            print(f"skip {seam.name} ({seam.requires} is not installed)")
+            continue
         problems = seam.check()
         print(f"{'ok  ' if not problems else 'FAIL'} {seam.name}")
         for problem in problems:

@@ -577,7 +577,11 @@ def test_a_data_parallel_copy_that_cannot_start_is_reported(tmp_path):
         DataParallelBackend(spec, data_parallel_size=2)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (pip install vllm)")
+@pytest.mark.vllm
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None,
+    reason="vLLM is not installed; this test runs in the vLLM environment of .ci/run (see the README)",
+)
 def test_the_vllm_backend_generates_and_grades(tmp_path):
     import os
     import subprocess

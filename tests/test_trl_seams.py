@@ -28,8 +28,14 @@ TRANSFORMERS_MODULES = (
 FOREIGN_PACKAGES = ("trl", "transformers", "accelerate", "peft")
 
 
-@pytest.mark.parametrize("seam", SEAMS, ids=lambda seam: seam.name)
+@pytest.mark.parametrize(
+    "seam",
+    [pytest.param(seam, marks=pytest.mark.vllm) if seam.requires == "vllm" else seam for seam in SEAMS],
+    ids=lambda seam: seam.name,
+)
 def test_seam_fits_the_installed_trl(seam):
+    if not seam.can_check():
+        pytest.skip(f"{seam.requires} is not installed; this seam is checked in the vLLM environment of .ci/run")
     problems = seam.check()
     assert not problems, (
         f"seam {seam.name!r} no longer fits TRL {trl.__version__} (stapo-trl is tested with {TESTED_TRL}.x): "
@@ -66,6 +72,32 @@ def test_a_seam_check_fails_when_trl_changes_shape(seam_name, target, old, new, 
 
     monkeypatch.setattr(inspect, "getsource", getsource)
     assert seam.check(), f"{seam_name} did not notice {old!r} going away"
+
+
+@pytest.mark.parametrize(
+    ("seam_name", "target", "old", "new"),
+    [
+        ("colocated vLLM on CPU: weight sync", "sync_weights", "model_runner.model.load_weights([(name, param)])", ""),
+        ("colocated vLLM on CPU: engine construction", "_init_vllm", "self.llm = LLM(", "self.llm = Engine("),
+        ("colocated vLLM on CPU: engine construction", "_init_vllm", "max_num_batched_tokens=4096,", "dtype=x,"),
+    ],
+)
+def test_a_vllm_seam_check_fails_when_trl_changes_shape(seam_name, target, old, new, monkeypatch):
+    """The colocate seams read TRL's VLLMGeneration; with one expected line changed (or a keyword the CPU adapter adds
+    itself appearing in TRL's own LLM call), the seam reports it."""
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    seam = next(seam for seam in SEAMS if seam.name == seam_name)
+    assert seam.check() == []
+    real_getsource = inspect.getsource
+    original = inspect.unwrap(getattr(VLLMGeneration, target))
+
+    def getsource(obj):
+        source = real_getsource(obj)
+        return source.replace(old, new) if inspect.unwrap(obj) is original else source
+
+    monkeypatch.setattr(inspect, "getsource", getsource)
+    assert seam.check(), f"{seam_name} did not notice {old!r} becoming {new!r}"
 
 
 def test_a_seam_check_fails_when_a_signature_changes(monkeypatch):

