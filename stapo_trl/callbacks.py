@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import sys
 import threading
@@ -26,7 +27,9 @@ def _clean(value):
 class MetricsFileCallback(TrainerCallback):
     """Appends every log record of the main process to `output_dir/metrics.jsonl`, with its step and wall time.
 
-    A fresh run (global step 0) starts the file over; a resumed run appends to it.
+    A fresh run (global step 0) starts the file over. A resumed run first drops the records of steps after the
+    checkpoint it resumes from (a killed run logged them, and the resumed run logs them again), and the line a kill
+    cut off mid-write, then appends: after any kill and resume, each step is in the file once.
     """
 
     def __init__(self, path: str | Path | None = None):
@@ -41,6 +44,17 @@ class MetricsFileCallback(TrainerCallback):
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if state.global_step == 0:
                 self.path.write_text("")
+            elif self.path.is_file():
+                self._keep_steps_up_to(state.global_step)
+
+    def _keep_steps_up_to(self, step: int) -> None:
+        """Rewrite the file with the records of steps up to ``step`` only, through a temporary file and a rename."""
+        from .jsonl import read_json_lines
+
+        kept = [record for record in read_json_lines(self.path) if record.get("step", 0) <= step]
+        staging = self.path.with_name(self.path.name + ".partial")
+        staging.write_text("".join(json.dumps(record) + "\n" for record in kept))
+        os.replace(staging, self.path)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs or self.path is None:

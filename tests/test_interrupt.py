@@ -175,3 +175,29 @@ def test_sigterm_to_one_of_two_processes_stops_both_after_the_same_step_at_one_c
     assert err.count("Continue from it with:") == 1  # the main process prints the resume command, once
     # torchrun reports the first rank to exit; it then stops the other, so only the first is sure to show 143.
     assert "exitcode  : 143" in err
+
+
+@pytest.mark.parametrize("kill_after_step", [2, 3])
+def test_after_sigkill_and_resume_every_run_file_holds_each_step_once(recipe, tmp_path, kill_after_step):
+    """SIGKILL (no handler runs) once step ``kill_after_step`` is logged, with a checkpoint every 2 steps: the kill
+    lands during the save of checkpoint-2 or in step 4 after step 3 was logged, so the resumed run logs a step the
+    killed one had logged already. After resuming from the newest complete checkpoint, metrics.jsonl, the
+    silenced-token dump's step counts and the run summary hold each of the 6 steps once."""
+    run = tmp_path / "run"
+    flags = ["--save_strategy", "steps", "--save_steps", "2", "--max_steps", "6"]
+    flags += ["--dump_silenced_tokens", "true", "--prob_threshold", "0.5", "--temperature", "1.0"]
+    process = start_training(recipe, *flags)
+    wait_for_step(run / "metrics.jsonl", process, step=kill_after_step)
+    process.kill()
+    process.communicate(timeout=60)
+
+    resumed = run_training("--config", str(recipe), *flags, "--resume_from_checkpoint", "last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [record["step"] for record in metrics if "loss" in record] == [1, 2, 3, 4, 5, 6]
+    dump_steps = [entry["step"] for entry in json.loads((run / "silenced_tokens_stats.json").read_text())["steps"]]
+    assert dump_steps == sorted(set(dump_steps)) and set(dump_steps) <= set(range(1, 7))
+    summary = json.loads((run / "run_summary.json").read_text())
+    assert summary["steps"] == 6
+    silenced = [record.get("s2t/num_silenced", 0) for record in metrics if "loss" in record]
+    assert summary["token_rules"]["s2t"]["silenced_tokens"] == sum(silenced)
