@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import sys
 import threading
@@ -14,6 +13,7 @@ from pathlib import Path
 
 from transformers import ProgressCallback, TrainerCallback
 
+from .files import append_text, write_text_atomically
 from .names import METRICS_FILE
 from .token_rules import TOKEN_RULES
 
@@ -52,17 +52,14 @@ class MetricsFileCallback(TrainerCallback):
         from .jsonl import read_json_lines
 
         kept = [record for record in read_json_lines(self.path) if record.get("step", 0) <= step]
-        staging = self.path.with_name(self.path.name + ".partial")
-        staging.write_text("".join(json.dumps(record) + "\n" for record in kept))
-        os.replace(staging, self.path)
+        write_text_atomically(self.path, "".join(json.dumps(record) + "\n" for record in kept))
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs or self.path is None:
             return
         record = {"step": state.global_step, "epoch": state.epoch, "wall_seconds": time.perf_counter() - self.start}
         record.update({key: _clean(value) for key, value in logs.items()})
-        with self.path.open("a") as file:
-            file.write(json.dumps(record) + "\n")
+        append_text(self.path, json.dumps(record) + "\n")
 
 
 def step_summary(logs: dict, step: int, max_steps: int) -> str:

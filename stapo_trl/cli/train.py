@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..files import write_text_atomically
 from ..names import HELDOUT_RESULTS_FILE, METRICS_FILE, RUN_SUMMARY_FILE, SILENCED_TOKENS_FILE, TRAINING_CURVES_FILE
 from .recipe import RecipeError, TrainRequest, is_launched, parse_train_args
 
@@ -302,9 +303,7 @@ def write_recipe(request: TrainRequest, output_dir: Path) -> Path:
     if request.recipe_path is not None:
         lines.append(f"# {request.recipe_path} (flags on the command line above override it):")
         lines.append(request.recipe_path.read_text().rstrip())
-    path = output_dir / RECIPE_FILE
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_text_atomically(output_dir / RECIPE_FILE, "\n".join(lines) + "\n")
 
 
 def summarize_metrics(records: list[dict]) -> dict[str, Any]:
@@ -329,11 +328,8 @@ def write_heldout_results(output_dir: Path, heldout, results: dict) -> Path:
     for paired comparisons between runs. Written whole to a temporary file, then renamed into place."""
     from ..evaluation.greedy import per_problem_records
 
-    path = output_dir / HELDOUT_RESULTS_FILE
-    staging = path.with_name(path.name + ".partial")
-    staging.write_text("".join(json.dumps(record) + "\n" for record in per_problem_records(heldout, results)))
-    os.replace(staging, path)
-    return path
+    records = per_problem_records(heldout, results)
+    return write_text_atomically(output_dir / HELDOUT_RESULTS_FILE, "".join(json.dumps(r) + "\n" for r in records))
 
 
 def silenced_examples(dump_path: Path, count: int = 3) -> list[str]:
@@ -507,7 +503,7 @@ def run_training(request: TrainRequest) -> RunSummary:
             summary.files["held-out results"] = str(write_heldout_results(output_dir, heldout, heldout_results))
         summary.files["summary"] = str(output_dir / RUN_SUMMARY_FILE)
         summary.seconds_total = time.perf_counter() - started
-        (output_dir / RUN_SUMMARY_FILE).write_text(json.dumps(summary.__dict__, indent=2) + "\n")
+        write_text_atomically(output_dir / RUN_SUMMARY_FILE, json.dumps(summary.__dict__, indent=2) + "\n")
 
     # The card (TRL's, plus the STAPO sections) reads run_summary.json, so it is written after it.
     # TRL's card links dataset_name to the Hub; local files and the built-in generator have no Hub page.
@@ -580,8 +576,8 @@ def continue_hint(request: TrainRequest) -> str:
 
     checkpoint = last_complete_checkpoint(request.training.output_dir)
     if checkpoint is None:
-        return "No checkpoint was saved; after the fix, run the same command with --overwrite_output_dir true."
-    return f"The newest complete checkpoint is {checkpoint}; after the fix, continue from it with:\n  {resume_command(request)}"
+        return "No checkpoint was saved; once fixed, run the same command with --overwrite_output_dir true."
+    return f"The newest complete checkpoint is {checkpoint}; once fixed, continue from it with:\n  {resume_command(request)}"
 
 
 def user_code_failure(request: TrainRequest, error: BaseException) -> str:
@@ -599,6 +595,7 @@ def user_code_failure(request: TrainRequest, error: BaseException) -> str:
 def train_command(argv: list[str]) -> int:
     from ..callbacks import EXIT_CODES
     from ..errors import UserCodeError
+    from ..files import storage_problem
     from .help import HELP_ALL_FLAG, short_help
     from .plan import format_plan
     from .preflight import VLLM_MISSING, vllm_installed
@@ -633,5 +630,11 @@ def train_command(argv: list[str]) -> int:
     except UserCodeError as error:
         if int(os.environ.get("RANK", "0")) == 0:
             print(user_code_failure(request, error), file=sys.stderr, flush=True)
+        return 1
+    except Exception as error:
+        problem = storage_problem(error, request.training.output_dir)
+        if problem is None:
+            raise
+        print(f"stapo-trl train: {problem}. {continue_hint(request)}", file=sys.stderr, flush=True)
         return 1
     return 0

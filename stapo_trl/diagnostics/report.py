@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ..files import read_json_file
 from ..jsonl import read_json_lines
 from ..names import METRICS_FILE, SILENCED_TOKENS_FILE, SILENCED_TOKENS_STATS_FILE, TRAINER_STATE_FILE
 from ..resume import last_complete_checkpoint
@@ -122,7 +123,12 @@ def load_run(directory: str | Path, label: str | None = None) -> RunLogs:
     run = RunLogs(label=label or directory.resolve().name, directory=directory, history=history, source=source)
     records_path, stats_path = directory / SILENCED_TOKENS_FILE, directory / SILENCED_TOKENS_STATS_FILE
     if stats_path.is_file():
-        run.dump_stats = json.loads(stats_path.read_text())
+        run.dump_stats = read_json_file(
+            stats_path,
+            "the silenced-token dump's counts and density",
+            "Point the report at a checkpoint-N/ of the run, whose copy was saved with it, or delete the file to "
+            "report without the dump's figures.",
+        )
     if records_path.is_file():
         run.silenced_tokens = read_silenced_tokens(records_path)
     return run

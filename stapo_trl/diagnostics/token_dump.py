@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ..files import append_text, read_json_file, write_text_atomically
 from ..jsonl import read_json_lines
 from ..names import SILENCED_TOKENS_FILE, SILENCED_TOKENS_STATS_FILE
 
@@ -182,14 +183,18 @@ class SilencedTokenDump:
     def save_state(self, checkpoint_dir: str | os.PathLike) -> None:
         """Copy the counts and the density so far into a checkpoint (main process)."""
         if self.stats is not None and self.is_main_process:
-            (Path(checkpoint_dir) / SILENCED_TOKENS_STATS_FILE).write_text(json.dumps(self.stats) + "\n")
+            write_text_atomically(Path(checkpoint_dir) / SILENCED_TOKENS_STATS_FILE, json.dumps(self.stats) + "\n")
 
     def load_state(self, checkpoint_dir: str | os.PathLike) -> bool:
         """Take the counts and the density from a checkpoint (every process). False when it holds none."""
         path = Path(checkpoint_dir) / SILENCED_TOKENS_STATS_FILE
         if not path.is_file():
             return False
-        self.stats = json.loads(path.read_text())
+        self.stats = read_json_file(
+            path,
+            "the silenced-token dump's counts in a checkpoint",
+            "Resume from another checkpoint, or delete the file to start the dump over.",
+        )
         return True
 
     def _open(self) -> None:
@@ -208,7 +213,7 @@ class SilencedTokenDump:
                 for record in read_json_lines(self.records_path)
                 if record["step"] <= covered
             ]
-        self.records_path.write_text("".join(line + "\n" for line in kept_lines))
+        write_text_atomically(self.records_path, "".join(line + "\n" for line in kept_lines))
 
     def record_step(self, step: int, tokens: StepTokens) -> dict[str, int]:
         """Count, sample and write one optimizer step's silenced tokens, over all processes.
@@ -261,10 +266,8 @@ class SilencedTokenDump:
         for index, name in enumerate(("positive_advantage", "other")):
             self.stats["density"][name] = (torch.tensor(self.stats["density"][name]) + density[index]).tolist()
         if self.is_main_process:
-            with self.records_path.open("a") as file:
-                for record in gathered:
-                    file.write(json.dumps(record, ensure_ascii=False) + "\n")
-            temporary = self.stats_path.with_suffix(".json.tmp")
-            temporary.write_text(json.dumps(self.stats) + "\n")
-            os.replace(temporary, self.stats_path)
+            append_text(
+                self.records_path, "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in gathered)
+            )
+            write_text_atomically(self.stats_path, json.dumps(self.stats) + "\n")
         return entry

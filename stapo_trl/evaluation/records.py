@@ -15,8 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ..files import DamagedFileError, read_json_file, write_text_atomically
 
 logger = logging.getLogger(__name__)
+
+SAMPLE_KEYS = ("benchmark", "problem_id", "sample")
+"""The keys every record of a samples file has: together they identify the sample."""
 
 
 class ResumeMismatchError(UsageError, ValueError):
@@ -35,7 +39,11 @@ class SampleStore:
             self.path.unlink(missing_ok=True)
             self.settings_path.unlink(missing_ok=True)
         if self.settings_path.is_file():
-            recorded = json.loads(self.settings_path.read_text())
+            recorded = read_json_file(
+                self.settings_path,
+                "the settings of the samples beside it",
+                "Pass --overwrite to discard the samples and start over, or use another output_dir.",
+            )
             changed = sorted(key for key in set(recorded) | set(settings) if recorded.get(key) != settings.get(key))
             if changed:
                 details = "; ".join(f"{key}: {recorded.get(key)!r} then, {settings.get(key)!r} now" for key in changed)
@@ -48,7 +56,7 @@ class SampleStore:
                 f"{self.path} exists but {self.settings_path.name} does not, so its settings are unknown. Use another "
                 "output_dir, or pass --overwrite to discard it."
             )
-        self.settings_path.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+        write_text_atomically(self.settings_path, json.dumps(settings, indent=2, sort_keys=True) + "\n")
         self.records: list[dict[str, Any]] = self._load()
         self._keys = {self.key(record) for record in self.records}
 
@@ -79,6 +87,17 @@ class SampleStore:
                 raise ValueError(
                     f"{self.path}, line {number}, is not valid JSON ({error}); the file is damaged."
                 ) from error
+        missing = [
+            (number, sorted(set(SAMPLE_KEYS) - set(record)))
+            for number, record in enumerate(records, start=1)
+            if not isinstance(record, dict) or not set(SAMPLE_KEYS) <= set(record)
+        ]
+        if missing:
+            number, keys = missing[0]
+            raise DamagedFileError(
+                f"{self.path}, record {number}, lacks {', '.join(keys)}: it is not a samples file written by stapo-trl "
+                f"eval ({len(missing)} such records). Use another output_dir, or pass --overwrite to discard it."
+            )
         unique: dict[tuple[str, str, int], dict[str, Any]] = {}
         for record in records:
             unique.setdefault(self.key(record), record)

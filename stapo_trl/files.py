@@ -1,0 +1,91 @@
+"""Writing and reading the files stapo-trl itself writes: whole files are written atomically (a temporary file, then a
+rename), every OS error names its file, a storage failure is explained (read-only, full, permissions), and a damaged
+file is named with what to do instead of failing with a bare ``JSONDecodeError``."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from .errors import UsageError
+
+STORAGE_PROBLEMS = {
+    errno.EROFS: "the filesystem is read-only",
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EFBIG: "the file is larger than the filesystem or a limit (ulimit -f) allows",
+    errno.EACCES: "this user may not write there (permissions)",
+    errno.EPERM: "the operation is not permitted there (permissions)",
+    errno.EIO: "the storage reported an input/output error",
+}
+"""The OS errors that say the storage failed, not the program, and what each means."""
+
+
+class DamagedFileError(UsageError, ValueError):
+    """A file stapo-trl wrote that cannot be read back (cut off by a kill, or edited); the message names it."""
+
+
+@contextmanager
+def naming(path: str | os.PathLike) -> Iterator[None]:
+    """Re-raise an OS error raised inside without a file name (a write that hit a full disk, say) with ``path``."""
+    try:
+        yield
+    except OSError as error:
+        if error.filename is not None or error.errno is None:
+            raise
+        raise type(error)(error.errno, error.strerror or os.strerror(error.errno), str(path)) from error
+
+
+def write_text_atomically(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` through ``path.partial`` and a rename: a reader sees the old file or the new one,
+    never a file cut short."""
+    path = Path(path)
+    staging = path.with_name(path.name + ".partial")
+    with naming(staging):
+        staging.write_text(text, encoding="utf-8")
+    os.replace(staging, path)
+    return path
+
+
+def append_text(path: str | os.PathLike, text: str) -> None:
+    """Append ``text`` to ``path``; an OS error names the file."""
+    with naming(path), open(path, "a", encoding="utf-8") as file:
+        file.write(text)
+
+
+def read_json_file(path: str | os.PathLike, what: str, remedy: str) -> Any:
+    """The JSON value in ``path``, a file stapo-trl wrote (``what`` says which); a file that cannot be parsed raises
+    `DamagedFileError` naming it, ``what`` and ``remedy``."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise DamagedFileError(f"{path} ({what}) is damaged: {error}. {remedy}") from None
+
+
+RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+"""How libraries written in Rust (safetensors) report an OS error inside their own exception's message."""
+
+
+def storage_problem(error: BaseException, location: str | os.PathLike | None = None) -> str | None:
+    """A sentence naming the file and the likely cause when ``error`` (or an exception it was raised from) is a
+    storage failure, else None. When the error does not name its file (safetensors does not), ``location`` (the
+    directory being written) is named instead."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        number = error.errno if isinstance(error, OSError) else None
+        if number is None and (match := RUST_OS_ERROR.search(str(error))):
+            number = int(match.group(1))
+        if number in STORAGE_PROBLEMS:
+            filename = getattr(error, "filename", None)
+            where = filename or (f"a file in {location}" if location is not None else "a file")
+            return f"could not write {where}: {os.strerror(number)} ({STORAGE_PROBLEMS[number]})"
+        error = error.__cause__ or error.__context__
+    return None
