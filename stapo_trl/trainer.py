@@ -147,7 +147,7 @@ class STAPOTrainer(GRPOSeams):
         self.shadow_token_rules = args.shadow_rules_in_order
         running = [get_token_rule(name) for name in (*self.token_rules, *self.shadow_token_rules)]
         controllers = {spec.name: spec.make_controller(args) for spec in running}
-        self.rule_controllers = {name: controller for name, controller in controllers.items() if controller}
+        self.rule_controllers = {name: c for name, c in controllers.items() if c is not None}
         if running:
             self.token_stats = TokenStatistics(
                 source=args.token_stats_source,

@@ -214,5 +214,7 @@ def test_probabilities_passed_as_log_probabilities_are_refused():
         spurious_token_mask(probabilities, torch.ones(1, 3), torch.tensor([1.0]), torch.ones(1, 3))
     padding_only = torch.tensor([[math.log(0.001), 5.0]])  # a positive value outside the loss mask is not looked at
     spurious_token_mask(padding_only, torch.ones(1, 2), torch.tensor([1.0]), torch.tensor([[1, 0]]))
+    nothing_finite = torch.tensor([[float("nan"), float("-inf")]])
+    spurious_token_mask(nothing_finite, torch.ones(1, 2), torch.tensor([1.0]), torch.ones(1, 2))
     rounding = torch.tensor([[math.log(0.001), 1e-6]])  # rounding above 0 passes
     spurious_token_mask(rounding, torch.ones(1, 2), torch.tensor([1.0]), torch.ones(1, 2))

@@ -66,7 +66,8 @@ def check_log_probabilities(log_probs: torch.Tensor, loss_mask: torch.Tensor) ->
     """Refuse ``log_probs`` above 0 among the loss tokens: probabilities passed instead of log-probabilities would
     otherwise silence nothing, without a word."""
     counted = log_probs.detach()[loss_mask.bool()]
-    largest = counted[torch.isfinite(counted)].max() if counted.numel() else None
+    counted = counted[torch.isfinite(counted)]
+    largest = counted.max() if counted.numel() else None
     if largest is not None and float(largest) > POSITIVE_LOG_PROB_TOLERANCE:
         raise ValueError(
             f"log_probs holds values above 0 (the largest is {float(largest):.4g}), which no log-probability can be. "
