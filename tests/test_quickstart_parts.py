@@ -7,7 +7,9 @@ import re
 from types import SimpleNamespace
 
 import pytest
+import torch
 from datasets import Dataset
+from safetensors.torch import save_file
 from tiny import build_char_tokenizer, build_tiny_qwen3
 
 from stapo_trl.callbacks import MetricsFileCallback, StepSummaryProgressCallback, step_summary
@@ -148,12 +150,15 @@ def test_a_converted_gguf_checkpoint_is_reused_without_converting_again(tmp_path
     local = tmp_path / "model.gguf"
     local.write_bytes(b"GGUF")
     cache = tmp_path / "cache"
-    # A finished conversion is recognized by its config.json in the cache directory for that file.
+    # A finished conversion is recognized by its config.json and a weight file that opens, in the cache directory
+    # for that file.
     monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", lambda *a, **k: pytest.fail("loaded"))
+    monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", lambda *a, **k: pytest.fail("converted"))
     done = converted_checkpoint_dir(local.resolve(), cache)
     assert done.parent == cache / "gguf" and done.name.startswith("model-")
     done.mkdir(parents=True)
     (done / "config.json").write_text("{}")
+    save_file({"weight": torch.zeros(2)}, str(done / "model.safetensors"))
     assert gguf_checkpoint(local, cache_dir=cache) == done
 
 

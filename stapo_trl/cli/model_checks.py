@@ -20,7 +20,7 @@ NOT_GENERATIVE_HEADS = (
     "Model",
 )
 """Architecture name endings of checkpoints without a language-modeling head that generates: reward models
-(sequence classification), taggers, extractive QA, masked LMs and bare encoders or decoders."""
+(sequence classification), taggers, extractive QA, fill-mask models (ForMaskedLM) and bare encoders or decoders."""
 
 
 def offline_miss(name: str, error: OSError) -> RecipeError:
