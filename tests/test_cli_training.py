@@ -40,7 +40,7 @@ def run_tiny(tmp_path: Path, tiny_model_dir: Path, *overrides: str, **values) ->
         "logging_steps": 1,
         "use_cpu": True,
         "bf16": False,
-        "gradient_checkpointing": False,
+        "activation_checkpointing": False,
         "report_to": "none",
         "save_strategy": "no",
         "disable_tqdm": True,

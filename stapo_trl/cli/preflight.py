@@ -84,7 +84,10 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-VLLM_MISSING = "use_vllm is true, but vLLM is not installed here (pip install 'stapo-trl[vllm]', on a GPU machine)"
+VLLM_MISSING = (
+    "use_vllm is true, but vLLM is not installed here (on a GPU machine, pip install -e '.[vllm]' in the stapo-trl "
+    "clone)"
+)
 
 
 def check_vllm(use_vllm: bool) -> None:
