@@ -80,6 +80,8 @@ class StepSummaryProgressCallback(ProgressCallback):
                 f"({logs['train_runtime'] / max(state.global_step, 1):.1f} s/step)"
             )
             return
+        if "loss" not in logs and "reward" not in logs:  # an evaluation record, such as the held-out accuracy
+            return
         self.training_bar.write(step_summary(logs, state.global_step, state.max_steps))
 
 
