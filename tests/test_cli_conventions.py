@@ -112,3 +112,20 @@ def test_a_user_who_writes_the_deprecated_gradient_checkpointing_still_gets_what
         warnings.simplefilter("error", FutureWarning)
         default = STAPOConfig(output_dir="out", use_cpu=True)
     assert default.activation_checkpointing is True  # TRL's default, without transformers' deprecation warning
+
+
+def test_recipes_spell_activation_checkpointing_and_run_on_a_transformers_that_predates_it():
+    from stapo_trl.cli.recipe import _spell_checkpointing_for_this_transformers, make_train_parser
+
+    actions = {action.dest: action for action in make_train_parser()._actions}
+    recipe, flags = {"activation_checkpointing": True}, ["--activation_checkpointing", "false", "--seed=1"]
+    assert _spell_checkpointing_for_this_transformers(recipe, flags, actions) == (recipe, flags)  # 5.24 or newer
+    older = {name: action for name, action in actions.items() if not name.startswith("activation_checkpointing")}
+    assert _spell_checkpointing_for_this_transformers(
+        {"activation_checkpointing": True, "activation_checkpointing_kwargs": {}},
+        [*flags, "--activation_checkpointing=true"],
+        older,
+    ) == (
+        {"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {}},
+        ["--gradient_checkpointing", "false", "--seed=1", "--gradient_checkpointing=true"],
+    )

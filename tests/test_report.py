@@ -161,6 +161,20 @@ def test_a_trend_is_called_only_beyond_twice_its_standard_error():
     assert trend("reward", [], []) is None
 
 
+def test_a_rule_in_shadow_is_summarized_as_computed_not_applied(tmp_path):
+    shadow = [
+        {key.replace("s2t/", "shadow/s2t/"): value for key, value in record.items()}
+        for record in HISTORY
+        if "train_runtime" not in record
+    ]
+    summary = summarize_run(load_run(write_state(tmp_path / "grpo", history=shadow)))
+    assert summary["rule_lines"] == [
+        "in shadow (computed, not applied): S2T silenced: 4 of 6 candidate tokens, in 3 of 4 steps (0.100% of loss "
+        "tokens)"
+    ]
+    assert "silenced_tokens" not in summary  # nothing was silenced: the rule was not applied
+
+
 def test_the_top_silenced_tokens_are_counted_from_the_dump_and_shown_with_visible_whitespace(tmp_path):
     directory = write_state(tmp_path / "run")
     write_dump(directory)

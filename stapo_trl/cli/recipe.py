@@ -264,6 +264,31 @@ def _refuse(message: str):
     raise RecipeError(message)
 
 
+CHECKPOINTING_NAMES = {
+    "activation_checkpointing": "gradient_checkpointing",
+    "activation_checkpointing_kwargs": "gradient_checkpointing_kwargs",
+}
+"""transformers 5.24 renamed ``gradient_checkpointing*`` to ``activation_checkpointing*`` and deprecates the old
+names; the recipes use the new ones."""
+
+
+def _spell_checkpointing_for_this_transformers(
+    recipe: dict[str, Any], cli_args: list[str], actions: dict[str, argparse.Action]
+) -> tuple[dict[str, Any], list[str]]:
+    """The recipe and flags with ``activation_checkpointing*`` written as ``gradient_checkpointing*`` when the
+    installed transformers predates the new names (before 5.24), so that one recipe runs on every transformers the
+    package supports. With 5.24 or newer, nothing changes."""
+    missing = {new: old for new, old in CHECKPOINTING_NAMES.items() if new not in actions}
+    if not missing:
+        return recipe, cli_args
+    recipe = {missing.get(key, key): value for key, value in recipe.items()}
+    renamed = []
+    for token in cli_args:
+        name, sep, value = token[2:].partition("=") if token.startswith("--") else ("", "", "")
+        renamed.append(f"--{missing[name]}{sep}{value}" if name in missing else token)
+    return recipe, renamed
+
+
 def _refuse_stray_arguments(remaining: list[str], launch_options: dict[str, argparse.Action]) -> None:
     """Refuse a token left over after parsing that is neither an `accelerate launch` option nor that option's value:
     `stapo-trl train` takes no positional arguments (`trl grpo` refuses them too), and a leftover would otherwise
@@ -295,6 +320,7 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
     parser = make_train_parser()
     parser.error = _refuse
     actions = {action.dest: action for action in parser._actions if action.dest != "help"}
+    recipe, cli_args = _spell_checkpointing_for_this_transformers(recipe, cli_args, actions)
     launch_options = _option_names(_launch_parser())
     launch_actions = {name: action for name, action in launch_options.items() if name not in actions}
 

@@ -504,7 +504,7 @@ def run_training(request: TrainRequest) -> RunSummary:
                 records,
                 output_dir / TRAINING_CURVES_FILE,
                 label=f"{script.method}, seed {training.seed}",
-                title=f"{script.method} on {base_model or Path(model_args.model_name_or_path).name}",
+                title=f"{script.method} on {plot_model_name(base_model, model_args.model_name_or_path)}",
             )
             summary.files["plot"] = TRAINING_CURVES_FILE
         if training.dump_silenced_tokens:
@@ -538,6 +538,13 @@ DATASET_DESCRIPTIONS = {
     "sample": "the DAPO-Math-17K rows shipped with stapo-trl",
 }
 """How the model card names the datasets that have no Hub page."""
+
+
+def plot_model_name(base_model: str | None, model_name_or_path: str) -> str:
+    """How a plot's title names the model: the Hub id, else the local directory's or file's name (never its path)."""
+    if base_model and not Path(base_model).expanduser().exists():
+        return base_model
+    return Path(model_name_or_path).name
 
 
 def heldout_metrics(result: dict[str, Any]) -> dict[str, float]:

@@ -210,10 +210,12 @@ def plot_token_bars(bars: Sequence[TokenBars], path: str | Path, limit: int = 15
                 colLabels=list(TOKEN_TABLE_COLUMNS),
                 colWidths=[0.06, 0.70, 0.08, 0.07, 0.09],
                 cellLoc="left",
-                loc="upper center",
+                bbox=[0.0, 0.0, 1.0, 1.0],
             )
             table.auto_set_font_size(False)
             table.set_fontsize(7.5)
+            for cell in table.get_celld().values():
+                cell.PAD = 0.02 / max(cell.get_width(), 0.02)  # a fixed small padding, not a tenth of the width
             continue
         positions = range(len(run_bars.tokens))
         axis.barh(positions, run_bars.counts, color="tab:red")

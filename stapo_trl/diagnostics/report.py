@@ -19,7 +19,13 @@ from typing import Any
 
 from ..errors import UsageError
 from ..jsonl import read_json_lines
-from ..names import METRICS_FILE, SILENCED_TOKENS_FILE, SILENCED_TOKENS_STATS_FILE, TRAINER_STATE_FILE
+from ..names import (
+    METRICS_FILE,
+    SHADOW_PREFIX,
+    SILENCED_TOKENS_FILE,
+    SILENCED_TOKENS_STATS_FILE,
+    TRAINER_STATE_FILE,
+)
 from ..resume import last_complete_checkpoint
 from ..token_rules import TOKEN_RULES, TokenRuleSpec
 from .plotting import (
@@ -247,10 +253,12 @@ def summarize_run(run: RunLogs) -> dict[str, Any]:
     if thresholds:
         summary["threshold_median"] = statistics.median(thresholds)
     rule_lines = []
+    shadow_view = shadow_records(steps)
     for rule in sorted(TOKEN_RULES.values(), key=lambda rule: rule.order):
-        found = rule.summarize(steps)
-        if found:
-            rule_lines += [" ".join(line.split()) for line in rule.summary_lines(found, len(steps))]
+        for records, prefix in ((steps, ""), (shadow_view, "in shadow (computed, not applied): ")):
+            found = rule.summarize(records)
+            if found:
+                rule_lines += [prefix + " ".join(line.split()) for line in rule.summary_lines(found, len(steps))]
     summary["rule_lines"] = rule_lines
     grad_norms = finite_series(steps, "grad_norm")[1]
     if grad_norms:
@@ -270,6 +278,19 @@ def summarize_run(run: RunLogs) -> dict[str, Any]:
         for key in ("silenced", "written", "dropped"):
             summary[f"dump_{key}"] = run.dump_stats[key]
     return summary
+
+
+def shadow_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records as a rule run in shadow logged them (``shadow/<rule>/<statistic>``), renamed to the names the rule
+    logs when applied, so its spec can summarize them."""
+    prefix = f"{SHADOW_PREFIX}/"
+    return [
+        {
+            "step": record.get("step"),
+            **{key[len(prefix) :]: value for key, value in record.items() if key.startswith(prefix)},
+        }
+        for record in records
+    ]
 
 
 def trend_sentences(summary: dict[str, Any]) -> list[str]:
@@ -317,11 +338,19 @@ def line_panel(
 def masking_panels(runs: list[RunLogs]) -> tuple[LinePanel, LinePanel]:
     """The silenced fraction (%) of each run's silencing rule and that rule's threshold (S2T's ``tau_h``) over the
     steps. The legend of the first says how many tokens each run silenced of how many candidates; the titles name
-    the rules."""
+    the rules. A run whose rule ran in shadow (GRPO with ``shadow_token_rules: [s2t]``) is drawn with what the rule
+    would have silenced, its label saying so."""
     absent = "no token rule silenced tokens (none was on)"
     fraction = LinePanel(title="", series=[], y_floor=0.0)
     threshold = LinePanel(title="", series=[], y_floor=0.0)
     rules, thresholds = [], []
+    views = []
+    for run in runs:
+        shadow = shadow_records(run.history)
+        if silencing_rule(run.history) is None and silencing_rule(shadow) is not None:
+            run = RunLogs(f"{run.label} (in shadow, would silence)", run.directory, shadow, run.source)
+        views.append(run)
+    runs = views
     by_label = {run.label: summarize_run(run) for run in runs}
     for run in runs:
         spec = silencing_rule(run.history)
@@ -687,7 +716,11 @@ def write_report(
         )
     for run in runs:
         if silencing_rule(run.history) is None:
-            notes.append(f"{run.label}: no token rule silenced tokens in the log (none was on).")
+            in_shadow = any(key.startswith(f"{SHADOW_PREFIX}/") for record in run.history for key in record)
+            notes.append(
+                f"{run.label}: no token rule silenced tokens in the log ("
+                + ("none was applied; the rules in shadow are summarized below)." if in_shadow else "none was on).")
+            )
 
     summaries = [summarize_run(run) for run in runs]
     markdown = output_dir / REPORT_FILE
@@ -747,7 +780,8 @@ def _markdown(
         lines += [f"- {line}" for line in summary.get("rule_lines", [])]
         if "probe_grad_sq_share_mean" in summary:
             lines.append(
-                f"- gradient probe: the silenced tokens carried {summary['probe_grad_sq_share_mean']:.2%} of the "
+                f"- gradient probe: the silenced tokens (for a rule in shadow, the tokens it would silence) carried "
+                f"{summary['probe_grad_sq_share_mean']:.2%} of the "
                 f"squared gradient norm on average over {summary['probe_grad_sq_share_steps']} probed steps"
                 + (
                     f", for {summary['probe_token_share_mean']:.2%} of the loss tokens"
