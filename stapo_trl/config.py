@@ -100,7 +100,7 @@ class STAPOConfig(*rule_config_mixins(), TokenDumpConfigMixin, GradientProbeConf
             "help": "How a statistics pass computes log p and entropy without [N, V] logits. 'model_head': the whole "
             "model, its own LM head included, through TRL's fused head (supports every model TRL supports). 'torch': "
             "the backbone, then our chunked torch op on the completion positions only. 'liger': the backbone, then "
-            "Liger's fused linear cross-entropy (needs `pip install 'stapo-trl[liger]'`). 'auto': 'liger' on CUDA "
+            "Liger's fused linear cross-entropy (needs `pip install -e '.[liger]'` in the stapo-trl clone). 'auto': 'liger' on CUDA "
             "when installed, otherwise 'torch', and 'model_head' for models the direct ops do not cover "
             "(vision-language, logit soft-capping or scaling) and under FSDP or DeepSpeed ZeRO-3. 'trl', the earlier "
             "name of 'model_head', still works with a FutureWarning.",

@@ -129,3 +129,17 @@ def test_recipes_spell_activation_checkpointing_and_run_on_a_transformers_that_p
         {"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {}},
         ["--gradient_checkpointing", "false", "--seed=1", "--gradient_checkpointing=true"],
     )
+
+
+def test_the_readmes_gpu_commands_resolve_to_a_plan():
+    """Not run on a GPU: each `stapo-trl train` line of the README's GPU section resolves (flags, recipe, launch)."""
+    import shlex
+
+    readme = (REPO / "README.md").read_text()
+    block = re.search(r"## On GPUs\n.*?```bash\n(.*?)```", readme, flags=re.DOTALL).group(1)
+    commands = [line for line in block.splitlines() if line.startswith("stapo-trl train ")]
+    assert len(commands) >= 2
+    for command in commands:
+        request = parse_train_args([*shlex.split(command)[2:], "--dry_run"])
+        assert request.world_size == 8 and request.training.use_vllm
+    assert "--vllm_mode server" in block and "trl vllm-serve" in block and "--push_to_hub true" in block
