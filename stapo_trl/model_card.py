@@ -91,6 +91,8 @@ class CardFacts:
     """What the quick start loads: the Hub repo id when there is one, else the output dir as written (relative) or
     its name; never an absolute local path."""
     adapter: bool = False
+    adapter_type: str | None = None
+    """PEFT's name for the adapter's type (``LORA``, ``PROMPT_TUNING``, ...)."""
     base_model: str | None = None
     """The Hub id of the base model, or None for a local one."""
     dataset: str | None = None
@@ -147,7 +149,7 @@ def card_metadata(facts: CardFacts):
 
     tags = ["generated_from_trainer", *facts.tags]
     if facts.adapter:
-        tags = [*tags, "lora", "transformers"]
+        tags = [*tags, *([facts.adapter_type.lower()] if facts.adapter_type else []), "transformers"]
     if facts.base_model and facts.adapter:
         tags.append(f"base_model:adapter:{facts.base_model}")
     return ModelCardData(
@@ -163,7 +165,8 @@ def card_metadata(facts: CardFacts):
 
 # --------------------------------------------------------------------------------------------------- the sections
 def intro_section(facts: CardFacts, method: str) -> list[str]:
-    what = "a LoRA adapter for" if facts.adapter else "a fine-tuned version of"
+    kind = "LoRA" if facts.adapter_type == "LORA" else "PEFT"
+    what = f"a {kind} adapter for" if facts.adapter else "a fine-tuned version of"
     base = f"[{facts.base_model}](https://huggingface.co/{facts.base_model})" if facts.base_model else "a local model"
     sentence = f"This model is {what} {base}, trained with {method} using stapo-trl and [TRL](https://github.com/huggingface/trl)"
     if facts.dataset:
@@ -486,12 +489,13 @@ def facts_from_card(card_path: str | Path, config: Any, output_dir: str | Path) 
     summary = read_run_summary(output_dir)
     source = summary.get("model_source")
     datasets = data.get("datasets") or []
-    generated = {"generated_from_trainer", "lora", "transformers"}
+    generated = {"generated_from_trainer", "lora", "transformers"}  # added again by card_metadata
     return CardFacts(
         model_name=data.get("model_name") or Path(output_dir).name,
         location=portable_location(output_dir, getattr(config, "hub_model_id", None)),
         on_hub=bool(getattr(config, "hub_model_id", None)),
         adapter=data.get("library_name") == "peft",
+        adapter_type="LORA" if "lora" in (data.get("tags") or []) else None,
         base_model=data.get("base_model"),
         dataset=datasets[0] if datasets else None,
         tags=[tag for tag in data.get("tags") or [] if tag not in generated and not tag.startswith("base_model:")],

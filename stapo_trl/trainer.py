@@ -73,6 +73,15 @@ def _as_stapo_config(args: TrainingArguments) -> STAPOConfig:
     return config
 
 
+def peft_type(model) -> str | None:
+    """PEFT's name for the type of the model's adapter (``LORA``, ...), or None for a model without one."""
+    if not is_peft_model(model):
+        return None
+    config = next(iter(getattr(model, "peft_config", {}).values()), None)
+    kind = getattr(config, "peft_type", None)
+    return str(getattr(kind, "value", kind)) if kind is not None else None
+
+
 def _check_prompt_column(dataset, environment_factory=None) -> None:
     """Refuse a training dataset without the ``prompt`` column that TRL's generation step reads (TRL itself fails
     with a ``KeyError`` at the first step, after the model has loaded). With an ``environment_factory`` the column is
@@ -437,6 +446,7 @@ class STAPOTrainer(GRPOSeams):
             location=portable_location(self.args.output_dir, self.hub_model_id),
             on_hub=bool(self.hub_model_id),
             adapter=is_peft_model(self.model),
+            adapter_type=peft_type(self.model),
             base_model=trl_data.get("base_model"),
             dataset=dataset_name,
             tags=[tag for tag in trl_data.get("tags") or [] if tag != "generated_from_trainer"],
