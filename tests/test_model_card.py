@@ -240,3 +240,19 @@ def test_push_to_hub_uploads_the_card_and_weights_through_an_intercepted_hfapi(t
     assert "Trained with **STAPO**" in card and "S2T silenced" in card
     assert STAPO_CITATION in card
     assert not list(Path(uploaded).glob("checkpoint-*"))
+
+
+def test_an_adapter_trained_on_a_gguf_file_is_evaluated_on_those_weights(tmp_path):
+    """`stapo-trl eval --model RUN` takes an adapter's base from the GGUF file its run recorded, when that file is a
+    quantization of the base `adapter_config.json` names; otherwise from `adapter_config.json`."""
+    from stapo_trl.evaluation.models import trained_on_gguf
+    from stapo_trl.gguf import SMOLLM2_GGUF, hub_source
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run_summary.json").write_text(json.dumps({"model_source": SMOLLM2_GGUF}))
+    assert trained_on_gguf(run, hub_source(SMOLLM2_GGUF)) == SMOLLM2_GGUF
+    assert trained_on_gguf(run, "Qwen/Qwen3-8B-Base") is None  # another base: the adapter's own record wins
+    (run / "run_summary.json").write_text(json.dumps({"model_source": "HuggingFaceTB/SmolLM2-135M-Instruct"}))
+    assert trained_on_gguf(run, "HuggingFaceTB/SmolLM2-135M-Instruct") is None  # not a GGUF: nothing to replace
+    assert trained_on_gguf(tmp_path / "no-summary", "HuggingFaceTB/SmolLM2-135M-Instruct") is None
