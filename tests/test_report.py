@@ -161,6 +161,22 @@ def test_a_trend_is_called_only_beyond_twice_its_standard_error():
     assert trend("reward", [], []) is None
 
 
+def test_the_held_out_accuracy_comes_from_the_logs_evaluation_records_which_are_not_steps(tmp_path):
+    heldout = {"eval_heldout_accuracy_standard_error": 0.1, "eval_heldout_total": 16, "eval_heldout_format_rate": 0.5}
+    history = [
+        {"step": 0, "eval_heldout_accuracy": 0.25, **heldout},
+        *HISTORY[:-1],
+        {"step": 4, "eval_heldout_accuracy": 0.5, **heldout},
+        HISTORY[-1],
+    ]
+    run = load_run(write_state(tmp_path / "run", history=history))
+    assert [record["step"] for record in run.history] == [1, 2, 3, 4]  # read_history: training steps only
+    summary = summarize_run(run)
+    assert summary["heldout"]["before"]["accuracy"] == 0.25 and summary["heldout"]["after"]["accuracy"] == 0.5
+    markdown = write_report([tmp_path / "run"], tmp_path / "out").markdown.read_text()
+    assert "| 0.250 ± 0.100 → 0.500 ± 0.100 |" in markdown
+
+
 def test_a_rule_in_shadow_is_summarized_as_computed_not_applied(tmp_path):
     shadow = [
         {key.replace("s2t/", "shadow/s2t/"): value for key, value in record.items()}

@@ -67,6 +67,8 @@ class RunLogs:
     source: Path
     silenced_tokens: list[dict[str, Any]] | None = None
     dump_stats: dict[str, Any] | None = None
+    evaluations: list[dict[str, Any]] = field(default_factory=list)
+    """The log's evaluation records (``eval_*`` keys), such as the held-out accuracy of `stapo-trl train`."""
 
 
 def _finite(value: Any) -> bool:
@@ -94,7 +96,17 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 def read_history(source: Path) -> list[dict[str, Any]]:
     """The per-step training records of a ``trainer_state.json`` or ``metrics.jsonl`` (the end-of-training summary
-    record, which has ``train_runtime``, is left out)."""
+    record, which has ``train_runtime``, and the evaluation records, with ``eval_*`` keys, are left out)."""
+    return [record for record in read_log(source) if "step" in record and is_training_record(record)]
+
+
+def read_evaluations(source: Path) -> list[dict[str, Any]]:
+    """The evaluation records (``eval_*`` keys) of a ``trainer_state.json`` or ``metrics.jsonl``."""
+    return [record for record in read_log(source) if "step" in record and any(k.startswith("eval_") for k in record)]
+
+
+def read_log(source: Path) -> list[dict[str, Any]]:
+    """Every record of a ``trainer_state.json``'s log history or of a ``metrics.jsonl``."""
     try:
         if source.name == METRICS_FILE:
             records = read_metrics(source)
@@ -105,7 +117,7 @@ def read_history(source: Path) -> list[dict[str, Any]]:
             f"{source} cannot be read ({error}); the file is damaged. Point the report at a checkpoint-N/ of the run, "
             "whose trainer_state.json holds the log up to that step."
         ) from None
-    return [record for record in records if "step" in record and "train_runtime" not in record]
+    return records
 
 
 def load_run(directory: str | Path, label: str | None = None) -> RunLogs:
@@ -128,6 +140,7 @@ def load_run(directory: str | Path, label: str | None = None) -> RunLogs:
             "(logging_steps)?"
         )
     run = RunLogs(label=label or directory.resolve().name, directory=directory, history=history, source=source)
+    run.evaluations = read_evaluations(source)
     records_path, stats_path = directory / SILENCED_TOKENS_FILE, directory / SILENCED_TOKENS_STATS_FILE
     if stats_path.is_file():
         run.dump_stats = json.loads(stats_path.read_text())
@@ -273,7 +286,7 @@ def summarize_run(run: RunLogs) -> dict[str, Any]:
         if values:
             summary[f"{name}_mean"] = sum(values) / len(values)
             summary[f"{name}_steps"] = len(values)
-    summary["heldout"] = heldout_accuracy(run.history)
+    summary["heldout"] = heldout_accuracy(run.evaluations)
     if run.dump_stats is not None:
         for key in ("silenced", "written", "dropped"):
             summary[f"dump_{key}"] = run.dump_stats[key]
