@@ -24,7 +24,9 @@ def _clean(value):
 
 
 class MetricsFileCallback(TrainerCallback):
-    """Appends every log record of the main process to `output_dir/metrics.jsonl`, with its step and wall time.
+    """Appends every log record of the main process to `output_dir/metrics.jsonl`, with its step and wall time: the
+    same records as the log history in ``trainer_state.json``, on disk as they are logged rather than only with a
+    checkpoint or at the end.
 
     A fresh run (global step 0) starts the file over; a resumed run appends to it.
     """
