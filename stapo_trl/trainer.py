@@ -30,7 +30,7 @@ from .diagnostics.token_dump import SilencedTokenDump, StepTokens
 from .distributed import all_reduce_sum
 from .fused_stats.generation import unrecordable_decoding
 from .gradient_probe import GradientProbe, probe_metric
-from .model_card import PAPER_ID, PAPER_TITLE, STAPO_CITATION, fill_trl_nones, write_card_sections
+from .model_card import PAPER_ID, PAPER_TITLE, STAPO_CITATION
 from .names import (
     ADVANTAGES_BEFORE_RULES_KEY,
     ENTROPIES_KEY,
@@ -72,6 +72,15 @@ def _as_stapo_config(args: TrainingArguments) -> STAPOConfig:
         config.epsilon_high,
     )
     return config
+
+
+def peft_type(model) -> str | None:
+    """PEFT's name for the type of the model's adapter (``LORA``, ...), or None for a model without one."""
+    if not is_peft_model(model):
+        return None
+    config = next(iter(getattr(model, "peft_config", {}).values()), None)
+    kind = getattr(config, "peft_type", None)
+    return str(getattr(kind, "value", kind)) if kind is not None else None
 
 
 def _check_prompt_column(dataset, environment_factory=None) -> None:
@@ -424,11 +433,16 @@ class STAPOTrainer(GRPOSeams):
 
     # ------------------------------------------------------------------ model card
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
-        """TRL's card (quick start, framework versions, citations) plus the STAPO sections: the method and its
-        thresholds, the final token-rule statistics, the evaluation results found in ``output_dir``
+        """The model card, by the Hub's conventions (see `stapo_trl.model_card`): TRL writes its card, which is then
+        rebuilt with `huggingface_hub`'s `ModelCardData` and `ModelCard`, keeping TRL's training procedure (tracker
+        links, framework versions) and citations, and adding the STAPO sections: the method and its thresholds, the
+        base weights, the token-rule statistics and trends, the evaluation results found in ``output_dir``
         (``run_summary.json``, ``*/summary.json`` of `stapo-trl eval`) and the recipe. TRL calls this on every
         checkpoint save and on `push_to_hub`."""
+        from huggingface_hub import ModelCard
+
         from .methods import infer_method
+        from .model_card import CardFacts, base_model_license, build_model_card, portable_location, read_run_summary
 
         tags = [tags] if isinstance(tags, str) else list(tags or [])
         method = infer_method(self.args)
@@ -438,13 +452,25 @@ class STAPOTrainer(GRPOSeams):
         card = Path(self.args.output_dir) / "README.md"
         if not self.is_world_process_zero() or not card.is_file():
             return
-        card.write_text(
-            fill_trl_nones(
-                card.read_text(encoding="utf-8"), get_config_model_id(self.model.config), str(self.args.output_dir)
-            ),
-            encoding="utf-8",
+        trl_card = ModelCard.load(card)
+        trl_data = trl_card.data.to_dict()
+        run_summary = read_run_summary(self.args.output_dir)
+        source = run_summary.get("model_source")
+        facts = CardFacts(
+            model_name=model_name or trl_data.get("model_name") or Path(self.args.output_dir).name,
+            location=portable_location(self.args.output_dir, self.hub_model_id),
+            on_hub=bool(self.hub_model_id),
+            adapter=is_peft_model(self.model),
+            adapter_type=peft_type(self.model),
+            base_model=trl_data.get("base_model"),
+            dataset=dataset_name,
+            tags=[tag for tag in trl_data.get("tags") or [] if tag != "generated_from_trainer"],
+            gguf_source=source if isinstance(source, str) and source.lower().endswith(".gguf") else None,
+            dataset_description=run_summary.get("dataset_description"),
+            license=base_model_license(trl_data.get("base_model") or get_config_model_id(self.model.config)),
         )
-        write_card_sections(card, self.args, self.state.log_history, self.args.output_dir)
+        built = build_model_card(self.args, self.state.log_history, self.args.output_dir, facts, trl_card.text)
+        built.save(card)
 
     # ------------------------------------------------------------------ checkpoints
     def train(self, resume_from_checkpoint=None, *args, **kwargs):

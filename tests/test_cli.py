@@ -83,7 +83,7 @@ def test_paper_recipes_use_the_papers_batch_arithmetic_and_hyperparameters(model
     assert training.use_vllm and training.vllm_mode == "colocate"
     assert training.vllm_gpu_memory_utilization < 0.5
     assert request.world_size % training.vllm_tensor_parallel_size == 0
-    assert training.bf16 and training.gradient_checkpointing
+    assert training.bf16 and training.activation_checkpointing
     assert training.report_to == ["wandb"]
     assert "--config_file" in request.launch_args
     assert script.method == method
@@ -479,13 +479,13 @@ def test_train_help_fits_a_screen_lists_every_method_and_only_options_that_exist
     assert len(everything.splitlines()) > 300 and "--top_entropy_quantile" in everything
 
 
-def test_debug_adds_the_traceback_to_a_usage_error_and_a_bug_keeps_its_traceback_under_a_report_line(
+def test_traceback_adds_the_traceback_to_a_usage_error_and_a_bug_keeps_its_traceback_under_a_report_line(
     tmp_path, capsys, monkeypatch
 ):
     missing = str(tmp_path / "missing.yaml")
     assert main(["train", "--config", missing, "--dry_run"]) == 2
     assert "Traceback" not in capsys.readouterr().err
-    assert main(["train", "--config", missing, "--dry_run", "--debug"]) == 2
+    assert main(["train", "--config", missing, "--dry_run", "--traceback"]) == 2
     err = capsys.readouterr().err
     assert "Traceback" in err and err.rstrip().splitlines()[-1].startswith("stapo-trl train: error: Recipe not found")
 

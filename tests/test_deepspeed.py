@@ -22,7 +22,7 @@ pytestmark = [
     pytest.mark.deepspeed,
     pytest.mark.skipif(
         importlib.util.find_spec("deepspeed") is None,
-        reason="deepspeed is not installed (pip install -e '.[dev]' or 'stapo-trl[deepspeed]')",
+        reason="deepspeed is not installed (pip install -e '.[dev]' or -e '.[deepspeed]')",
     ),
 ]
 

@@ -1,6 +1,8 @@
-"""The model card: TRL's card plus the STAPO sections (method and thresholds, final S2T statistics, evaluation,
-recipe, citation), rewritten in place; and `push_to_hub` uploading it with the weights, against an intercepted
-`HfApi` (the real Hub is unreachable here)."""
+"""The model card: built with `huggingface_hub`'s `ModelCardData` and `ModelCard` by the Hub's conventions (metadata
+that parses, a license, `pipeline_tag`, no local path), keeping TRL's training procedure and citations and adding the
+STAPO sections (method and thresholds, statistics and trends, evaluation, recipe, citation) under one heading;
+rewritten in place; and `push_to_hub` uploading it with the weights, against an intercepted `HfApi` (the real Hub is
+unreachable here)."""
 
 import json
 import math
@@ -13,11 +15,10 @@ from tiny import tiny_config, tiny_trainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
 from stapo_trl.model_card import (
-    END_MARKER,
     RECIPE_FILE,
     STAPO_CITATION,
-    START_MARKER,
-    insert_sections,
+    card_sections,
+    check_model_card,
     method_section,
     refresh_model_card,
     statistics_section,
@@ -41,16 +42,58 @@ def card_of(trainer, output_dir) -> str:
     return (output_dir / "README.md").read_text()
 
 
-def test_the_card_keeps_trls_quick_start_versions_and_citations_and_adds_stapos(trained):
+def test_the_card_keeps_trls_training_procedure_versions_and_citations_and_adds_stapos(trained):
     trainer, output_dir = trained
     card = card_of(trainer, output_dir)
     for trl_part in ("## Quick start", "from transformers import pipeline", "### Framework versions", "- TRL: 1.16"):
         assert trl_part in card, trl_part
-    assert "- stapo" in card.split("---")[1]  # a tag in the card's metadata
-    assert "Cite STAPO as:" in card and STAPO_CITATION in card
+    assert "- stapo-trl: 0.1.0" in card
+    assert "Cite STAPO as:" in card and STAPO_CITATION in card and "Cite TRL as:" in card
     assert "https://arxiv.org/abs/2602.15620" in card
-    # The STAPO sections sit between TRL's framework versions and TRL's citations.
-    assert card.index("### Framework versions") < card.index(START_MARKER) < card.index("## Citations")
+    # Level-2 sections in order; every STAPO subsection is a level 3 under "STAPO training details".
+    headings = list(card_sections(card.split("---", 2)[2]))
+    assert headings == [
+        "## Quick start",
+        "## Training procedure",
+        "## STAPO training details",
+        "## Citations",
+    ]
+    details = card_sections(card)["## STAPO training details"]
+    assert [line for line in details.splitlines() if line.startswith("#")] == [
+        "## STAPO training details",
+        "### Token-rule statistics and trends",
+        "### Recipe",
+    ]
+
+
+def test_the_card_metadata_follows_the_hubs_conventions_and_has_no_local_path(trained):
+    from huggingface_hub import ModelCard
+
+    trainer, output_dir = trained
+    card_of(trainer, output_dir)
+    data = ModelCard.load(output_dir / "README.md").data.to_dict()
+    assert data["library_name"] == "transformers" and data["pipeline_tag"] == "text-generation"
+    assert {"trl", "grpo", "stapo", "generated_from_trainer"} <= set(data["tags"])
+    assert "licence" not in data  # TRL's template writes `licence: license`, which the Hub does not read
+    assert "base_model" not in data  # the tiny model is built in code: no Hub base to name
+    problems = check_model_card(output_dir / "README.md")
+    assert problems == ["no license in the metadata"], problems  # nothing else, and no absolute path
+    assert str(output_dir) not in (output_dir / "README.md").read_text()
+
+
+def test_check_model_card_finds_what_the_hub_would_refuse_or_a_reader_could_not_use(tmp_path):
+    card = tmp_path / "README.md"
+    card.write_text(
+        "---\nbase_model: /tmp/models/base\nlicence: license\nlibrary_name: peft\ntags:\n- trl\n---\n\n"
+        'model = "/home/me/run"\n'
+    )
+    problems = check_model_card(card)
+    assert "no license in the metadata" in problems and "no pipeline_tag in the metadata" in problems
+    assert "base_model '/tmp/models/base' is not a Hub repo id" in problems
+    assert "absolute local path '/home/me/run'" in problems
+    assert any("'licence'" in problem for problem in problems)
+    card.write_text("---\nlicense: [unclosed\n---\n")
+    assert check_model_card(card)[0].startswith("the metadata cannot be parsed")
 
 
 def test_the_card_names_the_method_and_its_thresholds(trained):
@@ -72,7 +115,8 @@ def test_the_card_summarizes_the_final_s2t_statistics_from_the_log(trained):
     fraction = sum(entry["s2t/silenced_fraction"] for entry in steps) / len(steps)
     card = card_of(trainer, output_dir)
     assert f"S2T silenced {silenced} tokens of {candidates} candidates; mean silenced fraction {fraction:.4%}" in card
-    assert f"{steps[0]['entropy']:.3f} nats at the first logged step, {steps[-1]['entropy']:.3f} at the last" in card
+    # The trends: the same sentences as the end-of-run summary and `stapo-trl report` (tests/test_trends_agree.py).
+    assert "- mean token entropy (nats) " in card and "(first quarter of steps) ->" in card
 
 
 def eval_summary(label="tiny-stapo"):
@@ -95,6 +139,7 @@ def test_the_card_includes_the_eval_table_only_when_an_eval_summary_exists(train
     finally:
         shutil.rmtree(output_dir / "eval")
     assert "### Evaluation" in card and "`stapo-trl eval` (eval/summary.json; avg@k in %)" in card
+    assert card.index("### Evaluation") > card.index("## STAPO training details")
     assert "| tiny-stapo | T=0.7, top-p=0.9 | – | – | – | 12.50 | – | – |" in card
 
 
@@ -128,27 +173,19 @@ def test_a_saved_run_card_is_refreshed_from_disk_after_an_evaluation(trained, tm
     (saved / "eval" / "summary.json").write_text(json.dumps(eval_summary()))
     after = refresh_model_card(saved).read_text()
     assert "### Evaluation" not in before and "### Evaluation" in after
-    assert after.replace(after[after.index(START_MARKER) :], "") == before.replace(
-        before[before.index(START_MARKER) :], ""
-    )
-    assert after.count(START_MARKER) == 1 and "S2T silenced" in after and "## Quick start" in after
+    # Everything but the STAPO section is kept: metadata, quick start, TRL's training procedure and citations.
+    kept = ("## Quick start", "## Training procedure", "## Citations")
+    assert [card_sections(after)[heading] for heading in kept] == [card_sections(before)[heading] for heading in kept]
+    assert after.split("---", 2)[1] == before.split("---", 2)[1]
+    assert after.count("## STAPO training details") == 1 and "S2T silenced" in after
     with pytest.raises(FileNotFoundError, match="has no README.md or training_args.bin"):
         refresh_model_card(tmp_path / "empty")
 
 
-def test_writing_the_card_again_replaces_the_stapo_sections(trained):
-    card = card_of(*trained)
-    card = card_of(*trained)
-    assert card.count(START_MARKER) == card.count(END_MARKER) == 1
-    assert card.count("## Citations") == 1
-
-
-def test_sections_go_before_trls_citations_or_at_the_end():
-    sections = f"{START_MARKER}\nmine\n{END_MARKER}\n"
-    assert insert_sections("# Card\n\n## Citations\nTRL\n", sections) == f"# Card\n\n{sections}\n## Citations\nTRL\n"
-    assert insert_sections("# Card\n", sections) == f"# Card\n\n{sections}"
-    replaced = insert_sections(f"# Card\n\n{START_MARKER}\nold\n{END_MARKER}\n\n## Citations\n", sections)
-    assert "old" not in replaced and replaced.count("mine") == 1
+def test_writing_the_card_again_gives_the_same_card(trained):
+    first = card_of(*trained)
+    assert card_of(*trained) == first
+    assert first.count("## STAPO training details") == 1 and first.count("## Citations") == 1
 
 
 def test_the_card_describes_stare_and_plain_grpo_runs(tmp_path):
@@ -198,7 +235,24 @@ def test_push_to_hub_uploads_the_card_and_weights_through_an_intercepted_hfapi(t
     uploaded = hub / "my-org" / "tiny-stapo"
     assert (uploaded / "model.safetensors").is_file() and (uploaded / "config.json").is_file()
     card = (uploaded / "README.md").read_text()
-    assert "# Model Card for tiny-stapo" in card and 'model="my-org/tiny-stapo"' in card  # TRL's quick start
-    assert START_MARKER in card and "Trained with **STAPO**" in card and "S2T silenced" in card
+    assert "# Model Card for tiny-stapo" in card and 'model="my-org/tiny-stapo"' in card  # the quick start
+    assert "`my-org/tiny-stapo` is the Hub repository this card belongs to" in card
+    assert "Trained with **STAPO**" in card and "S2T silenced" in card
     assert STAPO_CITATION in card
     assert not list(Path(uploaded).glob("checkpoint-*"))
+
+
+def test_an_adapter_trained_on_a_gguf_file_is_evaluated_on_those_weights(tmp_path):
+    """`stapo-trl eval --model RUN` takes an adapter's base from the GGUF file its run recorded, when that file is a
+    quantization of the base `adapter_config.json` names; otherwise from `adapter_config.json`."""
+    from stapo_trl.evaluation.models import trained_on_gguf
+    from stapo_trl.gguf import SMOLLM2_GGUF, hub_source
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run_summary.json").write_text(json.dumps({"model_source": SMOLLM2_GGUF}))
+    assert trained_on_gguf(run, hub_source(SMOLLM2_GGUF)) == SMOLLM2_GGUF
+    assert trained_on_gguf(run, "Qwen/Qwen3-8B-Base") is None  # another base: the adapter's own record wins
+    (run / "run_summary.json").write_text(json.dumps({"model_source": "HuggingFaceTB/SmolLM2-135M-Instruct"}))
+    assert trained_on_gguf(run, "HuggingFaceTB/SmolLM2-135M-Instruct") is None  # not a GGUF: nothing to replace
+    assert trained_on_gguf(tmp_path / "no-summary", "HuggingFaceTB/SmolLM2-135M-Instruct") is None

@@ -68,6 +68,7 @@ def test_the_cpu_quickstart_notebook_trains_evaluates_reports_and_writes_a_card(
     card = (output_dir / "README.md").read_text()
     assert "Trained with **STAPO**" in card and "Held-out greedy accuracy (4 problems)" in card
     assert "### Recipe" in card and "smollm2-135m-cpu.yaml" in card
+    assert "The card passes the offline metadata checks." in printed(notebook)
 
 
 @pytest.mark.slow
@@ -81,3 +82,4 @@ def test_the_qwen3_notebook_trains_evaluates_reports_and_refreshes_the_card_on_t
     card = (output_dir / "README.md").read_text()
     assert "### Evaluation" in card and "`stapo-trl eval` (eval/summary.json" in card
     assert "notebook-recipe.yaml" in card and "dump_silenced_tokens: true" in card
+    assert "push_to_hub" in notebook.cells[2].source  # with HUB_MODEL_ID, the trainer pushes, as with TRL

@@ -247,16 +247,18 @@ def test_training_curves_render_headless_and_note_missing_metrics(tmp_path):
         {"step": 1, "reward": -0.5, "entropy": 0.4},
         {"step": 2, "reward": 0.0, "entropy": 0.35},
     ]
-    path = plot_training_curves(records, tmp_path / "curves.png", title="grpo")
+    path = plot_training_curves(records, tmp_path / "curves.png", label="grpo, seed 0", title="grpo on SmolLM2")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    reward, entropy, masked = training_curve_panels(records)
+    reward, entropy, grad_norm, masked = training_curve_panels(records, label="grpo, seed 0")
     assert reward.series[0].values == [-0.5, 0.0] and entropy.series[0].values == [0.4, 0.35]
+    assert reward.series[0].label == "grpo, seed 0"  # the legend names the run
+    assert grad_norm.notes == ["not logged by this run"]
     assert (entropy.y_floor, masked.y_floor) == (0.0, 0.0)
     assert masked.series == [] and masked.notes == ["not logged by this run"]
     silenced = training_curve_panels(
         [{"step": 1, "s2t/silenced_fraction": 0.0}, {"step": 2, "s2t/silenced_fraction": 0.004}]
     )
-    assert silenced[2].series[0].values == [0.0, 0.4]  # percent
+    assert silenced[3].series[0].values == [0.0, 0.4]  # percent
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text(json.dumps(records[0]) + "\n" + json.dumps({"step": 2, "train_runtime": 3.0}) + "\n")
     assert read_metrics(metrics) == records[:1]

@@ -17,7 +17,6 @@ from stapo_trl.diagnostics.report import (
     FIGURES,
     ReportError,
     density_panel,
-    entropy_trend,
     find_log_source,
     line_panel,
     load_run,
@@ -25,6 +24,7 @@ from stapo_trl.diagnostics.report import (
     summarize_run,
     token_bars,
     top_silenced_tokens,
+    trend_sentences,
     visible_token,
     write_report,
 )
@@ -142,11 +142,53 @@ def test_the_summary_of_a_run_is_computed_from_its_log(tmp_path):
     assert summary["silenced_fraction"] == pytest.approx((0.001 + 0.0 + 0.002 + 0.001) / 4)
     assert (summary["silenced_tokens"], summary["candidates"]) == (4, 6)
     assert summary["threshold_median"] == pytest.approx(0.5)  # median of 0.6, 0.4, 0.5; step 2 had no candidates
-    assert entropy_trend(summary) == "falls (0.800 -> 0.400 nats)"
-    assert (
-        entropy_trend({"entropy_first_quarter": 0.5, "entropy_last_quarter": 0.51})
-        == "stays flat (0.500 -> 0.510 nats)"
+    # Entropy 0.8, 0.7, 0.5, 0.4 at steps 1-4: slope -0.7 / 5 = -0.14, residual variance 0.002 / 2, s.e. sqrt(0.001 / 5).
+    assert trend_sentences(summary)[1] == (
+        "mean token entropy (nats) 0.800 (first quarter of steps) -> 0.400 (last quarter); "
+        "slope -0.1400 ± 0.0141 per step over 4 steps: falls"
     )
+
+
+def test_a_trend_is_called_only_beyond_twice_its_standard_error():
+    from stapo_trl.diagnostics.trends import trend
+
+    noisy = trend("entropy", [1, 2, 3, 4, 5, 6], [0.5, 0.6, 0.4, 0.55, 0.45, 0.52])
+    assert noisy.verdict == "no trend beyond its step-to-step scatter"
+    assert abs(noisy.slope) < 2 * noisy.slope_standard_error
+    rising = trend("reward", [1, 2, 3, 4], [-1.0, -0.5, 0.0, 0.6])
+    assert rising.verdict == "rises"
+    assert trend("reward", [1, 2, 3], [-1.0, 0.0, 1.0]).verdict == "too few steps to tell"
+    assert trend("reward", [], []) is None
+
+
+def test_the_held_out_accuracy_comes_from_the_logs_evaluation_records_which_are_not_steps(tmp_path):
+    heldout = {"eval_heldout_accuracy_standard_error": 0.1, "eval_heldout_total": 16, "eval_heldout_format_rate": 0.5}
+    history = [
+        {"step": 0, "eval_heldout_accuracy": 0.25, **heldout},
+        *HISTORY[:-1],
+        {"step": 4, "eval_heldout_accuracy": 0.5, **heldout},
+        HISTORY[-1],
+    ]
+    run = load_run(write_state(tmp_path / "run", history=history))
+    assert [record["step"] for record in run.history] == [1, 2, 3, 4]  # read_history: training steps only
+    summary = summarize_run(run)
+    assert summary["heldout"]["before"]["accuracy"] == 0.25 and summary["heldout"]["after"]["accuracy"] == 0.5
+    markdown = write_report([tmp_path / "run"], tmp_path / "out").markdown.read_text()
+    assert "| 0.250 ± 0.100 → 0.500 ± 0.100 |" in markdown
+
+
+def test_a_rule_in_shadow_is_summarized_as_computed_not_applied(tmp_path):
+    shadow = [
+        {key.replace("s2t/", "shadow/s2t/"): value for key, value in record.items()}
+        for record in HISTORY
+        if "train_runtime" not in record
+    ]
+    summary = summarize_run(load_run(write_state(tmp_path / "grpo", history=shadow)))
+    assert summary["rule_lines"] == [
+        "in shadow (computed, not applied): S2T silenced: 4 of 6 candidate tokens, in 3 of 4 steps (0.100% of loss "
+        "tokens)"
+    ]
+    assert "silenced_tokens" not in summary  # nothing was silenced: the rule was not applied
 
 
 def test_the_top_silenced_tokens_are_counted_from_the_dump_and_shown_with_visible_whitespace(tmp_path):
@@ -221,6 +263,17 @@ def test_top_silenced_tokens_of_a_run_with_silenced_tokens_a_run_without_and_a_r
     assert (bars.tokens, bars.counts) == (["␣the", "7"], [2, 1])
     assert bars.title == "stapo\n4 dumped of 6 silenced\n2 of 3 distinct tokens, most frequent first"
 
+    once_each = write_state(tmp_path / "once")
+    write_dump(once_each, tokens=(" x", "7", "\n"))
+    table = token_bars(load_run(once_each))
+    assert (table.tokens, table.counts) == ([], [])  # bars of equal length would say nothing: a table instead
+    assert table.rows == [
+        ("1", "…so [␣x] answer…", "1e-07", "0.40", "+0.90"),
+        ("1", "…so [7] answer…", "1e-07", "0.40", "+0.90"),
+        ("1", "…so [↵] answer…", "1e-07", "0.40", "+0.90"),
+    ]
+    assert table.title.endswith("3 distinct tokens, each silenced 1 time")
+
     quiet = write_state(tmp_path / "quiet", history=NOTHING_SILENCED)
     write_dump(quiet, tokens=())
     stats = json.loads((quiet / SILENCED_TOKENS_STATS_FILE).read_text())
@@ -261,8 +314,9 @@ def test_a_report_compares_runs_and_draws_every_figure(tmp_path):
     for path in report.figures.values():
         assert path.read_bytes()[:8] == PNG, path
     markdown = report.markdown.read_text()
-    assert "| stapo | 4 | -1.000 → +0.500 | 0.800 → 0.400 | 0.1000% | 4 | 6 | 0.500 | 4 / 6 |" in markdown
-    assert "| grpo | 2 | -1.000 → +0.000 | 0.900 → 0.600 | – | – | – | – | – |" in markdown
+    assert "| stapo | 4 | -1.000 → +0.500 | 0.800 → 0.400 | 0.1000% | 4 | 6 | 0.500 | – | – | – | 4 / 6 |" in markdown
+    assert "| grpo | 2 | -1.000 → +0.000 | 0.900 → 0.600 | – | – | – | – | – | – | – | – |" in markdown
+    assert "- S2T silenced: 4 of 6 candidate tokens, in 3 of 4 steps (0.100% of loss tokens)" in markdown
     assert "grpo: no token rule silenced tokens in the log (none was on)" in markdown
     assert "`…so [[␣the]] answer…`" in markdown  # a silenced token in its context, whitespace made visible
     for name in FIGURES.values():
@@ -274,7 +328,7 @@ def test_without_any_dump_the_report_says_how_to_get_the_token_figures(tmp_path)
     assert "token_density" not in report.figures and "top_silenced_tokens" not in report.figures
     assert "dump_silenced_tokens: true" in report.markdown.read_text()
     html = report.html.read_text()
-    assert html.count("data:image/png;base64,") == 3  # entropy, reward, masking, inlined
+    assert html.count("data:image/png;base64,") == 4  # entropy, reward, masking, optimization, inlined
     assert "<pre>" not in html and "<table>" in html and "<td>run</td>" in html  # rendered, not Markdown source
     assert "<h2>Mean token entropy</h2>" in html and "<blockquote>" in html
 
@@ -289,7 +343,9 @@ def test_the_command_prints_the_trend_and_the_mask_and_writes_into_the_run_dir(t
     directory = write_state(tmp_path / "run")
     assert main(["report", str(directory)]) == 0
     printed = capsys.readouterr().out
-    assert "run: 4 steps, entropy falls (0.800 -> 0.400 nats), S2T silenced 0.1000% of loss tokens" in printed
+    assert "run: 4 steps" in printed
+    assert "  mean token entropy (nats) 0.800 (first quarter of steps) -> 0.400 (last quarter); slope" in printed
+    assert "  S2T silenced: 4 of 6 candidate tokens, in 3 of 4 steps (0.100% of loss tokens)" in printed
     assert (directory / "report" / "report.md").is_file()
 
 

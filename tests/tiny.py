@@ -73,7 +73,7 @@ def tiny_config(config_class, output_dir, **overrides):
         "report_to": "none",
         "bf16": False,
         "use_cpu": True,
-        "gradient_checkpointing": False,
+        "activation_checkpointing": False,
         "save_strategy": "no",
         "seed": 0,
         "disable_tqdm": True,

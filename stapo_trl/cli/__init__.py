@@ -17,8 +17,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stapo-trl",
         description="STAPO (Spurious-Token-Aware Policy Optimization) for Hugging Face TRL.",
-        epilog="Run `stapo-trl train -h`, `stapo-trl eval -h` or `stapo-trl report -h` for every option. `--debug` "
-        "(or STAPO_TRL_DEBUG=1) prints the traceback of an error as well as its message.",
+        epilog="Run `stapo-trl train -h`, `stapo-trl eval -h` or `stapo-trl report -h` for every option. `--traceback` "
+        "(or STAPO_TRL_TRACEBACK=1) prints the traceback of an error as well as its message.",
     )
     subcommands = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in COMMANDS.items():
@@ -26,8 +26,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-DEBUG_FLAG = "--debug"
-DEBUG_ENVIRONMENT = "STAPO_TRL_DEBUG"
+TRACEBACK_FLAG = "--traceback"
+TRACEBACK_ENVIRONMENT = "STAPO_TRL_TRACEBACK"
+"""Print an error's traceback as well as its message. (Not `--debug`: that is a transformers training argument,
+which `stapo-trl train` passes on to `TrainingArguments` like any other.)"""
 
 
 def _versions() -> str:
@@ -60,8 +62,8 @@ def _run(command: str, argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command. Every mistake in the input (a `UsageError`) becomes one line on stderr and exit code 2; with
-    `--debug` anywhere on the command line, or `STAPO_TRL_DEBUG=1`, its traceback is printed too. Ctrl-C exits with
-    130 (`train` and `eval` first say how to resume). Any other exception is a bug: its traceback is printed under a
+    `--traceback` anywhere on the command line, or `STAPO_TRL_TRACEBACK=1`, its traceback is printed too. Ctrl-C exits
+    with 130 (`train` and `eval` first say how to resume). Any other exception is a bug: its traceback is printed under a
     line that says how to report it."""
     import os
     import traceback
@@ -69,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     from ..errors import UsageError
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = DEBUG_FLAG in argv or os.environ.get(DEBUG_ENVIRONMENT, "") not in ("", "0")
-    argv = [token for token in argv if token != DEBUG_FLAG]
+    debug = TRACEBACK_FLAG in argv or os.environ.get(TRACEBACK_ENVIRONMENT, "") not in ("", "0")
+    argv = [token for token in argv if token != TRACEBACK_FLAG]
     parser = _parser()
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()

@@ -51,6 +51,9 @@ class TrainScriptArguments:
             cheaper; on the CPU quickstart, the last 8 of 30 layers cut a step by about a fifth.
         reward_funcs (`list[str]`, *optional*, defaults to `["boxed"]`):
             Reward functions, by registered name (`dapo`, `boxed`, `math_verify`, `think_format`) or dotted path.
+        reward_model_name_or_path (`str`, *optional*):
+            A reward model (a Hub id or a local directory of a sequence-classification model), added after
+            `reward_funcs`, as `trl grpo` does.
         dry_run (`bool`, *optional*, defaults to `False`):
             Resolve the recipe, print the plan and exit without loading the model or the data.
         overwrite_output_dir (`bool`, *optional*, defaults to `False`):
@@ -128,6 +131,13 @@ class TrainScriptArguments:
         metadata={
             "help": "Reward functions by registered name (dapo, boxed, math_verify, think_format) or dotted path "
             "(my_package.rewards.my_reward)."
+        },
+    )
+    reward_model_name_or_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "A reward model (Hub id or local directory of a sequence-classification model), added after "
+            "reward_funcs, as trl grpo does."
         },
     )
     dry_run: bool = field(

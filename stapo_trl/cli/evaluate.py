@@ -49,6 +49,18 @@ def describe_setting(label: str, setting: dict[str, Any], graders: list[str]) ->
 def eval_command(argv: list[str]) -> int:
     from ..errors import UsageError
     from ..evaluation import EvalConfigError, evaluate
+    from .help import HELP_ALL_FLAG, eval_help
+
+    if HELP_ALL_FLAG in argv:
+        from trl import TrlParser
+
+        from ..evaluation import EvalConfig
+
+        TrlParser(dataclass_types=[EvalConfig], prog=PROG).print_help()
+        return 0
+    if "-h" in argv or "--help" in argv:
+        print(eval_help())
+        return 0
 
     try:
         config = parse_eval_args(argv)

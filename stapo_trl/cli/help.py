@@ -1,4 +1,5 @@
-"""`stapo-trl train -h`: the options people change, grouped, on one screen. `--help-all` prints every option."""
+"""`stapo-trl train -h` and `stapo-trl eval -h`: options grouped, one line or one paragraph each. `--help-all`
+prints the raw parser's listing of every option."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
             ("dataset_name", "DAPO-Math-17K (Hub id or local file), 'sample', or 'arithmetic'"),
             ("prompt_style", "boxed (answer in \\boxed{}) or dapo (an 'Answer:' line)"),
             ("reward_funcs", "registered rewards (boxed, dapo, math_verify, ...) or dotted import paths"),
+            ("reward_model_name_or_path", "a reward model (Hub id or path), added after reward_funcs, as trl grpo"),
             ("num_train_problems", "train on this many problems"),
             ("heldout_problems", "score this many held-out problems greedily before and after training"),
         ),
@@ -102,7 +104,7 @@ def short_help() -> str:
         "",
         "Train with a YAML recipe; any key of the recipe can also be given as --key value. The options people",
         "change most are below; `stapo-trl train --help-all` lists all of them, with TRL's and transformers' own.",
-        "`--debug` prints the traceback of an error as well as its message.",
+        "`--traceback` prints the traceback of an error as well as its message.",
     ]
     for title, options in option_groups():
         lines += ["", f"{title}:"]
@@ -113,5 +115,83 @@ def short_help() -> str:
         "  stapo-trl train --config recipes/quickstart/smollm2-135m-cpu.yaml",
         "  stapo-trl train --config recipes/dapo_math_17k/qwen3-8b-base/stapo.yaml --dry_run",
         "  stapo-trl train --config RECIPE.yaml --method grpo --seed 1 --output_dir outputs/grpo-seed1",
+    ]
+    return "\n".join(lines)
+
+
+EVAL_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("model", ("model", "adapter", "base_model", "label", "method", "model_size")),
+    (
+        "benchmarks and data",
+        ("benchmarks", "benchmark_source", "benchmark_sources", "benchmark_splits", "max_problems"),
+    ),
+    ("sampling", ("presets", "temperature", "top_p", "samples_per_problem", "samples", "max_new_tokens", "seed")),
+    ("prompt and grading", ("prompt_style", "system_prompt", "chat_template", "graders")),
+    (
+        "generation backend",
+        (
+            "backend",
+            "batch_size",
+            "tensor_parallel_size",
+            "data_parallel_size",
+            "gpu_memory_utilization",
+            "max_model_len",
+            "dtype",
+            "device",
+            "trust_remote_code",
+        ),
+    ),
+    ("output", ("output_dir", "overwrite", "compare", "paper_comparison", "show_progress")),
+)
+"""The groups of ``eval -h``, by `EvalConfig` field; a test checks that every field is in exactly one."""
+
+
+def _metavar(item) -> str:
+    """How an `EvalConfig` field's value is written on the command line."""
+    kind = str(item.type)
+    if "bool" in kind:
+        return "true|false"
+    if "list" in kind:
+        return "VALUE [VALUE ...]"
+    if "choices" in item.metadata:
+        return "{" + ",".join(item.metadata["choices"]) + "}"
+    return "INT" if "int" in kind else "FLOAT" if "float" in kind else "TEXT"
+
+
+def eval_help() -> str:
+    """``stapo-trl eval -h``: every option once (a boolean as ``--name true|false``, not twice as ``--name`` and
+    ``--no_name``), grouped, each with its help and default."""
+    import dataclasses
+    import textwrap
+
+    from ..evaluation import EvalConfig
+
+    fields = {item.name: item for item in dataclasses.fields(EvalConfig)}
+    lines = [
+        "usage: stapo-trl eval --model MODEL [--option value ...]",
+        "",
+        "avg@k on AIME24/25, AMC23, MATH500, Minerva and OlympiadBench under the paper's two sampling settings, with",
+        "the paper's numbers beside ours. The defaults are the paper's protocol. `--traceback` prints the traceback of",
+        "an error as well as its message; `stapo-trl eval --help-all` prints the raw parser's listing.",
+        "",
+        "config:",
+        "  --config FILE.yaml",
+        "      read options from a YAML file of option: value pairs; flags on the command line override it",
+    ]
+    for title, names in EVAL_GROUPS:
+        lines += ["", f"{title}:"]
+        for name in names:
+            item = fields[name]
+            default = item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default
+            text = item.metadata.get("help", "")
+            if default not in (None, [], "") and "default" not in text.lower():
+                text += f" Default: {' '.join(default) if isinstance(default, list) else default}."
+            lines.append(f"  --{name} {_metavar(item)}")
+            lines += textwrap.wrap(text, width=116, initial_indent="      ", subsequent_indent="      ")
+    lines += [
+        "",
+        "examples:",
+        "  stapo-trl eval --model outputs/quickstart-smollm2-135m-cpu --benchmark_source sample --max_new_tokens 160",
+        "  stapo-trl eval --model my-org/qwen3-8b-base-grpo --method grpo --data_parallel_size 8",
     ]
     return "\n".join(lines)

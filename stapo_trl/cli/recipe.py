@@ -32,6 +32,14 @@ STALE_KEYS = {
     "vllm_guided_decoding_regex": "TRL 1.x renamed it vllm_structured_outputs_regex",
     "wandb_log_unique_prompts": "TRL 1.x renamed it log_unique_prompts",
 }
+TRL_GRPO_REFUSED = {
+    "dataset_test_split": "stapo-trl train runs no TRL evaluation loop. Hold problems out with heldout_problems "
+    "(scored greedily before and after training), or score a checkpoint on the benchmarks with `stapo-trl eval`",
+    "dataset_streaming": "stapo-trl train loads the dataset whole, to deduplicate DAPO-Math-17K and drop overlong "
+    "prompts; streaming is not supported",
+    "datasets": "stapo-trl train trains on one dataset, named by dataset_name; dataset mixtures are not supported",
+}
+"""`trl grpo` script arguments that `stapo-trl train` refuses, with the reason and what to use instead."""
 ACCELERATE_CONFIG_KEY = "accelerate_config"
 RESERVED_KEYS = {"env"}
 
@@ -274,6 +282,52 @@ def _refuse(message: str):
     raise RecipeError(message)
 
 
+CHECKPOINTING_NAMES = {
+    "activation_checkpointing": "gradient_checkpointing",
+    "activation_checkpointing_kwargs": "gradient_checkpointing_kwargs",
+}
+"""transformers 5.24 renamed ``gradient_checkpointing*`` to ``activation_checkpointing*`` and deprecates the old
+names; the recipes use the new ones."""
+
+
+def _spell_checkpointing_for_this_transformers(
+    recipe: dict[str, Any], cli_args: list[str], actions: dict[str, argparse.Action]
+) -> tuple[dict[str, Any], list[str]]:
+    """The recipe and flags with ``activation_checkpointing*`` written as ``gradient_checkpointing*`` when the
+    installed transformers predates the new names (before 5.24), so that one recipe runs on every transformers the
+    package supports. With 5.24 or newer, nothing changes."""
+    missing = {new: old for new, old in CHECKPOINTING_NAMES.items() if new not in actions}
+    if not missing:
+        return recipe, cli_args
+    recipe = {missing.get(key, key): value for key, value in recipe.items()}
+    renamed = []
+    for token in cli_args:
+        name, sep, value = token[2:].partition("=") if token.startswith("--") else ("", "", "")
+        renamed.append(f"--{missing[name]}{sep}{value}" if name in missing else token)
+    return recipe, renamed
+
+
+def _refuse_stray_arguments(remaining: list[str], launch_options: dict[str, argparse.Action]) -> None:
+    """Refuse a token left over after parsing that is neither an `accelerate launch` option nor that option's value:
+    `stapo-trl train` takes no positional arguments (`trl grpo` refuses them too), and a leftover would otherwise
+    reach the `accelerate launch` command line."""
+    expects_value = False
+    for token in remaining:
+        if expects_value:
+            expects_value = False
+            continue
+        if token.startswith("-"):
+            name, has_value = token.lstrip("-").split("=", 1)[0], "=" in token
+            action = launch_options.get(name)
+            takes_value = name == ACCELERATE_CONFIG_KEY or (action is not None and action.nargs != 0)
+            expects_value = takes_value and not has_value
+            continue
+        raise RecipeError(
+            f"unexpected argument {token!r}: stapo-trl train takes no positional arguments, only --key value "
+            "options (recipe keys, or accelerate launch options); quote a value that holds spaces."
+        )
+
+
 def parse_train_args(argv: list[str]) -> TrainRequest:
     """Resolve `stapo-trl train [--config RECIPE] [--key value ...]` without loading a model or data."""
     config_arg, cli_args = _split_config_flag(list(argv))
@@ -284,6 +338,7 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
     parser = make_train_parser()
     parser.error = _refuse
     actions = {action.dest: action for action in parser._actions if action.dest != "help"}
+    recipe, cli_args = _spell_checkpointing_for_this_transformers(recipe, cli_args, actions)
     launch_options = _option_names(_launch_parser())
     launch_actions = {name: action for name, action in launch_options.items() if name not in actions}
 
@@ -292,7 +347,7 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
     if unknown:
         lines = []
         for key in unknown:
-            reason = STALE_KEYS.get(key)
+            reason = STALE_KEYS.get(key) or TRL_GRPO_REFUSED.get(key)
             lines.append(f"  {key}: " + (reason + "." if reason else "not a known key." + _suggest(key, actions)))
         raise RecipeError(f"{where} has keys that stapo-trl train does not know:\n" + "\n".join(lines))
 
@@ -354,11 +409,12 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
         if token.startswith("-"):
             name = token.lstrip("-").split("=", 1)[0]
             if name != ACCELERATE_CONFIG_KEY and (name not in launch_options or name in actions):
-                hint = STALE_KEYS.get(name)
+                hint = STALE_KEYS.get(name) or TRL_GRPO_REFUSED.get(name)
                 raise RecipeError(
                     f"Unknown argument {token}."
                     + (f" {hint}." if hint else _suggest(name, list(actions) + list(launch_options)))
                 )
+    _refuse_stray_arguments(remaining, launch_options)
     cli_launch_tokens = list(remaining)
     if "--accelerate_config" in remaining:
         index = remaining.index("--accelerate_config")

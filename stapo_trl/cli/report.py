@@ -9,10 +9,12 @@ from pathlib import Path
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stapo-trl report",
-        description="Plot entropy, reward, the silenced fraction and the silencing threshold (S2T's tau_h) over the "
-        "steps of one or more runs, and, from the silenced-token dump (dump_silenced_tokens: true), where the "
-        "silenced tokens sit over p and H "
-        "and which tokens they were. Reads each run's trainer_state.json (or metrics.jsonl).",
+        description="Plot and summarize one or more training runs on shared axes: reward and entropy with their "
+        "trends, the silenced fraction and the silencing threshold (S2T's tau_h), the gradient norm, completion "
+        "length, clipping and the gradient probe, the held-out accuracy, each token rule's summary, and, from the "
+        "silenced-token dump (dump_silenced_tokens: true), where the silenced tokens sit over p and H and which "
+        "tokens they were. Several runs (for example STAPO and GRPO) are compared side by side, and problem by "
+        "problem on their held-out results. Reads each run's trainer_state.json (else metrics.jsonl).",
     )
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="training output directories")
     parser.add_argument(
@@ -24,7 +26,12 @@ def _parser() -> argparse.ArgumentParser:
         "--labels", nargs="+", default=None, help="one legend label per run (default: directory names)"
     )
     parser.add_argument("--html", action="store_true", help="also write report.html with the figures inlined")
-    parser.add_argument("--top_tokens", type=int, default=15, help="bars in the top-silenced-tokens chart")
+    parser.add_argument(
+        "--top_tokens",
+        type=int,
+        default=15,
+        help="tokens in the top-silenced-tokens chart (bars, or a table in context when counts are equal)",
+    )
     return parser
 
 
@@ -42,19 +49,14 @@ def report_command(argv: list[str]) -> int:
         raise ReportError(f"--top_tokens is {args.top_tokens}; it must be at least 1.")
     output_dir = Path(args.output_dir) if args.output_dir else default_output_dir(args.run_dirs)
     report = write_report(args.run_dirs, output_dir, labels=args.labels, html=args.html, top_tokens=args.top_tokens)
-    from ..diagnostics.report import entropy_trend
+    from ..diagnostics.report import heldout_cell, trend_sentences
 
     for summary in report.summaries:
-        line = f"{summary['label']}: {summary['steps']} steps, entropy {entropy_trend(summary)}"
-        if "silenced_fraction" in summary:
-            from ..token_rules import get_token_rule
-
-            counted = f"{summary['silenced_tokens']} tokens"
-            if "candidates" in summary:
-                counted += f", {summary['candidates']} candidates"
-            rule = get_token_rule(summary["silencing_rule"]).display_name
-            line += f", {rule} silenced {summary['silenced_fraction']:.4%} of loss tokens ({counted})"
-        print(line)
+        print(f"{summary['label']}: {summary['steps']} steps")
+        for line in [*trend_sentences(summary), *summary.get("rule_lines", [])]:
+            print(f"  {line}")
+        if summary.get("heldout"):
+            print(f"  held-out greedy accuracy: {heldout_cell(summary['heldout'])}")
     for note in report.notes:
         print(f"note: {note}")
     print(f"report: {report.markdown}")

@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from ..files import write_text_atomically
-from ..names import HELDOUT_RESULTS_FILE, METRICS_FILE, RUN_SUMMARY_FILE, SILENCED_TOKENS_FILE, TRAINING_CURVES_FILE
+from ..names import (
+    HELDOUT_RESULTS_FILE,
+    METRICS_FILE,
+    RUN_SUMMARY_FILE,
+    SILENCED_TOKENS_FILE,
+    TRAINER_STATE_FILE,
+    TRAINING_CURVES_FILE,
+)
 from .recipe import RecipeError, TrainRequest, is_launched, parse_train_args
 
 logger = logging.getLogger("stapo_trl")
@@ -103,6 +110,25 @@ def configure_logging(main_process: bool) -> None:
         handler.setFormatter(logging.Formatter("[stapo-trl] %(message)s"))
         package_logger.addHandler(handler)
         package_logger.propagate = False
+
+
+KNOWN_WARNINGS = (
+    # transformers 5.24 deprecates the property; PEFT's `PeftModel.__init__` and TRL's gradient-checkpointing helpers
+    # read it on every run, whatever the recipe says. Nothing a user can change, so it is filtered by its message.
+    (r"`is_gradient_checkpointing` is deprecated", FutureWarning),
+)
+
+
+def quiet_known_warnings(state) -> None:
+    """Silence, at their source, the warnings every `stapo-trl train` run would print that say nothing about the
+    user's recipe: DeepSpeed's "Setting accelerator to CPU" line on a one-process CPU run (by telling DeepSpeed the
+    accelerator, ``DS_ACCELERATOR=cpu``, unless it is already set), and `KNOWN_WARNINGS`."""
+    import warnings
+
+    for message, category in KNOWN_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)
+    if state.num_processes == 1 and state.device.type == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
 def resolve_model_path(name: str) -> str:
@@ -205,12 +231,36 @@ class RunSummary:
     """``model_name_or_path`` as given (a GGUF file's reference, not its conversion in this machine's cache)."""
     reward_first: float | None = None
     reward_last: float | None = None
+    trends: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Each trended metric's quarter means, least-squares slope per step and its standard error, and the verdict
+    (`stapo_trl.diagnostics.trends`): the same sentences as the model card and `stapo-trl report`."""
+    dataset_description: str | None = None
+    """What the model was trained on, for the model card, when the dataset is not a Hub dataset."""
     token_rules: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Each token rule's end-of-run summary (its spec's `summarize`), by rule name."""
     silenced_examples: list[str] = field(default_factory=list)
     accuracy_before: dict | None = None
     accuracy_after: dict | None = None
     files: dict[str, str] = field(default_factory=dict)
+    """The files the run wrote, relative to ``output_dir``."""
+    output_dir: str = "."
+
+    def trend_sentences(self) -> list[str]:
+        from ..diagnostics.trends import TREND_METRICS, Trend
+
+        labels = dict(TREND_METRICS)
+        found = []
+        for key, values in self.trends.items():
+            trend = Trend(
+                labels.get(key, key),
+                values["steps"],
+                values["first_quarter"],
+                values["last_quarter"],
+                values["slope"],
+                values["slope_standard_error"],
+            )
+            found.append(trend.sentence())
+        return found
 
     def lines(self) -> list[str]:
         lines = [f"stapo-trl train: {self.method} on {self.model}, {self.steps} optimizer steps"]
@@ -222,11 +272,8 @@ class RunSummary:
             )
             if before.get("format_rate") is not None and after.get("format_rate") is not None:
                 lines.append(f"  answer format rate:       {before['format_rate']:.2f} -> {after['format_rate']:.2f}")
-        if self.reward_first is not None:
-            lines.append(
-                f"  mean reward:              {self.reward_first:+.3f} (first quarter of steps) -> "
-                f"{self.reward_last:+.3f} (last quarter)"
-            )
+        for trend in self.trend_sentences():
+            lines.append(f"  {trend}")
         from ..token_rules import get_token_rule
 
         for name, summary in self.token_rules.items():
@@ -237,7 +284,8 @@ class RunSummary:
         lines.append(
             f"  time:                     {self.seconds_total:.0f} s in all, {self.seconds_training:.0f} s training"
         )
-        lines += [f"  {label + ':':<25} {path}" for label, path in self.files.items()]
+        lines.append(f"  {'output_dir:':<25} {self.output_dir}")
+        lines += [f"  {label + ':':<25} {path}" for label, path in self.files.items() if label != "checkpoint"]
         return lines
 
 
@@ -307,15 +355,19 @@ def write_recipe(request: TrainRequest, output_dir: Path) -> Path:
 
 
 def summarize_metrics(records: list[dict]) -> dict[str, Any]:
-    """Reward in the first and last quarter of the steps, and each token rule's summary of the run (under
-    ``token_rules``, by rule name, for the rules that logged anything)."""
-    from ..diagnostics.report import quarter_means
+    """The trends of reward and entropy over the training steps of the log (``trends``; the reward's quarter means
+    also as ``reward_first`` and ``reward_last``), and each token rule's summary of the run (under ``token_rules``,
+    by rule name, for the rules that logged anything)."""
+    from ..diagnostics.trends import is_training_record, run_trends
     from ..token_rules import TOKEN_RULES
 
+    records = [record for record in records if is_training_record(record)]
     summary: dict[str, Any] = {}
-    rewards = quarter_means([record["reward"] for record in records if record.get("reward") is not None])
-    if rewards is not None:
-        summary["reward_first"], summary["reward_last"] = rewards
+    trends = run_trends(records)
+    if "reward" in trends:
+        summary["reward_first"], summary["reward_last"] = trends["reward"].first_quarter, trends["reward"].last_quarter
+    if trends:
+        summary["trends"] = {key: trend.to_dict() for key, trend in trends.items()}
     rules = {name: spec.summarize(records) for name, spec in sorted(TOKEN_RULES.items(), key=lambda i: i[1].order)}
     rules = {name: rule_summary for name, rule_summary in rules.items() if rule_summary}
     if rules:
@@ -364,7 +416,7 @@ def run_training(request: TrainRequest) -> RunSummary:
 
     from ..callbacks import MetricsFileCallback, StepSummaryProgressCallback, StopAtCheckpointOnSignal
     from ..colocated_vllm_cpu import needs_cpu_adapter, require_vllm_cpu
-    from ..diagnostics.report import plot_training_curves, read_metrics
+    from ..diagnostics.report import plot_training_curves
     from ..evaluation import greedy_accuracy
     from ..resume import resolve_resume_checkpoint
     from ..rewards import get_reward_func
@@ -376,6 +428,7 @@ def run_training(request: TrainRequest) -> RunSummary:
     script, training, model_args = request.script, request.training, request.model
     state = PartialState()
     configure_logging(state.is_main_process)
+    quiet_known_warnings(state)
     if not model_args.model_name_or_path:
         raise RecipeError("No model: set model_name_or_path in the recipe or on the command line.")
     check_vllm(training.use_vllm)
@@ -397,6 +450,9 @@ def run_training(request: TrainRequest) -> RunSummary:
         reward_funcs = [get_reward_func(name) for name in script.reward_funcs]
     except (ValueError, TypeError) as error:
         raise RecipeError(f"reward_funcs: {error}") from None
+    if script.reward_model_name_or_path:
+        # TRL loads a string reward as a sequence-classification model, as in `trl grpo`.
+        reward_funcs.append(script.reward_model_name_or_path)
     model_path = resolve_model_path(model_args.model_name_or_path)
     if state.is_main_process:
         write_recipe(request, Path(training.output_dir))
@@ -458,6 +514,8 @@ def run_training(request: TrainRequest) -> RunSummary:
     trainer.add_callback(interrupt)
 
     accuracy_before = evaluate("before") if heldout is not None else None
+    if accuracy_before is not None:
+        trainer.add_callback(log_at_train_begin(trainer, heldout_metrics(accuracy_before)))
     training_started = time.perf_counter()
     try:
         trainer.train(resume_from_checkpoint=training.resume_from_checkpoint)
@@ -467,6 +525,8 @@ def run_training(request: TrainRequest) -> RunSummary:
         raise TrainingInterrupted(trainer.state.global_step, interrupt.signal_received)
     seconds_training = time.perf_counter() - training_started
     accuracy_after = evaluate("after") if heldout is not None else None
+    if accuracy_after is not None:
+        log_metrics(trainer, heldout_metrics(accuracy_after))
 
     output_dir = Path(training.output_dir)
     save_final_model(trainer, output_dir, base_model)
@@ -482,26 +542,31 @@ def run_training(request: TrainRequest) -> RunSummary:
         seconds_training=seconds_training,
         accuracy_before=accuracy_before,
         accuracy_after=accuracy_after,
+        output_dir=str(training.output_dir),
     )
+    summary.dataset_description = DATASET_DESCRIPTIONS.get(script.dataset_name)
     if trainer.accelerator.is_main_process:
-        metrics_path = output_dir / METRICS_FILE
-        records = read_metrics(metrics_path) if metrics_path.is_file() else []
+        records = trainer.state.log_history
         for key, value in summarize_metrics(records).items():
             setattr(summary, key, value)
-        summary.files["checkpoint"] = str(output_dir)
-        summary.files["model card"] = str(output_dir / "README.md")
-        summary.files["metrics"] = str(metrics_path)
+        # Paths relative to output_dir: run_summary.json is pushed to the Hub with the model.
+        summary.files["checkpoint"] = "."
+        summary.files["model card"] = "README.md"
+        summary.files["log"] = f"{TRAINER_STATE_FILE} (log_history; {METRICS_FILE} is its live copy)"
         if records:
-            plot = plot_training_curves(
-                records, output_dir / TRAINING_CURVES_FILE, title=f"{script.method} on {model_args.model_name_or_path}"
+            plot_training_curves(
+                records,
+                output_dir / TRAINING_CURVES_FILE,
+                label=f"{script.method}, seed {training.seed}",
+                title=f"{script.method} on {plot_model_name(base_model, model_args.model_name_or_path)}",
             )
-            summary.files["plot"] = str(plot)
+            summary.files["plot"] = TRAINING_CURVES_FILE
         if training.dump_silenced_tokens:
-            summary.files["silenced tokens"] = str(output_dir / SILENCED_TOKENS_FILE)
+            summary.files["silenced tokens"] = SILENCED_TOKENS_FILE
             summary.silenced_examples = silenced_examples(output_dir / SILENCED_TOKENS_FILE)
         if heldout_results:
-            summary.files["held-out results"] = str(write_heldout_results(output_dir, heldout, heldout_results))
-        summary.files["summary"] = str(output_dir / RUN_SUMMARY_FILE)
+            summary.files["held-out results"] = write_heldout_results(output_dir, heldout, heldout_results).name
+        summary.files["summary"] = RUN_SUMMARY_FILE
         summary.seconds_total = time.perf_counter() - started
         write_text_atomically(output_dir / RUN_SUMMARY_FILE, json.dumps(summary.__dict__, indent=2) + "\n")
 
@@ -522,6 +587,54 @@ def run_training(request: TrainRequest) -> RunSummary:
     if lock is not None:
         lock.release()
     return summary
+
+
+DATASET_DESCRIPTIONS = {
+    "arithmetic": "arithmetic word problems generated by stapo-trl (`stapo_trl.data.arithmetic`)",
+    "sample": "the DAPO-Math-17K rows shipped with stapo-trl",
+}
+"""How the model card names the datasets that have no Hub page."""
+
+
+def plot_model_name(base_model: str | None, model_name_or_path: str) -> str:
+    """How a plot's title names the model: the Hub id, else the local directory's or file's name (never its path)."""
+    if base_model and not Path(base_model).expanduser().exists():
+        return base_model
+    return Path(model_name_or_path).name
+
+
+def heldout_metrics(result: dict[str, Any]) -> dict[str, float]:
+    """The held-out greedy evaluation as transformers names evaluation metrics (``eval_*``), for the log history and
+    the ``report_to`` trackers."""
+    metrics = {
+        "eval_heldout_accuracy": result["accuracy"],
+        "eval_heldout_accuracy_standard_error": result["standard_error"],
+        "eval_heldout_correct": result["correct"],
+        "eval_heldout_total": result["total"],
+    }
+    if result.get("format_rate") is not None:
+        metrics["eval_heldout_format_rate"] = result["format_rate"]
+    return metrics
+
+
+def log_metrics(trainer, metrics: dict[str, float]) -> None:
+    """Log ``metrics`` at the trainer's current step through transformers' `Trainer.log`: into the log history and
+    the ``report_to`` trackers, without TRL's averaging of its own training metrics."""
+    from transformers import Trainer
+
+    Trainer.log(trainer, dict(metrics))
+
+
+def log_at_train_begin(trainer, metrics: dict[str, float]):
+    """A callback that logs ``metrics`` at step 0 of a fresh run (a resumed run starts later and logs nothing)."""
+    from transformers import TrainerCallback
+
+    class LogAtTrainBegin(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            if state.global_step == 0:
+                log_metrics(trainer, metrics)
+
+    return LogAtTrainBegin()
 
 
 class TrainingInterrupted(Exception):
@@ -612,7 +725,7 @@ def train_command(argv: list[str]) -> int:
         request = parse_train_args(argv)
     if request.script.dry_run:
         if request.training.use_vllm and not vllm_installed():
-            request.notes.append(f"{VLLM_MISSING}: a real run on this machine would stop at this")
+            request.notes.append(f"{VLLM_MISSING}; a real run on this machine would stop with this error")
         print(format_plan(request))
         return 0
     if request.launch_args and not is_launched():

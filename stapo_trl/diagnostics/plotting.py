@@ -54,12 +54,18 @@ class LinePanel:
 
 @dataclass
 class TokenBars:
-    """One run's most frequent silenced tokens (from its dump), most frequent first, or a note saying why none."""
+    """One run's most frequent silenced tokens (from its dump), most frequent first; or ``rows`` of a table of
+    tokens in context (step, context with the token in brackets, p, H, A) when counts would not tell them apart; or a
+    note saying why there are none."""
 
     title: str
     tokens: list[str]
     counts: list[int]
     note: str | None = None
+    rows: list[tuple[str, ...]] | None = None
+
+
+TOKEN_TABLE_COLUMNS = ("step", "token in context", "p", "H", "A")
 
 
 @dataclass
@@ -182,17 +188,34 @@ def plot_line_panels(
 
 
 def plot_token_bars(bars: Sequence[TokenBars], path: str | Path, limit: int = 15) -> Path:
-    """One horizontal bar chart of silenced tokens per run, or the run's note where it has none."""
+    """One panel per run: a horizontal bar chart of its silenced tokens, a table of them in context, or its note."""
     plt = pyplot()
+    width = 10.5 if any(run_bars.rows for run_bars in bars) else 4.6
     figure, axes = plt.subplots(
-        1, len(bars), figsize=(4.6 * len(bars), 0.3 * limit + 1.6), constrained_layout=True, squeeze=False
+        1, len(bars), figsize=(width * len(bars), 0.3 * limit + 1.6), constrained_layout=True, squeeze=False
     )
     for axis, run_bars in zip(axes[0], bars, strict=True):
         axis.set_title(run_bars.title, fontsize=10)
-        if run_bars.note:
-            axis.text(0.5, 0.5, run_bars.note, ha="center", va="center", transform=axis.transAxes, fontsize=9)
+        if run_bars.note or run_bars.rows:
             axis.set_xticks([])
             axis.set_yticks([])
+        if run_bars.note:
+            axis.text(0.5, 0.5, run_bars.note, ha="center", va="center", transform=axis.transAxes, fontsize=9)
+            continue
+        if run_bars.rows:
+            for spine in axis.spines.values():
+                spine.set_visible(False)
+            table = axis.table(
+                cellText=[list(row) for row in run_bars.rows],
+                colLabels=list(TOKEN_TABLE_COLUMNS),
+                colWidths=[0.06, 0.70, 0.08, 0.07, 0.09],
+                cellLoc="left",
+                bbox=[0.0, 0.0, 1.0, 1.0],
+            )
+            table.auto_set_font_size(False)
+            table.set_fontsize(7.5)
+            for cell in table.get_celld().values():
+                cell.PAD = 0.02 / max(cell.get_width(), 0.02)  # a fixed small padding, not a tenth of the width
             continue
         positions = range(len(run_bars.tokens))
         axis.barh(positions, run_bars.counts, color="tab:red")

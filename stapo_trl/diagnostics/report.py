@@ -20,7 +20,13 @@ from typing import Any
 from ..errors import UsageError
 from ..files import read_json_file
 from ..jsonl import read_json_lines
-from ..names import METRICS_FILE, SILENCED_TOKENS_FILE, SILENCED_TOKENS_STATS_FILE, TRAINER_STATE_FILE
+from ..names import (
+    METRICS_FILE,
+    SHADOW_PREFIX,
+    SILENCED_TOKENS_FILE,
+    SILENCED_TOKENS_STATS_FILE,
+    TRAINER_STATE_FILE,
+)
 from ..resume import last_complete_checkpoint
 from ..token_rules import TOKEN_RULES, TokenRuleSpec
 from .plotting import (
@@ -33,6 +39,7 @@ from .plotting import (
     plot_token_bars,
     populated_density_limits,
 )
+from .trends import finite_series, is_training_record, quarter_means, run_trends  # noqa: F401 (quarter_means is re-exported)
 
 REPORT_FILE = "report.md"
 HTML_FILE = "report.html"
@@ -41,6 +48,7 @@ FIGURES = {
     "entropy": "entropy.png",
     "reward": "reward.png",
     "masking": "masking.png",
+    "optimization": "optimization.png",
     "token_density": "token_density.png",
     "top_silenced_tokens": "top_silenced_tokens.png",
 }
@@ -60,6 +68,8 @@ class RunLogs:
     source: Path
     silenced_tokens: list[dict[str, Any]] | None = None
     dump_stats: dict[str, Any] | None = None
+    evaluations: list[dict[str, Any]] = field(default_factory=list)
+    """The log's evaluation records (``eval_*`` keys), such as the held-out accuracy of `stapo-trl train`."""
 
 
 def _finite(value: Any) -> bool:
@@ -87,7 +97,17 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 def read_history(source: Path) -> list[dict[str, Any]]:
     """The per-step training records of a ``trainer_state.json`` or ``metrics.jsonl`` (the end-of-training summary
-    record, which has ``train_runtime``, is left out)."""
+    record, which has ``train_runtime``, and the evaluation records, with ``eval_*`` keys, are left out)."""
+    return [record for record in read_log(source) if "step" in record and is_training_record(record)]
+
+
+def read_evaluations(source: Path) -> list[dict[str, Any]]:
+    """The evaluation records (``eval_*`` keys) of a ``trainer_state.json`` or ``metrics.jsonl``."""
+    return [record for record in read_log(source) if "step" in record and any(k.startswith("eval_") for k in record)]
+
+
+def read_log(source: Path) -> list[dict[str, Any]]:
+    """Every record of a ``trainer_state.json``'s log history or of a ``metrics.jsonl``."""
     try:
         if source.name == METRICS_FILE:
             records = read_metrics(source)
@@ -98,7 +118,7 @@ def read_history(source: Path) -> list[dict[str, Any]]:
             f"{source} cannot be read ({error}); the file is damaged. Point the report at a checkpoint-N/ of the run, "
             "whose trainer_state.json holds the log up to that step."
         ) from None
-    return [record for record in records if "step" in record and "train_runtime" not in record]
+    return records
 
 
 def load_run(directory: str | Path, label: str | None = None) -> RunLogs:
@@ -121,6 +141,7 @@ def load_run(directory: str | Path, label: str | None = None) -> RunLogs:
             "(logging_steps)?"
         )
     run = RunLogs(label=label or directory.resolve().name, directory=directory, history=history, source=source)
+    run.evaluations = read_evaluations(source)
     records_path, stats_path = directory / SILENCED_TOKENS_FILE, directory / SILENCED_TOKENS_STATS_FILE
     if stats_path.is_file():
         run.dump_stats = read_json_file(
@@ -147,14 +168,6 @@ def series(history: list[dict[str, Any]], key: str, scale: float = 1.0) -> tuple
     """``(steps, values)`` of one logged metric, leaving out steps where it is missing or not finite."""
     points = [(record["step"], scale * record[key]) for record in history if _finite(record.get(key))]
     return [step for step, _ in points], [value for _, value in points]
-
-
-def quarter_means(values: list[float]) -> tuple[float, float] | None:
-    """The means of the first and the last quarter (at least one value each) of a series, or None when empty."""
-    if not values:
-        return None
-    quarter = max(1, len(values) // 4)
-    return sum(values[:quarter]) / quarter, sum(values[-quarter:]) / quarter
 
 
 def visible_token(text: str) -> str:
@@ -190,13 +203,60 @@ def _threshold_metric(spec: TokenRuleSpec | None) -> str | None:
     return spec.metric(spec.report.threshold_statistic)
 
 
+def training_records(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of a log that are training steps: not evaluation records, not the end-of-training summary."""
+    return [record for record in history if is_training_record(record)]
+
+
+HELDOUT_ACCURACY = "eval_heldout_accuracy"
+HELDOUT_STANDARD_ERROR = "eval_heldout_accuracy_standard_error"
+HELDOUT_FORMAT_RATE = "eval_heldout_format_rate"
+HELDOUT_TOTAL = "eval_heldout_total"
+
+OPTIMIZATION_METRICS = (
+    ("grad_norm", "gradient norm before clipping", 0.0, 1.0),
+    ("completions/mean_length", "mean completion length (tokens)", 0.0, 1.0),
+    ("clip_ratio/region_mean", "share of tokens clipped (%)", 0.0, 100.0),
+    ("gradient_probe/silenced_grad_sq_share", "silenced tokens' share of |gradient|^2 (probe)", 0.0, 1.0),
+)
+"""(metric, title, lowest value the axis shows, scale) of ``optimization.png``: what the updates looked like."""
+
+
+def heldout_accuracy(history: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The held-out greedy accuracy that `stapo-trl train` logged (``eval_heldout_*``): ``{"before": ..., "after":
+    ...}`` from the evaluation record at step 0 and the last one, each with its accuracy, standard error, format
+    rate, problem count and step; ``{}`` when none was logged."""
+    logged = [record for record in history if _finite(record.get(HELDOUT_ACCURACY))]
+    if not logged:
+        return {}
+
+    def entry(record):
+        return {
+            "accuracy": record[HELDOUT_ACCURACY],
+            "standard_error": record.get(HELDOUT_STANDARD_ERROR),
+            "format_rate": record.get(HELDOUT_FORMAT_RATE),
+            "total": record.get(HELDOUT_TOTAL),
+            "step": record.get("step"),
+        }
+
+    found = {}
+    if logged[0].get("step") == 0:
+        found["before"] = entry(logged[0])
+    if logged[-1].get("step") != 0:
+        found["after"] = entry(logged[-1])
+    return found
+
+
 def summarize_run(run: RunLogs) -> dict[str, Any]:
-    """The numbers the report's table shows for one run."""
+    """The numbers the report shows for one run."""
+    steps = training_records(run.history)
     summary: dict[str, Any] = {"label": run.label, "steps": max(record["step"] for record in run.history)}
-    for key, name in (("reward", "reward"), ("entropy", "entropy")):
-        means = quarter_means(series(run.history, key)[1])
-        if means is not None:
-            summary[f"{name}_first_quarter"], summary[f"{name}_last_quarter"] = means
+    trends = run_trends(steps)
+    summary["trends"] = trends
+    for key in ("reward", "entropy"):
+        if key in trends:
+            summary[f"{key}_first_quarter"] = trends[key].first_quarter
+            summary[f"{key}_last_quarter"] = trends[key].last_quarter
     spec = silencing_rule(run.history)
     if spec is not None:
         summary["silencing_rule"] = spec.name
@@ -211,20 +271,50 @@ def summarize_run(run: RunLogs) -> dict[str, Any]:
     thresholds = series(run.history, threshold)[1] if threshold is not None else []
     if thresholds:
         summary["threshold_median"] = statistics.median(thresholds)
+    rule_lines = []
+    shadow_view = shadow_records(steps)
+    for rule in sorted(TOKEN_RULES.values(), key=lambda rule: rule.order):
+        for records, prefix in ((steps, ""), (shadow_view, "in shadow (computed, not applied): ")):
+            found = rule.summarize(records)
+            if found:
+                rule_lines += [prefix + " ".join(line.split()) for line in rule.summary_lines(found, len(steps))]
+    summary["rule_lines"] = rule_lines
+    grad_norms = finite_series(steps, "grad_norm")[1]
+    if grad_norms:
+        summary["grad_norm_median"], summary["grad_norm_max"] = statistics.median(grad_norms), max(grad_norms)
+    for key, name in (
+        ("completions/mean_length", "completion_length"),
+        ("clip_ratio/region_mean", "clip_ratio"),
+        ("gradient_probe/silenced_grad_sq_share", "probe_grad_sq_share"),
+        ("gradient_probe/silenced_token_share", "probe_token_share"),
+    ):
+        values = finite_series(steps, key)[1]
+        if values:
+            summary[f"{name}_mean"] = sum(values) / len(values)
+            summary[f"{name}_steps"] = len(values)
+    summary["heldout"] = heldout_accuracy(run.evaluations)
     if run.dump_stats is not None:
         for key in ("silenced", "written", "dropped"):
             summary[f"dump_{key}"] = run.dump_stats[key]
     return summary
 
 
-def entropy_trend(summary: dict[str, Any]) -> str:
-    """'falls', 'rises' or 'stays flat' (within 5%) from the first to the last quarter of the steps."""
-    first, last = summary.get("entropy_first_quarter"), summary.get("entropy_last_quarter")
-    if first is None or last is None:
-        return "not logged"
-    if abs(last - first) <= 0.05 * max(abs(first), 1e-12):
-        return f"stays flat ({first:.3f} -> {last:.3f} nats)"
-    return f"{'falls' if last < first else 'rises'} ({first:.3f} -> {last:.3f} nats)"
+def shadow_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records as a rule run in shadow logged them (``shadow/<rule>/<statistic>``), renamed to the names the rule
+    logs when applied, so its spec can summarize them."""
+    prefix = f"{SHADOW_PREFIX}/"
+    return [
+        {
+            "step": record.get("step"),
+            **{key[len(prefix) :]: value for key, value in record.items() if key.startswith(prefix)},
+        }
+        for record in records
+    ]
+
+
+def trend_sentences(summary: dict[str, Any]) -> list[str]:
+    """The run's trends, as the same sentences the end-of-run summary and the model card print."""
+    return [trend.sentence() for trend in summary.get("trends", {}).values()]
 
 
 # ------------------------------------------------------------------------------------------------- figure data
@@ -267,11 +357,19 @@ def line_panel(
 def masking_panels(runs: list[RunLogs]) -> tuple[LinePanel, LinePanel]:
     """The silenced fraction (%) of each run's silencing rule and that rule's threshold (S2T's ``tau_h``) over the
     steps. The legend of the first says how many tokens each run silenced of how many candidates; the titles name
-    the rules."""
+    the rules. A run whose rule ran in shadow (GRPO with ``shadow_token_rules: [s2t]``) is drawn with what the rule
+    would have silenced, its label saying so."""
     absent = "no token rule silenced tokens (none was on)"
     fraction = LinePanel(title="", series=[], y_floor=0.0)
     threshold = LinePanel(title="", series=[], y_floor=0.0)
     rules, thresholds = [], []
+    views = []
+    for run in runs:
+        shadow = shadow_records(run.history)
+        if silencing_rule(run.history) is None and silencing_rule(shadow) is not None:
+            run = RunLogs(f"{run.label} (in shadow, would silence)", run.directory, shadow, run.source)
+        views.append(run)
+    runs = views
     by_label = {run.label: summarize_run(run) for run in runs}
     for run in runs:
         spec = silencing_rule(run.history)
@@ -307,7 +405,9 @@ def masking_panels(runs: list[RunLogs]) -> tuple[LinePanel, LinePanel]:
 
 
 def token_bars(run: RunLogs, limit: int = 15) -> TokenBars:
-    """The bars of the top-silenced-tokens figure for one run. Token texts have their whitespace made visible."""
+    """The top-silenced-tokens panel of one run: bars of the most frequent token texts (whitespace made visible),
+    or, when every shown token was silenced equally often (bars would all be one length), a table of the dumped
+    tokens in their context with p, H and the advantage A."""
     written = len(run.silenced_tokens or [])
     if run.dump_stats is None:
         return TokenBars(run.label, [], [], note="no token dump: train with dump_silenced_tokens: true")
@@ -315,14 +415,40 @@ def token_bars(run: RunLogs, limit: int = 15) -> TokenBars:
     title = f"{run.label}\n{written} dumped of {silenced} silenced"
     top = top_silenced_tokens(run, limit)
     distinct = len({record["token"] for record in run.silenced_tokens or []})
-    if distinct > len(top):
-        title += f"\n{len(top)} of {distinct} distinct tokens, most frequent first"
     if not top:
         steps = len(run.dump_stats.get("steps", [])) or max(record["step"] for record in run.history)
         candidates = summarize_run(run).get("candidates")
         detail = f", {candidates} candidates" if candidates is not None else ""
         return TokenBars(title, [], [], note=f"no token was silenced in {steps} steps{detail}")
+    if len({count for _, count in top}) == 1:
+        records = spread(run.silenced_tokens or [], limit)
+        title += f"\n{distinct} distinct tokens, each silenced {top[0][1]} time{'s' if top[0][1] > 1 else ''}"
+        if len(records) < written:
+            title += f"; {len(records)} shown, spread over the run"
+        return TokenBars(title, [], [], rows=[token_row(record) for record in records])
+    if distinct > len(top):
+        title += f"\n{len(top)} of {distinct} distinct tokens, most frequent first"
     return TokenBars(title, [visible_token(text) for text, _ in top], [count for _, count in top])
+
+
+def spread(records: list[dict[str, Any]], count: int) -> list[dict[str, Any]]:
+    """Up to ``count`` records spread evenly over the list (first and last included)."""
+    if len(records) <= count:
+        return list(records)
+    return [records[round(index * (len(records) - 1) / (count - 1))] for index in range(count)]
+
+
+def token_row(record: dict[str, Any], context: int = 24) -> tuple[str, ...]:
+    """One dumped silenced token as a table row: step, the token in its context, p, H and A."""
+    before = record["context_before"][-context:].replace("\n", "↵")
+    after = record["context_after"][:context].replace("\n", "↵")
+    return (
+        str(record["step"]),
+        f"…{before}[{visible_token(record['token'])}]{after}…",
+        f"{record['p']:.2g}",
+        f"{record['entropy']:.2f}",
+        f"{record['advantage']:+.2f}",
+    )
 
 
 def density_panel(run: RunLogs) -> DensityPanel:
@@ -355,21 +481,23 @@ TRAINING_CURVES = (
     ("reward", "mean reward", None, 1.0),
     ("entropy", "mean token entropy (nats)", 0.0, 1.0),
 )
-"""(metric, title, lowest value the axis shows, scale) of the first panels of ``training_curves.png``; the last is
-the silenced fraction of the run's silencing rule."""
+"""(metric, title, lowest value the axis shows, scale) of the first panels of ``training_curves.png``; then come the
+gradient norm and the silenced fraction of the run's silencing rule."""
 
 
 def training_curve_panels(records: list[dict], label: str = "run") -> list[LinePanel]:
-    """The panels of ``training_curves.png`` (reward, entropy, silenced fraction) of one run's records."""
+    """The panels of ``training_curves.png`` of one run's log: reward, entropy, the gradient norm and the silenced
+    fraction of the run's silencing rule; the line is labelled ``label``."""
     panels = []
+    records = training_records(records)
     spec = silencing_rule(records)
     silenced = (
-        (spec.metric("silenced_fraction"), f"{spec.name} silenced fraction (%)", 0.0, 100.0)
+        (spec.metric("silenced_fraction"), f"{spec.display_name} silenced fraction (%)", 0.0, 100.0)
         if spec is not None
         else ("silenced_fraction", "silenced fraction (%)", 0.0, 100.0)
     )
-    for key, title, y_floor, scale in (*TRAINING_CURVES, silenced):
-        found = metric_series([record for record in records if "step" in record], key, label, scale)
+    for key, title, y_floor, scale in (*TRAINING_CURVES, OPTIMIZATION_METRICS[0], silenced):
+        found = metric_series(records, key, label, scale)
         panel = LinePanel(title=title, series=[found] if found is not None else [], y_floor=y_floor)
         if found is None:
             panel.notes.append("not logged by this run")
@@ -377,10 +505,28 @@ def training_curve_panels(records: list[dict], label: str = "run") -> list[LineP
     return panels
 
 
-def plot_training_curves(records: list[dict], path: str | Path, title: str | None = None) -> Path:
-    """Write a three-panel PNG of reward, entropy and silenced fraction against the step. A metric that the run did
-    not log (for example the mask of a GRPO run) leaves its panel with a note."""
-    return plot_line_panels(training_curve_panels(records), path, panel_size=(4.2, 3.2), title=title, dpi=110)
+def plot_training_curves(
+    records: list[dict], path: str | Path, *, label: str = "run", title: str | None = None
+) -> Path:
+    """Write a PNG of reward, entropy, gradient norm and silenced fraction against the step, the line labelled
+    ``label``. A metric that the run did not log (for example the mask of a GRPO run) leaves its panel with a note."""
+    return plot_line_panels(training_curve_panels(records, label), path, panel_size=(3.9, 3.2), title=title, dpi=110)
+
+
+def plot_optimization(runs: list[RunLogs], path: Path) -> Path:
+    """The gradient norm, completion length, clipped share and (when the gradient probe ran) the silenced tokens'
+    share of the squared gradient norm over the steps, one line per run."""
+    panels = [
+        line_panel(
+            [RunLogs(run.label, run.directory, training_records(run.history), run.source) for run in runs],
+            key,
+            title,
+            scale=scale,
+            y_floor=y_floor,
+        )
+        for key, title, y_floor, scale in OPTIMIZATION_METRICS
+    ]
+    return plot_line_panels(panels, path, panel_size=(4.4, 3.4))
 
 
 def plot_metric(runs: list[RunLogs], key: str, label: str, path: Path, y_floor: float | None = None) -> Path:
@@ -456,9 +602,10 @@ def _cell(value: Any, pattern: str) -> str:
 def _summary_table(summaries: list[dict[str, Any]]) -> str:
     header = (
         "| run | steps | reward (first → last quarter) | entropy (first → last quarter) | silenced fraction | "
-        "silenced tokens | candidates | median threshold | dump written / silenced |"
+        "silenced tokens | candidates | median threshold | grad norm, median (max) | clipped tokens | "
+        "held-out accuracy (before → after) | dump written / silenced |"
     )
-    lines = [header, "|---|---:|---|---|---:|---:|---:|---:|---:|"]
+    lines = [header, "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|"]
     for s in summaries:
         reward = (
             f"{s['reward_first_quarter']:+.3f} → {s['reward_last_quarter']:+.3f}"
@@ -471,12 +618,71 @@ def _summary_table(summaries: list[dict[str, Any]]) -> str:
             else "–"
         )
         silenced = f"{_cell(s.get('silenced_fraction'), '{:.4%}')} | {_cell(s.get('silenced_tokens'), '{}')}"
+        grad = f"{s['grad_norm_median']:.3g} ({s['grad_norm_max']:.3g})" if "grad_norm_median" in s else "–"
         dump = f"{s['dump_written']} / {s['dump_silenced']}" if "dump_written" in s else "–"
         lines.append(
             f"| {s['label']} | {s['steps']} | {reward} | {entropy} | {silenced} "
-            f"| {_cell(s.get('candidates'), '{}')} | {_cell(s.get('threshold_median'), '{:.3f}')} | {dump} |"
+            f"| {_cell(s.get('candidates'), '{}')} | {_cell(s.get('threshold_median'), '{:.3f}')} | {grad} "
+            f"| {_cell(s.get('clip_ratio_mean'), '{:.2%}')} | {heldout_cell(s.get('heldout', {}))} | {dump} |"
         )
     return "\n".join(lines)
+
+
+def heldout_cell(heldout: dict[str, dict[str, Any]]) -> str:
+    """Held-out accuracy before → after, ± the binomial standard error, or – when not logged."""
+
+    def one(entry):
+        error = entry.get("standard_error")
+        return f"{entry['accuracy']:.3f}" + (f" ± {error:.3f}" if error is not None else "")
+
+    if not heldout:
+        return "–"
+    before, after = heldout.get("before"), heldout.get("after")
+    return " → ".join(one(entry) for entry in (before, after) if entry is not None)
+
+
+def paired_heldout(runs: list[RunLogs]) -> list[str]:
+    """Markdown lines comparing the runs' held-out results problem by problem (``heldout_results.jsonl`` of
+    `stapo-trl train`), for each pair of runs evaluated on the same problems: how many each solved after training, and
+    on how many problems they disagree each way. Empty when fewer than two runs have comparable results."""
+    from ..names import HELDOUT_RESULTS_FILE
+
+    results = {}
+    for run in runs:
+        path = run.directory / HELDOUT_RESULTS_FILE
+        if path.is_file():
+            records = read_json_lines(path)
+            if records and all("after_correct" in record for record in records):
+                results[run.label] = records
+    lines = []
+    labels = list(results)
+    for index, first in enumerate(labels):
+        for second in labels[index + 1 :]:
+            a, b = results[first], results[second]
+            if [record["solution"] for record in a] != [record["solution"] for record in b]:
+                lines.append(f"- {first} and {second} were evaluated on different held-out problems: not compared.")
+                continue
+            only_a = sum(1 for x, y in zip(a, b, strict=True) if x["after_correct"] and not y["after_correct"])
+            only_b = sum(1 for x, y in zip(a, b, strict=True) if y["after_correct"] and not x["after_correct"])
+            solved_a, solved_b = (sum(1 for record in records if record["after_correct"]) for records in (a, b))
+            lines.append(
+                f"- {first} solved {solved_a} and {second} {solved_b} of the same {len(a)} problems after training; "
+                f"{only_a} were solved by {first} alone and {only_b} by {second} alone. "
+                + paired_verdict(only_a, only_b)
+            )
+    return lines
+
+
+def paired_verdict(only_a: int, only_b: int) -> str:
+    """Whether a difference of discordant problems is beyond chance: an exact two-sided sign test (McNemar's)."""
+    total = only_a + only_b
+    if total == 0:
+        return "They agree on every problem."
+    smaller = min(only_a, only_b)
+    tail = sum(math.comb(total, k) for k in range(smaller + 1)) / 2**total
+    p_value = min(1.0, 2 * tail)
+    reading = "a difference beyond chance" if p_value < 0.05 else "within chance"
+    return f"Exact sign test on the {total} problems they disagree on: p = {p_value:.2g}, {reading}."
 
 
 def _unique_labels(directories: list[Path], labels: list[str] | None) -> list[str]:
@@ -513,6 +719,7 @@ def write_report(
         ),
         "reward": plot_metric(runs, "reward", "mean reward", output_dir / FIGURES["reward"]),
         "masking": plot_masking(runs, output_dir / FIGURES["masking"]),
+        "optimization": plot_optimization(runs, output_dir / FIGURES["optimization"]),
     }
     notes = []
     with_dump = [run for run in runs if run.dump_stats is not None]
@@ -528,7 +735,11 @@ def write_report(
         )
     for run in runs:
         if silencing_rule(run.history) is None:
-            notes.append(f"{run.label}: no token rule silenced tokens in the log (none was on).")
+            in_shadow = any(key.startswith(f"{SHADOW_PREFIX}/") for record in run.history for key in record)
+            notes.append(
+                f"{run.label}: no token rule silenced tokens in the log ("
+                + ("none was applied; the rules in shadow are summarized below)." if in_shadow else "none was on).")
+            )
 
     summaries = [summarize_run(run) for run in runs]
     markdown = output_dir / REPORT_FILE
@@ -544,6 +755,7 @@ FIGURE_TITLES = {
     "entropy": "Mean token entropy",
     "reward": "Reward",
     "masking": "Silenced fraction and the silencing threshold",
+    "optimization": "Gradient norm, completion length, clipping and the gradient probe",
     "token_density": "Probability and entropy of positive-advantage tokens",
     "top_silenced_tokens": "Top silenced tokens",
 }
@@ -569,12 +781,39 @@ def _markdown(
     image_source,
 ) -> str:
     lines = ["# stapo-trl report", ""]
-    for run, summary in zip(runs, summaries, strict=True):
-        lines.append(
-            f"- **{run.label}**: `{run.directory}` (log: `{run.source.name}`); entropy {entropy_trend(summary)}"
-        )
+    for run in runs:
+        lines.append(f"- **{run.label}**: `{run.directory}` (log: `{run.source.name}`)")
     lines += ["", _summary_table(summaries), ""]
     lines += [f"> {note}\n" for note in notes]
+    lines += [
+        "## Trends and what the rules did",
+        "",
+        "A trend is the least-squares slope against the step, ± its standard error; it is called a rise or a fall "
+        "only beyond twice that error. The same sentences are in the run's end-of-run summary and model card.",
+        "",
+    ]
+    for summary in summaries:
+        lines.append(f"**{summary['label']}**")
+        lines.append("")
+        lines += [f"- {sentence}" for sentence in trend_sentences(summary)]
+        lines += [f"- {line}" for line in summary.get("rule_lines", [])]
+        if "probe_grad_sq_share_mean" in summary:
+            lines.append(
+                f"- gradient probe: the silenced tokens (for a rule in shadow, the tokens it would silence) carried "
+                f"{summary['probe_grad_sq_share_mean']:.2%} of the "
+                f"squared gradient norm on average over {summary['probe_grad_sq_share_steps']} probed steps"
+                + (
+                    f", for {summary['probe_token_share_mean']:.2%} of the loss tokens"
+                    if "probe_token_share_mean" in summary
+                    else ""
+                )
+            )
+        if "completion_length_mean" in summary:
+            lines.append(f"- mean completion length: {summary['completion_length_mean']:.1f} tokens over the run")
+        lines.append("")
+    comparison = paired_heldout(runs)
+    if comparison:
+        lines += ["## Held-out problems, run against run", "", *comparison, ""]
     for name, path in figures.items():
         lines += ["", f"## {FIGURE_TITLES[name]}", "", f"![{FIGURE_TITLES[name]}]({image_source(path)})"]
     with_dump = [run for run in runs if run.dump_stats is not None]

@@ -13,9 +13,10 @@ class TokenDumpConfigMixin:
 
     Parameters:
         dump_silenced_tokens (`bool`, *optional*, defaults to `False`):
-            Write each optimizer step's silenced tokens with their context, `p`, `H` and advantage to
-            `output_dir/silenced_tokens.jsonl`, and counts plus a (log10 p, H) histogram of all loss tokens to
-            `output_dir/silenced_tokens_stats.json`.
+            Write a sample of each optimizer step's silenced tokens (at most `dump_tokens_per_step` a step and
+            `dump_max_tokens` a run) with their context, `p`, `H` and advantage to `output_dir/silenced_tokens.jsonl`,
+            and the counts of tokens silenced, written and dropped, plus a (log10 p, H) histogram of every loss token,
+            to `output_dir/silenced_tokens_stats.json`.
         dump_tokens_per_step (`int`, *optional*, defaults to `64`):
             Per-step cap; the step's silenced tokens are sampled uniformly and the rest counted as dropped.
         dump_max_tokens (`int`, *optional*, defaults to `5000`):
@@ -27,10 +28,12 @@ class TokenDumpConfigMixin:
     dump_silenced_tokens: bool = field(
         default=False,
         metadata={
-            "help": "Write the silenced tokens of every optimizer step (text, about dump_context_tokens tokens of "
-            "context either side, p, H, advantage, step, sample id) to output_dir/silenced_tokens.jsonl, and counts "
-            "plus a (log10 p, H) histogram of all loss tokens to output_dir/silenced_tokens_stats.json. Read them "
-            "with `stapo-trl report`. Off by default; nothing is computed while off."
+            "help": "Write a sample of the silenced tokens of each optimizer step (text, dump_context_tokens tokens "
+            "of context either side, p, H, advantage, step, sample id) to output_dir/silenced_tokens.jsonl: at most "
+            "dump_tokens_per_step (64) a step, drawn uniformly, and dump_max_tokens (5000) a run. The tokens left out "
+            "are counted, not written: output_dir/silenced_tokens_stats.json holds the counts silenced, written and "
+            "dropped, and a (log10 p, H) histogram of every loss token. Read them with `stapo-trl report`. Off by "
+            "default; nothing is computed while off."
         },
     )
     dump_tokens_per_step: int = field(

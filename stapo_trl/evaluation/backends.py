@@ -90,7 +90,7 @@ def require_vllm() -> None:
     if importlib.util.find_spec("vllm") is None:
         raise BackendUnavailableError(
             "The vllm backend needs vLLM, which is not installed. Install it on a GPU machine with "
-            "`pip install 'stapo-trl[vllm]'` (or `pip install vllm`), or evaluate with --backend transformers."
+            "`pip install -e '.[vllm]'` in the stapo-trl clone (or `pip install vllm`), or evaluate with --backend transformers."
         )
 
 

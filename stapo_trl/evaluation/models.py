@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
-from ..gguf import gguf_checkpoint, is_gguf_reference
+from ..gguf import gguf_checkpoint, hub_source, is_gguf_reference
 from ..model_paths import ADAPTER_CONFIG, local_model_problem
 from ..names import RUN_SUMMARY_FILE
 
@@ -65,6 +65,16 @@ def _read_json(path: Path) -> dict:
         return {}
 
 
+def trained_on_gguf(run_dir: Path, recorded_base: str | None) -> str | None:
+    """The GGUF file an adapter was trained on, when `stapo-trl train` recorded one (``model_source`` in the run's
+    ``run_summary.json``) and it is a quantization of the base the adapter records: the adapter is then evaluated on
+    the weights it was trained on, which load offline, rather than on the Hub weights."""
+    source = _read_json(run_dir / RUN_SUMMARY_FILE).get("model_source")
+    if isinstance(source, str) and is_gguf_reference(source) and recorded_base in (source, hub_source(source)):
+        return source
+    return None
+
+
 def parameter_size(*names: str | None) -> str | None:
     """The first "<number>B" size in the names, normalized ("qwen3-8b-base" gives "8B")."""
     for name in names:
@@ -94,7 +104,7 @@ def resolve_model(
     if adapter is None and model_path.is_dir() and (model_path / ADAPTER_CONFIG).is_file():
         adapter = model
         recorded_base = _read_json(model_path / ADAPTER_CONFIG).get("base_model_name_or_path")
-        base_model = base_model or recorded_base
+        base_model = base_model or trained_on_gguf(model_path, recorded_base) or recorded_base
         if not base_model:
             raise ModelNotFoundError(
                 f"The adapter {model!r} records no base_model_name_or_path; pass the base model with --base_model."

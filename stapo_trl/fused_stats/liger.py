@@ -10,7 +10,7 @@ import importlib.util
 
 import torch
 
-INSTALL_HINT = "pip install 'stapo-trl[liger]'"
+INSTALL_HINT = "pip install -e '.[liger]' (in the stapo-trl clone)"
 
 
 def is_liger_available() -> bool:

@@ -1,0 +1,116 @@
+"""One way to say how a logged metric moved over a run, with its uncertainty, for the end-of-run summary of
+`stapo-trl train`, the model card and `stapo-trl report` alike, so that the three never disagree.
+
+A trend is the least-squares slope of the metric against the optimizer step, with its standard error. It is called a
+rise or a fall only when the slope is more than twice its standard error away from zero; otherwise the metric "shows
+no trend beyond its step-to-step scatter". A run of 10 steps rarely shows one. The first- and last-quarter means are
+given beside it as the plain numbers a reader checks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+MIN_STEPS = 4
+"""Fewer logged steps than this give no slope: the verdict is "too few steps to tell"."""
+SIGNIFICANCE = 2.0
+"""A slope is a rise or a fall when it is more than this many standard errors from zero."""
+
+
+def quarter_means(values: list[float]) -> tuple[float, float] | None:
+    """The means of the first and the last quarter (at least one value each) of a series, or None when empty."""
+    if not values:
+        return None
+    quarter = max(1, len(values) // 4)
+    return sum(values[:quarter]) / quarter, sum(values[-quarter:]) / quarter
+
+
+@dataclass(frozen=True)
+class Trend:
+    """How one metric moved: quarter means, and the least-squares slope per step with its standard error."""
+
+    label: str
+    steps: int
+    first_quarter: float
+    last_quarter: float
+    slope: float | None
+    slope_standard_error: float | None
+
+    @property
+    def verdict(self) -> str:
+        if self.slope is None or self.slope_standard_error is None:
+            return "too few steps to tell"
+        if abs(self.slope) > SIGNIFICANCE * self.slope_standard_error:
+            return "rises" if self.slope > 0 else "falls"
+        return "no trend beyond its step-to-step scatter"
+
+    def sentence(self, digits: int = 3) -> str:
+        """The one sentence the summary, the card and the report print for this metric."""
+        text = (
+            f"{self.label} {self.first_quarter:.{digits}f} (first quarter of steps) -> "
+            f"{self.last_quarter:.{digits}f} (last quarter)"
+        )
+        if self.slope is None:
+            return f"{text}; {self.verdict} ({self.steps} steps)"
+        return (
+            f"{text}; slope {self.slope:+.{digits + 1}f} ± {self.slope_standard_error:.{digits + 1}f} per step over "
+            f"{self.steps} steps: {self.verdict}"
+        )
+
+    def to_dict(self) -> dict:
+        return {
+            "first_quarter": self.first_quarter,
+            "last_quarter": self.last_quarter,
+            "slope": self.slope,
+            "slope_standard_error": self.slope_standard_error,
+            "steps": self.steps,
+            "verdict": self.verdict,
+        }
+
+
+def trend(label: str, steps: list[int], values: list[float]) -> Trend | None:
+    """The trend of ``values`` logged at ``steps``; None when nothing was logged."""
+    means = quarter_means(values)
+    if means is None:
+        return None
+    slope = standard_error = None
+    n = len(values)
+    if n >= MIN_STEPS and len(set(steps)) > 1:
+        mean_x, mean_y = sum(steps) / n, sum(values) / n
+        sxx = sum((x - mean_x) ** 2 for x in steps)
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(steps, values, strict=True)) / sxx
+        residuals = [y - mean_y - slope * (x - mean_x) for x, y in zip(steps, values, strict=True)]
+        standard_error = math.sqrt(sum(r * r for r in residuals) / (n - 2) / sxx)
+    return Trend(label, n, means[0], means[1], slope, standard_error)
+
+
+def is_training_record(record: dict) -> bool:
+    """Whether a logged record is a training step: not the end-of-training summary (``train_runtime``) and not an
+    evaluation record (keys ``eval_*``)."""
+    return "train_runtime" not in record and not any(key.startswith("eval_") for key in record)
+
+
+def finite_series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
+    """``(steps, values)`` of ``key`` over the training records, skipping records where it is missing or not finite.
+    A record without a ``step`` counts as the step after the one before it."""
+    points = []
+    for index, record in enumerate(record for record in records if is_training_record(record)):
+        value = record.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            points.append((record.get("step", index + 1), float(value)))
+    return [step for step, _ in points], [value for _, value in points]
+
+
+TREND_METRICS = (("reward", "mean reward"), ("entropy", "mean token entropy (nats)"))
+"""The metrics whose trend the summary, the card and the report state, with their labels."""
+
+
+def run_trends(records: list[dict]) -> dict[str, Trend]:
+    """The trends of `TREND_METRICS` over a run's logged training records (those that were logged)."""
+    found = {}
+    for key, label in TREND_METRICS:
+        result = trend(label, *finite_series(records, key))
+        if result is not None:
+            found[key] = result
+    return found
