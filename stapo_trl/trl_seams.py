@@ -17,10 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import trl.trainer.utils as trl_trainer_utils
 from transformers import PretrainedConfig, Trainer
 from trl import GRPOTrainer
+from trl.kernels import ChunkedLogProbFunction
 from trl.models.utils import disable_gradient_checkpointing
-from trl.trainer.utils import RepeatSampler, get_config_model_id, maybe_gather_lm_head_ctx
+from trl.trainer.utils import RepeatSampler, add_fused_lm_head, get_config_model_id, maybe_gather_lm_head_ctx
 
 TESTED_TRL = "1.16"
 
@@ -29,7 +31,9 @@ __all__ = [
     "GRPOSeams",
     "Seam",
     "disable_gradient_checkpointing",
+    "fused_head_op",
     "get_config_model_id",
+    "install_fused_head_op",
     "maybe_gather_lm_head_ctx",
     "reseed_repeat_sampler",
     "save_model_without_push",
@@ -165,6 +169,33 @@ def set_model_name_or_path(config: PretrainedConfig, name: str) -> None:
     config._name_or_path = name
 
 
+def fused_head_op() -> Any:
+    """The op `add_fused_lm_head`'s forward calls for its per-token statistics: TRL's ``ChunkedLogProbFunction``
+    unless `install_fused_head_op` replaced it."""
+    return trl_trainer_utils._ChunkedLogProbFunction
+
+
+def install_fused_head_op(op: Any) -> Callable[[], None]:
+    """Make every model patched by `add_fused_lm_head` (now or before) call ``op.apply`` in place of TRL's
+    ``ChunkedLogProbFunction.apply``, with the same arguments, and pass it only the labelled positions on the CPU, as
+    TRL does on Triton devices (TRL's CPU path scores every position, prompt and padding included, and zeroes the
+    unlabelled ones afterwards). Returns the function that puts both back.
+
+    TRL's forward looks both names up in `trl.trainer.utils` at each call, so the swap reaches models patched before
+    it; GPUs keep TRL's test, so only the CPU path changes."""
+    previous_op, previous_compact = trl_trainer_utils._ChunkedLogProbFunction, trl_trainer_utils._use_triton
+
+    def compact(device: torch.device) -> bool:
+        return device.type == "cpu" or previous_compact(device)
+
+    trl_trainer_utils._ChunkedLogProbFunction, trl_trainer_utils._use_triton = op, compact
+
+    def restore() -> None:
+        trl_trainer_utils._ChunkedLogProbFunction, trl_trainer_utils._use_triton = previous_op, previous_compact
+
+    return restore
+
+
 # --- the checks ---------------------------------------------------------------------------------------------------
 
 
@@ -284,6 +315,42 @@ def _check_helpers() -> list[str]:
     ]
 
 
+FUSED_HEAD_FORWARD_PARAMETERS = [
+    "ctx",
+    "hidden",
+    "weight",
+    "bias",
+    "targets",
+    "temperature",
+    "chunk_size",
+    "final_logit_softcapping",
+    "logit_scale",
+    "outputs",
+]
+
+
+def _check_fused_head() -> list[str]:
+    problems = []
+    for name in ("_ChunkedLogProbFunction", "_use_triton"):
+        if not hasattr(trl_trainer_utils, name):
+            problems.append(f"trl.trainer.utils no longer has {name}")
+    found = _parameters(ChunkedLogProbFunction.forward)
+    if found != FUSED_HEAD_FORWARD_PARAMETERS:
+        problems.append(f"ChunkedLogProbFunction.forward takes {found}, expected {FUSED_HEAD_FORWARD_PARAMETERS}")
+    problems += _missing(
+        _source(ChunkedLogProbFunction.forward), "return logprobs, entropy, log_sum_sq_probs, mean_logits, is_top1"
+    )
+    return problems + _missing(
+        _source(add_fused_lm_head),
+        "compact = _use_triton(hidden_states.device)",
+        "per_token = _ChunkedLogProbFunction.apply(",
+        "hidden_states[mask] if compact else",
+        "labels[mask] if compact else",
+        "final_logit_softcapping,\n                logit_scale,\n                outputs,",
+        "masked_scatter(mask, x)",
+    )
+
+
 SEAMS: tuple[Seam, ...] = (
     Seam(
         "per_token_logps_and_entropies",
@@ -357,6 +424,16 @@ SEAMS: tuple[Seam, ...] = (
         "PretrainedConfig._name_or_path is what the model card names as the base model.",
         "Setting it names a GGUF's Hub source instead of its conversion in this machine's cache.",
         _check_name_or_path,
+    ),
+    Seam(
+        "install_fused_head_op",
+        "add_fused_lm_head's forward calls trl.trainer.utils._ChunkedLogProbFunction.apply(hidden, weight, bias, "
+        "targets, temperature, chunk_size, final_logit_softcapping, logit_scale, outputs), which returns (log_probs, "
+        "entropy, log_sum_sq_probs, mean_logits, is_top1); it passes only the labelled positions when "
+        "trl.trainer.utils._use_triton(device) is true, and every position (labels clamped to 0) otherwise.",
+        "Replacing both module names swaps the op under every fused head and lets the CPU score only labelled "
+        "positions (stapo_trl.cpu_head).",
+        _check_fused_head,
     ),
     Seam(
         "TRL helpers",

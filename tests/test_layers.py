@@ -21,6 +21,7 @@ LAYERS = (
             "config",
             "trainer",
             "trl_seams",
+            "cpu_head",
             "policy_stats",
             "resume",
             "callbacks",
