@@ -28,6 +28,7 @@ GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
             ("use_peft", "train a LoRA adapter instead of the full model"),
             ("lora_r", "LoRA rank"),
             ("lora_layers", "with use_peft: adapt only the last this many layers"),
+            ("cpu_lm_head", "on the CPU, stapo-trl's fast path for TRL's fused LM head (default true)"),
         ),
     ),
     (

