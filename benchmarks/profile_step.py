@@ -11,10 +11,10 @@ Runs `stapo-trl train` on the CPU quickstart recipe in this process (held-out ev
   ``head_backward``;
 - ``rest``: everything else in the step (rewards, advantages, the token rules, the optimizer, logging).
 
-Each part is measured in process CPU time (user + system of all threads) and in wall time. The script also records
-the tensor shapes it saw, so that `floors.py`-style FLOP counts can be attached (see `--floors`). With `--floors` it
-measures this CPU's GEMM rate on the step's own matrix shapes and prints, for each part, the FLOPs of its GEMMs and the
-time those FLOPs take at that rate: the floor that no implementation of that part can beat on this machine.
+Each part is measured in process CPU time (user + system of all threads) and in wall time, and the peak resident
+memory of generate, the loss forward and the backward is recorded (VmHWM reset as each starts). With `--floors` the
+script also measures this CPU's GEMM rate on the step's own matrix shapes and prints, for each part, the FLOPs of its
+GEMMs and the time those FLOPs take at that rate: the floor that no implementation of that part can beat here.
 """
 
 from __future__ import annotations
@@ -31,9 +31,14 @@ from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peak_rss import reset_peak_rss, status_kib  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "quickstart" / "smollm2-135m-cpu.yaml"
 PARTS = ("generate", "head_forward", "head_backward", "body_forward", "body_backward", "rest")
+MEMORY_PARTS = ("generate", "loss_forward", "backward")
+"""Parts whose peak resident memory is recorded (they do not nest)."""
 
 
 class Clock:
@@ -44,14 +49,20 @@ class Clock:
         self.steps: list[dict] = []
         self.shapes: dict[str, list] = defaultdict(list)
         self.step_started = None
+        self.peak_rss_mib: dict[str, float] = defaultdict(float)
+        self.rss_at_start_mib: dict[str, float] = defaultdict(float)
 
     @contextmanager
     def part(self, name: str):
+        rss = reset_peak_rss() if name in MEMORY_PARTS else None
         cpu, wall = time.process_time(), time.perf_counter()
         try:
             yield
         finally:
             self.add(name, time.process_time() - cpu, time.perf_counter() - wall)
+            if rss is not None:
+                self.rss_at_start_mib[name] = max(self.rss_at_start_mib[name], rss / 1024)
+                self.peak_rss_mib[name] = max(self.peak_rss_mib[name], status_kib("VmHWM") / 1024)
 
     def add(self, name, cpu, wall):
         self.step[name][0] += cpu
@@ -150,6 +161,16 @@ def install_timers(clock: Clock) -> None:
         return original_compute_loss(self, model, inputs, *args, **kwargs)
 
     GRPOTrainer.compute_loss = compute_loss
+
+    from stapo_trl.frozen_prefix import FrozenPrefixReplay
+
+    original_detach = FrozenPrefixReplay.detach
+
+    def detach(self):
+        clock.shapes["frozen_prefix_replay"] = [self.replayed, self.computed, self.first_trainable]
+        original_detach(self)
+
+    FrozenPrefixReplay.detach = detach
     del torch
 
 
@@ -252,6 +273,8 @@ def main() -> None:
         "load_before": load_before,
         "steps": clock.steps,
         "shapes": clock.shapes,
+        "rss_mib_at_start_of": {name: round(value) for name, value in clock.rss_at_start_mib.items()},
+        "peak_rss_mib_during": {name: round(value) for name, value in clock.peak_rss_mib.items()},
     }
     if args.floors:
         from transformers import AutoConfig
@@ -275,6 +298,9 @@ def main() -> None:
     for index, step in enumerate(clock.steps, 1):
         parts = "  ".join(f"{name} {cpu:.1f}/{wall:.1f}" for name, (cpu, wall) in step["parts"].items())
         print(f"step {index}: cpu {step['cpu']:.1f} s, wall {step['wall']:.1f} s | {parts}", flush=True)
+    for name in MEMORY_PARTS:
+        start, peak = result["rss_mib_at_start_of"].get(name), result["peak_rss_mib_during"].get(name)
+        print(f"{name}: RSS {start} MiB at start, peak {peak} MiB")
     if "floors" in result:
         print(json.dumps(result["floors"], indent=1))
     if args.output:

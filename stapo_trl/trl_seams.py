@@ -31,6 +31,7 @@ __all__ = [
     "GRPOSeams",
     "Seam",
     "disable_gradient_checkpointing",
+    "decoder_layers",
     "fused_head_op",
     "get_config_model_id",
     "install_fused_head_op",
@@ -196,6 +197,31 @@ def install_fused_head_op(op: Any) -> Callable[[], None]:
     return restore
 
 
+DECODER_LOOP = ("decoder_layer in", "self.layers[: self.config.num_hidden_layers]", "hidden_states = decoder_layer(")
+"""How transformers' decoder-only backbones run their layers: each layer takes the hidden states first and returns the
+next ones as a tensor."""
+
+
+def _decoder_loop_problems(backbone_class: type) -> list[str]:
+    try:
+        source = _source(backbone_class.forward)
+    except (OSError, TypeError):
+        return [f"{backbone_class.__name__}.forward has no readable source"]
+    return [f"{backbone_class.__name__}.forward {problem}" for problem in _missing(source, *DECODER_LOOP)]
+
+
+def decoder_layers(model: torch.nn.Module) -> tuple[torch.nn.ModuleList | None, list[str]]:
+    """The decoder layers of a transformers causal LM's backbone (``model.base_model.layers``), when its forward runs
+    them as `DECODER_LOOP` says, so that swapping a layer module for another that keeps that call and return changes
+    what the loop computes; otherwise ``(None, why not)``."""
+    backbone = getattr(model, "base_model", None)
+    layers = getattr(backbone, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        return None, [f"{type(model).__name__} has no decoder layer list at base_model.layers"]
+    problems = _decoder_loop_problems(type(backbone))
+    return (None, problems) if problems else (layers, [])
+
+
 # --- the checks ---------------------------------------------------------------------------------------------------
 
 
@@ -351,6 +377,12 @@ def _check_fused_head() -> list[str]:
     )
 
 
+def _check_decoder_loop() -> list[str]:
+    from transformers import LlamaModel, Qwen3Model
+
+    return _decoder_loop_problems(LlamaModel) + _decoder_loop_problems(Qwen3Model)
+
+
 SEAMS: tuple[Seam, ...] = (
     Seam(
         "per_token_logps_and_entropies",
@@ -434,6 +466,14 @@ SEAMS: tuple[Seam, ...] = (
         "Replacing both module names swaps the op under every fused head and lets the CPU score only labelled "
         "positions (stapo_trl.cpu_head).",
         _check_fused_head,
+    ),
+    Seam(
+        "decoder_layers",
+        "transformers' decoder-only backbones (LlamaModel, Qwen3Model, ...) run `for decoder_layer in "
+        "self.layers[: self.config.num_hidden_layers]: hidden_states = decoder_layer(hidden_states, ...)`.",
+        "Putting a module that returns recorded hidden states in place of the first frozen layer, and pass-through "
+        "modules in place of the other frozen ones, skips them in the loss pass (stapo_trl.frozen_prefix).",
+        _check_decoder_loop,
     ),
     Seam(
         "TRL helpers",

@@ -22,6 +22,7 @@ LAYERS = (
             "trainer",
             "trl_seams",
             "cpu_head",
+            "frozen_prefix",
             "policy_stats",
             "resume",
             "callbacks",

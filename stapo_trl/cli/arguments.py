@@ -53,6 +53,11 @@ class TrainScriptArguments:
             On the CPU, run TRL's fused LM head with stapo-trl's CPU path (`stapo_trl.cpu_head`), for every method:
             only the labelled positions are scored, at close to the cost of the head's GEMMs, with the same results
             to float tolerance. `false` keeps TRL's own torch fallback. Has no effect on GPUs.
+        replay_frozen_layers (`bool`, *optional*, defaults to `True`):
+            On the CPU, let the loss pass reuse the hidden states that `generate()` computed in the frozen bottom
+            layers (those below the first layer with trainable parameters, with LoRA on the last layers only) instead
+            of running them again (`stapo_trl.frozen_prefix`). Same results up to float rounding. `false` runs every
+            layer. Has no effect on GPUs.
         reward_funcs (`list[str]`, *optional*, defaults to `["boxed"]`):
             Reward functions, by registered name (`dapo`, `boxed`, `math_verify`, `think_format`) or dotted path.
         dry_run (`bool`, *optional*, defaults to `False`):
@@ -132,6 +137,13 @@ class TrainScriptArguments:
         metadata={
             "help": "On the CPU, run TRL's fused LM head with stapo-trl's CPU path (same results, a fraction of the "
             "time and memory); false keeps TRL's torch fallback. No effect on GPUs."
+        },
+    )
+    replay_frozen_layers: bool = field(
+        default=True,
+        metadata={
+            "help": "On the CPU, let the loss pass reuse the frozen bottom layers' hidden states from generate() "
+            "instead of running those layers again (same results up to float rounding); false runs every layer."
         },
     )
     reward_funcs: list[str] = field(
