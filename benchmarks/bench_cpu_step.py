@@ -13,7 +13,8 @@ Recorded per run, from the operating system (``os.wait4``): CPU time (user + sys
 peak resident memory (``ru_maxrss``) and minor page faults; and the step lines (reward, completion length) that the run
 logged. ``--variant NAME=FLAGS`` adds a side: the new tree with extra flags, and with environment variables given as
 leading ``VAR=value`` words (for example ``--variant trl_head="--cpu_lm_head false"`` or ``--variant
-passive="OMP_WAIT_POLICY=PASSIVE"``), alternated with the others.
+passive="OMP_WAIT_POLICY=PASSIVE"``), alternated with the others; ``--old_variant NAME=FLAGS`` does the same for the
+old tree.
 
 Results (with the date, both commits, package versions, the CPU model and the load average before and after every
 run) go to ``--output``, docs/benchmarks/cpu_step.json by default.
@@ -108,6 +109,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--variant", action="append", default=[], help="NAME=FLAGS: the new tree with extra flags")
+    parser.add_argument("--old_variant", action="append", default=[], help="NAME=FLAGS: the old tree with them")
     parser.add_argument("--output", type=Path, default=REPO / "docs" / "benchmarks" / "cpu_step.json")
     args = parser.parse_args()
 
@@ -117,7 +119,12 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
-        sides = {"old": (extract_tree(args.old, scratch), {}, []), "new": (REPO, {}, [])}
+        old_tree = extract_tree(args.old, scratch)
+        sides = {"old": (old_tree, {}, [])}
+        for variant in args.old_variant:
+            name, flags = variant.split("=", 1)
+            sides[name] = (old_tree, *split_variant(flags))
+        sides["new"] = (REPO, {}, [])
         for variant in args.variant:
             name, flags = variant.split("=", 1)
             sides[name] = (REPO, *split_variant(flags))
