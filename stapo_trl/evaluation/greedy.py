@@ -69,7 +69,7 @@ def greedy_accuracy(
 
     Prompts are chat-formatted with the tokenizer's template and left-padded in batches of ``batch_size`` (the
     quickstart's 64 held-out problems in one batch: on 2 CPU cores that took about a fifth less CPU time than 4 batches
-    of 16, with the same completions). The model is put in eval mode for the pass and restored afterwards.
+    of 16, and scored the same 22 of 64). The model is put in eval mode for the pass and restored afterwards.
     """
     from tqdm.auto import tqdm
 
