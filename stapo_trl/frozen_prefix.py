@@ -1,24 +1,31 @@
-"""Reuse, in the loss pass, the hidden states that `generate()` computed in the frozen bottom layers of the policy.
+"""The frozen bottom layers of the policy, computed once per distinct sequence instead of three times per sample.
 
 With LoRA on the last layers only (the CPU quickstart adapts the last 8 of 30), the layers below the first adapted
 one have no trainable parameter and no active dropout: their output for a sequence is a fixed function of its tokens.
-`generate()` computes it while sampling (the prompt at prefill, each new token at its decoding step), and TRL's loss
-pass computes it again over the same prompt and completion. `FrozenPrefixReplay` records the input of the first
-trainable layer during `generate()` and, when TRL's fused LM head later scores sequences that `generate()` produced,
-hands the recording to that layer instead of running the frozen ones.
+A GRPO step nevertheless runs them on each prompt once per sample at `generate()`'s first forward (16 identical
+prompts per group in the quickstart), then on every prompt and completion again in TRL's loss pass.
+`FrozenPrefixReplay` does that work once:
+
+- at `generate()`'s first forward, the frozen layers run on one row per distinct prompt (and attention mask), and
+  their outputs and key/value cache entries are copied to the repeats; the layers above run on every row, so their
+  dropout still draws independently per sample;
+- during `generate()`, the input of the first trainable layer is recorded at every position;
+- when TRL's fused LM head later scores sequences that `generate()` produced, the recording is handed to the first
+  trainable layer instead of running the frozen ones.
 
 What it gives: the same hidden states up to floating-point rounding (incremental decoding with a KV cache against
-one full forward; on the CPU quickstart the log-probabilities moved by at most 2e-5), for a forward pass through the
-trainable layers only. It draws no random numbers, so the run's random streams are unchanged.
+one full forward; on the CPU quickstart the log-probabilities moved by at most 2e-5), for a fraction of the frozen
+layers' cost. It draws no random numbers, so the run's random streams are unchanged.
 
-When it steps aside (the loss pass then runs every layer): a sequence of the batch that the last `generate()` did not
-produce, with the same tokens at every position its attention mask keeps and at the same column; a frozen layer's
-parameters changed in place since the recording; positions scored without TRL's shift (``shift_labels``, used under
-context parallelism), since the last sampled token was never fed back and has no recording, and TRL's shifted head
-drops that position; a call made inside `generate()`. It is not installed (`replay_frozen_prefix` yields None) when the
-model has no frozen bottom layer, when a frozen layer has active dropout, with gradient checkpointing, under
-`torch.distributed` with several processes, or when the backbone does not loop over its decoder layers as
-transformers' decoder-only models do.
+When the replay steps aside (the loss pass then runs every layer): a sequence of the batch that the last `generate()`
+did not produce, with the same tokens at every position its attention mask keeps and at the same column; a frozen
+layer's parameters changed in place since the recording; positions scored without TRL's shift (``shift_labels``,
+used under context parallelism), since the last sampled token was never fed back and has no recording, and TRL's
+shifted head drops that position; a call made inside `generate()`. The shared prefill steps aside when every prompt
+is distinct, when a cache is handed to `generate()`, or when the cache is not one whose entries can be re-indexed.
+Neither is installed (`replay_frozen_prefix` yields None) when the model has no frozen bottom layer, when a frozen
+layer has active dropout, with gradient checkpointing, under `torch.distributed` with several processes, or when the
+backbone does not loop over its decoder layers as transformers' decoder-only models do.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .trl_seams import decoder_layers
+from .trl_seams import decoder_layer_cache, decoder_layers
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +59,58 @@ class _PassThrough(torch.nn.Module):
 
     def forward(self, hidden_states, *args, **kwargs):
         return hidden_states
+
+
+def _rows(value, index: torch.Tensor, batch: int):
+    """``value`` with only the rows ``index`` of its batch dimension, for the tensors (alone or in a tuple) whose
+    first dimension is the batch; everything else unchanged."""
+    if isinstance(value, torch.Tensor):
+        return value.index_select(0, index) if value.dim() and value.shape[0] == batch else value
+    if isinstance(value, tuple):
+        return tuple(_rows(item, index, batch) for item in value)
+    return value
+
+
+class _SharedPrefill(torch.nn.Module):
+    """Stands in for the first frozen layer at `generate()`'s first forward: runs the frozen layers on one row per
+    distinct prompt, copies their keys and values in the cache to the repeats, and returns every row's output."""
+
+    def __init__(self, frozen: list[torch.nn.Module], first: torch.Tensor, inverse: torch.Tensor, on_call):
+        super().__init__()
+        self.frozen = frozen
+        self.first = first
+        self.inverse = inverse
+        self.on_call = on_call
+
+    def forward(self, hidden_states, *args, **kwargs):
+        self.on_call()
+        batch = hidden_states.shape[0]
+        cache = decoder_layer_cache(kwargs)
+        if batch != self.inverse.shape[0] or cache is None or len(cache.layers) < len(self.frozen):
+            for layer in self.frozen:
+                hidden_states = layer(hidden_states, *args, **kwargs)
+            return hidden_states
+        args = [_rows(value, self.first, batch) for value in args]
+        kwargs = {name: _rows(value, self.first, batch) for name, value in kwargs.items()}
+        hidden_states = hidden_states.index_select(0, self.first)
+        for layer in self.frozen:
+            hidden_states = layer(hidden_states, *args, **kwargs)
+        for index in range(len(self.frozen)):
+            cache.layers[index].reorder_cache(self.inverse)
+        return hidden_states.index_select(0, self.inverse)
+
+
+def distinct_rows(*tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(first, inverse)`` over the rows of ``tensors`` side by side: the index of each distinct row's first
+    occurrence, and for every row the position of its distinct row in ``first``. None when every row is distinct."""
+    rows = torch.cat([tensor.reshape(tensor.shape[0], -1).long() for tensor in tensors], dim=1)
+    _, inverse = torch.unique(rows, dim=0, return_inverse=True)
+    count = int(inverse.max()) + 1 if inverse.numel() else 0
+    if count == rows.shape[0]:
+        return None
+    positions = torch.arange(rows.shape[0], device=rows.device)
+    first = torch.full((count,), rows.shape[0], device=rows.device).scatter_reduce(0, inverse, positions, "amin")
+    return first, inverse
 
 
 @dataclass
@@ -87,9 +146,10 @@ def active_dropout(model: torch.nn.Module, layers: list[torch.nn.Module]) -> lis
 
 
 class FrozenPrefixReplay:
-    """Records the frozen layers' output in `generate()` and replays it in TRL's fused-head passes over the same
-    sequences. Build it with `replay_frozen_prefix`; `replayed` and `computed` count the fused-head passes that used
-    the recording and those that ran every layer."""
+    """Shares the frozen layers' prefill between repeated prompts, records their output in `generate()` and replays
+    it in TRL's fused-head passes over the same sequences. Build it with `replay_frozen_prefix`; `shared_prefills`
+    counts the generations whose prefill was shared, `replayed` and `computed` the fused-head passes that used the
+    recording and those that ran every layer."""
 
     def __init__(self, model: torch.nn.Module, layers: torch.nn.ModuleList, first_trainable: int):
         self.model = model
@@ -97,6 +157,7 @@ class FrozenPrefixReplay:
         self.first_trainable = first_trainable
         self.replayed = 0
         self.computed = 0
+        self.shared_prefills = 0
         self.recording: _Recording | None = None
         self.generating = False
         self.restore_model = None
@@ -154,11 +215,15 @@ class FrozenPrefixReplay:
 
         handle = self.layers[self.first_trainable].register_forward_pre_hook(record, with_kwargs=True)
         self.generating, self.recording = True, None
+        frozen = list(self.layers[: self.first_trainable])
+        shared = self._share_prefill(frozen, args, kwargs)
         try:
             output = generate(*args, **kwargs)
         finally:
             handle.remove()
             self.generating = False
+            if shared:
+                self._put_back(frozen)
         sequences = output if isinstance(output, torch.Tensor) else getattr(output, "sequences", None)
         if sequences is None or not chunks:
             return output
@@ -166,6 +231,37 @@ class FrozenPrefixReplay:
         if hidden_states is not None and hidden_states.shape[1] == sequences.shape[1] - 1:
             self.recording = _Recording(sequences, hidden_states, self._frozen_version())
         return output
+
+    def _share_prefill(self, frozen: list[torch.nn.Module], args, kwargs) -> bool:
+        """Swap in `_SharedPrefill` for `generate()`'s first forward when prompts repeat (GRPO samples each prompt
+        ``num_generations`` times) and no cache is handed in."""
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        given_cache = any(kwargs.get(name) is not None for name in ("past_key_values", "cache"))
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or given_cache:
+            return False
+        attention_mask = kwargs.get("attention_mask")
+        attention = [
+            getattr(getattr(layer, "self_attn", None), "layer_idx", index) for index, layer in enumerate(frozen)
+        ]
+        if attention != list(range(len(frozen))):
+            return False
+        found = distinct_rows(input_ids, *([] if attention_mask is None else [attention_mask]))
+        if found is None:
+            return False
+        first, inverse = found
+
+        def back_to_the_frozen_layers():
+            self._put_back(frozen)
+            self.shared_prefills += 1
+
+        self.layers[0] = _SharedPrefill(frozen, first, inverse, back_to_the_frozen_layers)
+        for index in range(1, len(frozen)):
+            self.layers[index] = _PassThrough()
+        return True
+
+    def _put_back(self, frozen: list[torch.nn.Module]) -> None:
+        for index, layer in enumerate(frozen):
+            self.layers[index] = layer
 
     # ----------------------------------------------------------------------- replay
     def recorded_input(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -203,14 +299,13 @@ class FrozenPrefixReplay:
             self.computed += 1
             return forward(*args, **kwargs)
         self.replayed += 1
-        frozen = [self.layers[index] for index in range(self.first_trainable)]
+        frozen = list(self.layers[: self.first_trainable])
         try:
             for index in range(self.first_trainable):
                 self.layers[index] = _Recorded(hidden_states) if index == 0 else _PassThrough()
             return forward(*args, **kwargs)
         finally:
-            for index, layer in enumerate(frozen):
-                self.layers[index] = layer
+            self._put_back(frozen)
 
 
 def replay_blockers(model: torch.nn.Module) -> list[str]:

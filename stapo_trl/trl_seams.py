@@ -31,6 +31,7 @@ __all__ = [
     "GRPOSeams",
     "Seam",
     "disable_gradient_checkpointing",
+    "decoder_layer_cache",
     "decoder_layers",
     "fused_head_op",
     "get_config_model_id",
@@ -210,6 +211,20 @@ def _decoder_loop_problems(backbone_class: type) -> list[str]:
     return [f"{backbone_class.__name__}.forward {problem}" for problem in _missing(source, *DECODER_LOOP)]
 
 
+DECODER_CACHE_ARGUMENT = "cache"
+"""The keyword under which transformers' decoder layers receive the KV cache (``past_key_values`` before 5.x)."""
+
+
+def decoder_layer_cache(layer_kwargs: dict[str, Any]) -> Any:
+    """The KV cache a decoder layer was called with, when it is one whose per-layer entries can be re-indexed along
+    the batch (a transformers ``Cache`` of layers with ``reorder_cache``, not offloaded); otherwise None."""
+    cache = layer_kwargs.get(DECODER_CACHE_ARGUMENT)
+    layers = getattr(cache, "layers", None)
+    if not isinstance(layers, list) or getattr(cache, "offloading", False):
+        return None
+    return cache
+
+
 def decoder_layers(model: torch.nn.Module) -> tuple[torch.nn.ModuleList | None, list[str]]:
     """The decoder layers of a transformers causal LM's backbone (``model.base_model.layers``), when its forward runs
     them as `DECODER_LOOP` says, so that swapping a layer module for another that keeps that call and return changes
@@ -379,8 +394,17 @@ def _check_fused_head() -> list[str]:
 
 def _check_decoder_loop() -> list[str]:
     from transformers import LlamaModel, Qwen3Model
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+    from transformers.models.llama.modeling_llama import LlamaAttention, LlamaDecoderLayer
 
-    return _decoder_loop_problems(LlamaModel) + _decoder_loop_problems(Qwen3Model)
+    problems = _decoder_loop_problems(LlamaModel) + _decoder_loop_problems(Qwen3Model)
+    if DECODER_CACHE_ARGUMENT not in _parameters(LlamaDecoderLayer.forward):
+        problems.append(f"LlamaDecoderLayer.forward no longer takes {DECODER_CACHE_ARGUMENT!r}")
+    problems += _missing(_source(LlamaAttention.forward), "cache.update(key_states, value_states, self.layer_idx")
+    problems += _missing(_source(DynamicCache.update), "self.layers[layer_idx].update(")
+    if not callable(getattr(DynamicLayer, "reorder_cache", None)):
+        problems.append("DynamicLayer has no reorder_cache")
+    return problems
 
 
 SEAMS: tuple[Seam, ...] = (
@@ -470,9 +494,13 @@ SEAMS: tuple[Seam, ...] = (
     Seam(
         "decoder_layers",
         "transformers' decoder-only backbones (LlamaModel, Qwen3Model, ...) run `for decoder_layer in "
-        "self.layers[: self.config.num_hidden_layers]: hidden_states = decoder_layer(hidden_states, ...)`.",
+        "self.layers[: self.config.num_hidden_layers]: hidden_states = decoder_layer(hidden_states, ..., cache=cache)`; "
+        "each layer's attention stores its keys and values with cache.update(..., self.layer_idx), in "
+        "cache.layers[layer_idx], whose reorder_cache(index) re-indexes them along the batch.",
         "Putting a module that returns recorded hidden states in place of the first frozen layer, and pass-through "
-        "modules in place of the other frozen ones, skips them in the loss pass (stapo_trl.frozen_prefix).",
+        "modules in place of the other frozen ones, skips them in the loss pass; at generate()'s first forward the "
+        "same swap runs them once per distinct prompt and copies their cache entries to the repeats "
+        "(stapo_trl.frozen_prefix).",
         _check_decoder_loop,
     ),
     Seam(

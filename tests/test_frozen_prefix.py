@@ -59,6 +59,24 @@ def generate(tokenizer, policy, prompts=("1+2=", "33+4=", "5+6=")):
     return input_ids, attention_mask, labels
 
 
+def test_repeated_prompts_share_the_frozen_layers_prefill_and_sample_the_same_tokens():
+    """GRPO's groups repeat each prompt: the frozen layer runs on one row per prompt at the first forward, its cache
+    entries are copied to the repeats, and sampling (with LoRA dropout live above it) draws the same tokens."""
+    tokenizer, policy = lora_policy()
+    prompts = ("1+2=", "33+4=", "1+2=", "5+6=", "33+4=", "1+2=")
+    want = generate(tokenizer, policy, prompts)
+    base = policy.get_base_model()
+    frozen_layer = base.model.layers[0]
+    batch_sizes = []
+    frozen_layer.register_forward_pre_hook(lambda module, args: batch_sizes.append(args[0].shape[0]))
+    with replay_frozen_prefix(base) as replay:
+        got = generate(tokenizer, policy, prompts)
+        assert replay.shared_prefills == 1
+        assert base.model.layers[0] is frozen_layer
+    assert batch_sizes[0] == 3 and set(batch_sizes[1:]) == {6}, batch_sizes
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
 def loss_pass(policy, input_ids, attention_mask, labels):
     """TRL's loss pass: the fused head over the batch, in train mode (LoRA dropout live, same seed each time)."""
     policy.zero_grad()
@@ -170,7 +188,7 @@ def test_a_grpo_run_with_replay_trains_as_without(tmp_path):
         if replay_on:
             with replay_frozen_prefix(trainer.model.get_base_model()) as replay:
                 trainer.train()
-            assert replay.replayed == 2 and replay.computed == 0
+            assert replay.replayed == 2 and replay.computed == 0 and replay.shared_prefills == 2
         else:
             trainer.train()
         logs = [entry for entry in trainer.state.log_history if "loss" in entry and "train_runtime" not in entry]
