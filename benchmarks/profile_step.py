@@ -2,7 +2,8 @@
 
     python benchmarks/profile_step.py --steps 2 [--trl_head] [-- extra stapo-trl train flags]
 
-Runs `stapo-trl train` on the CPU quickstart recipe in this process (held-out evaluation off) with timers around:
+Runs `stapo-trl train` on the CPU quickstart recipe in this process (held-out evaluation off, the command line's
+environment variables set as `stapo-trl train` sets them) with timers around:
 
 - ``generate``: `GenerationMixin.generate` (sampling the completions, the generation recorder's hooks included);
 - ``head_forward`` / ``head_backward``: the fused LM head's op as `add_fused_lm_head` calls it (TRL's
@@ -99,7 +100,19 @@ def install_timers(clock: Clock) -> None:
 
         setattr(cls, name, wrapper)
 
-    timed(GenerationMixin, "generate", "generate")
+    original_generate = GenerationMixin.generate
+
+    def generate(self, *args, **kwargs):
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        mask = kwargs.get("attention_mask")
+        distinct = torch.unique(torch.cat([input_ids, mask], 1) if mask is not None else input_ids, dim=0).shape[0]
+        with clock.part("generate"):
+            output = original_generate(self, *args, **kwargs)
+        sequences = output if isinstance(output, torch.Tensor) else output.sequences
+        clock.shapes["generate"].append([*map(int, input_ids.shape), int(sequences.shape[1]), distinct])
+        return output
+
+    GenerationMixin.generate = generate
     timed(GRPOTrainer, "compute_loss", "loss_forward")
     timed(Accelerator, "backward", "backward")
 
@@ -167,15 +180,20 @@ def install_timers(clock: Clock) -> None:
     original_detach = FrozenPrefixReplay.detach
 
     def detach(self):
-        clock.shapes["frozen_prefix_replay"] = [self.replayed, self.computed, self.first_trainable]
+        clock.shapes["frozen_prefix"] = {
+            "first_trainable_layer": self.first_trainable,
+            "shared_prefills": self.shared_prefills,
+            "replayed_loss_passes": self.replayed,
+            "full_loss_passes": self.computed,
+        }
         original_detach(self)
 
     FrozenPrefixReplay.detach = detach
-    del torch
 
 
 def gemm_rate(m: int, k: int, n: int, repeats: int = 3) -> float:
-    """GFLOP/s of ``[m, k] @ [k, n]`` in fp32 on this CPU: the best of ``repeats`` after a warm-up."""
+    """GFLOP per CPU-second (user + system, both threads) of ``[m, k] @ [k, n]`` in fp32 on this CPU: the best of
+    ``repeats`` after a warm-up. CPU time rather than wall time, so that the floors compare with the parts' CPU time."""
     import torch
 
     a, b = torch.randn(m, k), torch.randn(k, n)
@@ -183,56 +201,93 @@ def gemm_rate(m: int, k: int, n: int, repeats: int = 3) -> float:
     torch.mm(a, b, out=out)
     best = float("inf")
     for _ in range(repeats):
-        started = time.perf_counter()
+        started = time.process_time()
         torch.mm(a, b, out=out)
-        best = min(best, time.perf_counter() - started)
+        best = min(best, time.process_time() - started)
     return 2 * m * k * n / best / 1e9
 
 
-def floors(shapes: dict, config: dict) -> dict:
-    """FLOPs of the GEMMs of each part of one step, and the seconds they take at the measured GEMM rates."""
-    hidden, inter = config["hidden_size"], config["intermediate_size"]
-    heads, kv_heads, layers = config["num_attention_heads"], config["num_key_value_heads"], config["num_hidden_layers"]
-    head_dim = hidden // heads
-    lora_layers = config["lora_layers"]
-    batch, prompt_len, completion_len, completion_tokens = shapes["loss_batch"][0]
-    seq = prompt_len + completion_len
-    tokens = batch * seq
-    linear = hidden * (hidden + 2 * kv_heads * head_dim + hidden) + 3 * hidden * inter
-    attention = 2 * seq * hidden  # QK^T and AV, per token, multiply-adds
-    body_forward = 2 * tokens * layers * (linear + attention)
-    # Backward through the LoRA layers: the input gradient of every frozen GEMM (as costly as its forward) and of the
-    # attention (twice its forward); LoRA's own weight gradients are negligible at rank 16.
-    body_backward = 2 * tokens * lora_layers * (linear + 2 * attention)
-    vocab = config["vocab_size"]
-    scored = completion_tokens
-    head_forward = 2 * scored * vocab * hidden
-    head_backward = 2 * scored * vocab * hidden  # grad_hidden only: the head is frozen (tied to the embeddings)
-    # generate(): the prompt once (prefill), then one token per sequence per step; the LM head on the last position only.
-    generated = batch * completion_len
-    prefill = 2 * batch * prompt_len * layers * (linear + attention)
-    decode = 2 * generated * (layers * (linear + 2 * (prompt_len + completion_len / 2) * hidden) + vocab * hidden)
-    rates = {
-        "body": gemm_rate(tokens, hidden, inter),
-        "head": gemm_rate(scored, hidden, vocab),
-        "decode": gemm_rate(batch, hidden, inter),
-    }
-    flops = {
-        "generate": prefill + decode,
-        "head_forward": head_forward,
-        "head_backward": head_backward,
-        "body_forward": body_forward,
-        "body_backward": body_backward,
-    }
-    rate_of = {"head_forward": "head", "head_backward": "head", "body_forward": "body", "body_backward": "body"}
-    seconds = {name: value / (rates[rate_of[name]] * 1e9) for name, value in flops.items() if name in rate_of}
-    seconds["generate"] = prefill / (rates["body"] * 1e9) + decode / (rates["decode"] * 1e9)
+def step_shapes(shapes: dict) -> dict:
+    """The first step's generation (rows, prompt length, generated length, distinct prompts) and loss micro-batches."""
+    rows, prompt_length, total_length, distinct = shapes["generate"][0]
+    micro_batches, covered = [], 0
+    for entry in shapes["loss_batch"]:
+        if covered >= rows:
+            break
+        micro_batches.append(entry)
+        covered += entry[0]
     return {
-        "shapes": {"batch": batch, "prompt_len": prompt_len, "completion_len": completion_len, "tokens": tokens},
-        "completion_tokens": completion_tokens,
-        "gemm_gflops": {name: round(value, 1) for name, value in rates.items()},
-        "gflop": {name: round(value / 1e9, 1) for name, value in flops.items()},
-        "floor_seconds": {name: round(value, 2) for name, value in seconds.items()},
+        "rows": rows,
+        "prompt_length": prompt_length,
+        "generated_length": total_length - prompt_length,
+        "distinct_prompts": distinct,
+        "loss_length": micro_batches[0][1] + micro_batches[0][2],
+        "scored_tokens": sum(entry[3] for entry in micro_batches),
+        "micro_batches": len(micro_batches),
+    }
+
+
+def floors(shapes: dict, config: dict) -> dict:
+    """FLOPs of the GEMMs of each part of the first step, as TRL runs it and as stapo-trl's CPU paths run it, and the
+    CPU seconds they take at this CPU's GEMM rate for that part's matrix shapes.
+
+    Counted: every matrix product with a weight (2 FLOPs per multiply-add), attention's two products per layer over
+    the causal context, and in the backward the input gradient of every frozen product (as large as its forward) and
+    twice the attention. Not counted: LoRA's rank-16 products, norms, activations, softmax, sampling."""
+    step = step_shapes(shapes)
+    hidden, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    layers, trainable = config["num_hidden_layers"], config["lora_layers"]
+    frozen = layers - trainable
+    kv = config["num_key_value_heads"] * hidden // config["num_attention_heads"]
+    linear = 2 * (hidden * (2 * hidden + 2 * kv) + 3 * hidden * inter)
+
+    def attention(context: float) -> float:
+        return 2 * 2 * context * hidden
+
+    rows, prompt, generated = step["rows"], step["prompt_length"], step["generated_length"]
+    length, scored = step["loss_length"], step["scored_tokens"]
+    prefill_layer = rows * prompt * (linear + attention(prompt / 2))
+    shared_prefill_layer = step["distinct_prompts"] * prompt * (linear + attention(prompt / 2))
+    decode = (generated - 1) * rows * (layers * (linear + attention(prompt + generated / 2))) + generated * rows * (
+        2 * hidden * vocab
+    )
+    loss_layer = rows * length * (linear + attention(length / 2))
+    backward_layer = rows * length * (linear + 2 * attention(length / 2))
+    all_positions = rows * (length - 1)
+    trl = {
+        "generate": layers * prefill_layer + decode,
+        "head_forward": 2 * all_positions * vocab * hidden,
+        "head_backward": 2 * 2 * all_positions * vocab * hidden,
+        "body_forward": layers * loss_layer,
+        "body_backward": trainable * backward_layer,
+    }
+    ours = {
+        "generate": frozen * shared_prefill_layer + trainable * prefill_layer + decode,
+        "head_forward": 2 * scored * vocab * hidden,
+        "head_backward": 2 * scored * vocab * hidden,
+        "body_forward": trainable * loss_layer,
+        "body_backward": trainable * backward_layer,
+    }
+    per_micro_batch = rows // step["micro_batches"]
+    rates = {
+        "body": gemm_rate(per_micro_batch * length, hidden, inter),
+        "head": gemm_rate(max(1, scored // step["micro_batches"]), hidden, vocab),
+        "decode": gemm_rate(rows, hidden, inter),
+    }
+    prefill_share = {"trl": layers * prefill_layer, "ours": frozen * shared_prefill_layer + trainable * prefill_layer}
+
+    def seconds(flops: dict, prefill: float) -> dict:
+        out = {name: flops[name] / (rates["head" if "head" in name else "body"] * 1e9) for name in flops}
+        out["generate"] = prefill / (rates["body"] * 1e9) + (flops["generate"] - prefill) / (rates["decode"] * 1e9)
+        return {name: round(value, 2) for name, value in out.items()}
+
+    return {
+        "step": step,
+        "gemm_gflop_per_cpu_second": {name: round(value, 1) for name, value in rates.items()},
+        "gflop_trl": {name: round(value / 1e9, 1) for name, value in trl.items()},
+        "gflop_cpu_paths": {name: round(value / 1e9, 1) for name, value in ours.items()},
+        "floor_cpu_seconds_trl": seconds(trl, prefill_share["trl"]),
+        "floor_cpu_seconds_cpu_paths": seconds(ours, prefill_share["ours"]),
     }
 
 
@@ -256,6 +311,9 @@ def main() -> None:
     parser.add_argument("extra", nargs="*", help="more stapo-trl train flags (after --)")
     args = parser.parse_args()
 
+    from stapo_trl.cli.cpu_environment import set_cpu_environment
+
+    set_cpu_environment()
     clock = Clock()
     install_timers(clock)
     from stapo_trl.cli.train import train_command
