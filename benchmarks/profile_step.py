@@ -21,6 +21,7 @@ GEMMs and the time those FLOPs take at that rate: the floor that no implementati
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import platform
@@ -30,6 +31,7 @@ import tempfile
 import time
 from collections import defaultdict
 from contextlib import contextmanager
+from importlib.metadata import version
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -175,8 +177,10 @@ def install_timers(clock: Clock) -> None:
 
     GRPOTrainer.compute_loss = compute_loss
 
-    from stapo_trl.frozen_prefix import FrozenPrefixReplay
-
+    try:
+        from stapo_trl.frozen_prefix import FrozenPrefixReplay
+    except ImportError:  # an earlier stapo-trl, profiled with --recipe and its own PYTHONPATH
+        return
     original_detach = FrozenPrefixReplay.detach
 
     def detach(self):
@@ -291,6 +295,13 @@ def floors(shapes: dict, config: dict) -> dict:
     }
 
 
+def commit() -> str:
+    """This checkout's commit, with ``+uncommitted`` when the package or recipes differ from it."""
+    head = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True).strip()
+    dirty = subprocess.check_output(["git", "status", "--porcelain", "stapo_trl", "recipes"], cwd=REPO, text=True)
+    return head + ("+uncommitted" if dirty else "")
+
+
 def machine() -> dict:
     model = next(
         (
@@ -306,26 +317,37 @@ def machine() -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--recipe", type=Path, default=RECIPE, help="the recipe (another tree's, with its PYTHONPATH)")
     parser.add_argument("--output", type=Path, default=None, help="write the per-step split as JSON here")
     parser.add_argument("--floors", action="store_true", help="measure the GEMM rate and attach the floors")
     parser.add_argument("extra", nargs="*", help="more stapo-trl train flags (after --)")
     args = parser.parse_args()
 
-    from stapo_trl.cli.cpu_environment import set_cpu_environment
-
-    set_cpu_environment()
+    try:
+        from stapo_trl.cli.cpu_environment import set_cpu_environment
+    except ImportError:  # an earlier stapo-trl, which set no environment variables
+        pass
+    else:
+        set_cpu_environment()
     clock = Clock()
     install_timers(clock)
     from stapo_trl.cli.train import train_command
 
     with tempfile.TemporaryDirectory() as scratch:
-        argv = ["--config", str(RECIPE), "--max_steps", str(args.steps), "--heldout_problems", "0"]
+        argv = ["--config", str(args.recipe), "--max_steps", str(args.steps), "--heldout_problems", "0"]
         argv += ["--disable_tqdm", "true", "--output_dir", str(Path(scratch) / "run"), *args.extra]
         load_before = list(os.getloadavg())
         code = train_command(argv)
         if code:
             sys.exit(code)
+    import stapo_trl
+
     result = {
+        "date": datetime.date.today().isoformat(),
+        "stapo_trl": str(Path(stapo_trl.__file__).parent),
+        "commit": commit() if REPO in Path(stapo_trl.__file__).resolve().parents else "(another tree: see stapo_trl)",
+        "versions": {name: version(name) for name in ("torch", "trl", "transformers", "peft", "accelerate")},
+        "environment": {name: os.environ.get(name) for name in ("OMP_WAIT_POLICY", "THP_MEM_ALLOC_ENABLE")},
         "argv": argv,
         "machine": machine(),
         "load_before": load_before,
