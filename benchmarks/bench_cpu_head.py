@@ -21,7 +21,9 @@ gradient, as large), at the GEMM rate measured in the same subprocess on that sh
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
 import subprocess
 import sys
 import time
@@ -139,7 +141,22 @@ def main() -> None:
     floor = 2 * next(result["gemm_cpu_s"] for result in results if result["tokens"] == args.tokens)
     print(f"floor (one forward and one backward GEMM over {args.tokens} tokens): {floor:.2f} s CPU")
     if args.output:
-        args.output.write_text(json.dumps({"floor_cpu_s": round(floor, 3), "rows": results}, indent=1) + "\n")
+        from importlib.metadata import version
+
+        model = next(
+            line.split(":", 1)[1].strip()
+            for line in subprocess.check_output(["lscpu"], text=True).splitlines()
+            if line.startswith("Model name")
+        )
+        record = {
+            "date": datetime.date.today().isoformat(),
+            "machine": {"cpu_model": model, "cores": os.cpu_count(), "load_average_after": list(os.getloadavg())},
+            "versions": {name: version(name) for name in ("torch", "trl")},
+            "shape": {"hidden": HIDDEN, "vocab": VOCAB, "tokens": args.tokens, "all_positions": args.all_positions},
+            "floor_cpu_s": round(floor, 3),
+            "rows": results,
+        }
+        args.output.write_text(json.dumps(record, indent=1) + "\n")
 
 
 if __name__ == "__main__":
