@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "quickstart" / "smollm2-135m-cpu.yaml"
 PARTS = ("generate", "head_forward", "head_backward", "body_forward", "body_backward", "rest")
 MEMORY_PARTS = ("generate", "loss_forward", "backward")
-"""Parts whose peak resident memory is recorded (they do not nest)."""
+"""Parts whose peak resident memory is recorded (they do not nest); the RSS when training starts is recorded too."""
 
 
 class Clock:
@@ -146,6 +146,7 @@ def install_timers(clock: Clock) -> None:
 
     class StepClock(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
+            clock.rss_at_start_mib["train"] = status_kib("VmRSS") / 1024
             clock.start_step()
 
         def on_step_end(self, args, state, control, **kwargs):
@@ -378,6 +379,7 @@ def main() -> None:
     for index, step in enumerate(clock.steps, 1):
         parts = "  ".join(f"{name} {cpu:.1f}/{wall:.1f}" for name, (cpu, wall) in step["parts"].items())
         print(f"step {index}: cpu {step['cpu']:.1f} s, wall {step['wall']:.1f} s | {parts}", flush=True)
+    print(f"RSS when training starts: {result['rss_mib_at_start_of'].get('train')} MiB")
     for name in MEMORY_PARTS:
         start, peak = result["rss_mib_at_start_of"].get(name), result["peak_rss_mib_during"].get(name)
         print(f"{name}: RSS {start} MiB at start, peak {peak} MiB")
