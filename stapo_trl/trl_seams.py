@@ -19,10 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import trl.trainer.utils as trl_trainer_utils
 from transformers import PretrainedConfig, Trainer
 from trl import GRPOTrainer
+from trl.kernels import ChunkedLogProbFunction
 from trl.models.utils import disable_gradient_checkpointing
-from trl.trainer.utils import RepeatSampler, get_config_model_id, maybe_gather_lm_head_ctx
+from trl.trainer.utils import RepeatSampler, add_fused_lm_head, get_config_model_id, maybe_gather_lm_head_ctx
 
 TESTED_TRL = "1.16"
 
@@ -32,8 +34,12 @@ __all__ = [
     "GRPOSeams",
     "Seam",
     "disable_gradient_checkpointing",
+    "decoder_layer_cache",
+    "decoder_layers",
+    "fused_head_op",
     "get_config_model_id",
     "iter_vllm_weights",
+    "install_fused_head_op",
     "maybe_gather_lm_head_ctx",
     "reseed_repeat_sampler",
     "save_model_without_push",
@@ -200,6 +206,72 @@ def iter_vllm_weights(generation) -> Any:
 def set_model_name_or_path(config: PretrainedConfig, name: str) -> None:
     """Set the name transformers and TRL's model card read as the model's source (the config's ``_name_or_path``)."""
     config._name_or_path = name
+
+
+def fused_head_op() -> Any:
+    """The op `add_fused_lm_head`'s forward calls for its per-token statistics: TRL's ``ChunkedLogProbFunction``
+    unless `install_fused_head_op` replaced it."""
+    return trl_trainer_utils._ChunkedLogProbFunction
+
+
+def install_fused_head_op(op: Any) -> Callable[[], None]:
+    """Make every model patched by `add_fused_lm_head` (now or before) call ``op.apply`` in place of TRL's
+    ``ChunkedLogProbFunction.apply``, with the same arguments, and pass it only the labelled positions on the CPU, as
+    TRL does on Triton devices (TRL's CPU path scores every position, prompt and padding included, and zeroes the
+    unlabelled ones afterwards). Returns the function that puts both back.
+
+    TRL's forward looks both names up in `trl.trainer.utils` at each call, so the swap reaches models patched before
+    it; GPUs keep TRL's test, so only the CPU path changes."""
+    previous_op, previous_compact = trl_trainer_utils._ChunkedLogProbFunction, trl_trainer_utils._use_triton
+
+    def compact(device: torch.device) -> bool:
+        return device.type == "cpu" or previous_compact(device)
+
+    trl_trainer_utils._ChunkedLogProbFunction, trl_trainer_utils._use_triton = op, compact
+
+    def restore() -> None:
+        trl_trainer_utils._ChunkedLogProbFunction, trl_trainer_utils._use_triton = previous_op, previous_compact
+
+    return restore
+
+
+DECODER_LOOP = ("decoder_layer in", "self.layers[: self.config.num_hidden_layers]", "hidden_states = decoder_layer(")
+"""How transformers' decoder-only backbones run their layers: each layer takes the hidden states first and returns the
+next ones as a tensor."""
+
+
+def _decoder_loop_problems(backbone_class: type) -> list[str]:
+    try:
+        source = _source(backbone_class.forward)
+    except (OSError, TypeError):
+        return [f"{backbone_class.__name__}.forward has no readable source"]
+    return [f"{backbone_class.__name__}.forward {problem}" for problem in _missing(source, *DECODER_LOOP)]
+
+
+DECODER_CACHE_ARGUMENT = "cache"
+"""The keyword under which transformers' decoder layers receive the KV cache (``past_key_values`` before 5.x)."""
+
+
+def decoder_layer_cache(layer_kwargs: dict[str, Any]) -> Any:
+    """The KV cache a decoder layer was called with, when it is one whose per-layer entries can be re-indexed along
+    the batch (a transformers ``Cache`` of layers with ``reorder_cache``, not offloaded); otherwise None."""
+    cache = layer_kwargs.get(DECODER_CACHE_ARGUMENT)
+    layers = getattr(cache, "layers", None)
+    if not isinstance(layers, list) or getattr(cache, "offloading", False):
+        return None
+    return cache
+
+
+def decoder_layers(model: torch.nn.Module) -> tuple[torch.nn.ModuleList | None, list[str]]:
+    """The decoder layers of a transformers causal LM's backbone (``model.base_model.layers``), when its forward runs
+    them as `DECODER_LOOP` says, so that swapping a layer module for another that keeps that call and return changes
+    what the loop computes; otherwise ``(None, why not)``."""
+    backbone = getattr(model, "base_model", None)
+    layers = getattr(backbone, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        return None, [f"{type(model).__name__} has no decoder layer list at base_model.layers"]
+    problems = _decoder_loop_problems(type(backbone))
+    return (None, problems) if problems else (layers, [])
 
 
 # --- the checks ---------------------------------------------------------------------------------------------------
@@ -453,6 +525,56 @@ def _check_vllm_cpu_worker() -> list[str]:
         for name in ("dtype", "enforce_eager", "kv_cache_memory_bytes")
         if name not in fields
     ]
+
+
+FUSED_HEAD_FORWARD_PARAMETERS = [
+    "ctx",
+    "hidden",
+    "weight",
+    "bias",
+    "targets",
+    "temperature",
+    "chunk_size",
+    "final_logit_softcapping",
+    "logit_scale",
+    "outputs",
+]
+
+
+def _check_fused_head() -> list[str]:
+    problems = []
+    for name in ("_ChunkedLogProbFunction", "_use_triton"):
+        if not hasattr(trl_trainer_utils, name):
+            problems.append(f"trl.trainer.utils no longer has {name}")
+    found = _parameters(ChunkedLogProbFunction.forward)
+    if found != FUSED_HEAD_FORWARD_PARAMETERS:
+        problems.append(f"ChunkedLogProbFunction.forward takes {found}, expected {FUSED_HEAD_FORWARD_PARAMETERS}")
+    problems += _missing(
+        _source(ChunkedLogProbFunction.forward), "return logprobs, entropy, log_sum_sq_probs, mean_logits, is_top1"
+    )
+    return problems + _missing(
+        _source(add_fused_lm_head),
+        "compact = _use_triton(hidden_states.device)",
+        "per_token = _ChunkedLogProbFunction.apply(",
+        "hidden_states[mask] if compact else",
+        "labels[mask] if compact else",
+        "final_logit_softcapping,\n                logit_scale,\n                outputs,",
+        "masked_scatter(mask, x)",
+    )
+
+
+def _check_decoder_loop() -> list[str]:
+    from transformers import LlamaModel, Qwen3Model
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+    from transformers.models.llama.modeling_llama import LlamaAttention, LlamaDecoderLayer
+
+    problems = _decoder_loop_problems(LlamaModel) + _decoder_loop_problems(Qwen3Model)
+    if DECODER_CACHE_ARGUMENT not in _parameters(LlamaDecoderLayer.forward):
+        problems.append(f"LlamaDecoderLayer.forward no longer takes {DECODER_CACHE_ARGUMENT!r}")
+    problems += _missing(_source(LlamaAttention.forward), "cache.update(key_states, value_states, self.layer_idx")
+    problems += _missing(_source(DynamicCache.update), "self.layers[layer_idx].update(")
+    if not callable(getattr(DynamicLayer, "reorder_cache", None)):
+        problems.append("DynamicLayer has no reorder_cache")
     return problems
 
 
@@ -537,6 +659,28 @@ SEAMS: tuple[Seam, ...] = (
         "PretrainedConfig._name_or_path is what the model card names as the base model.",
         "Setting it names a GGUF's Hub source instead of its conversion in this machine's cache.",
         _check_name_or_path,
+    ),
+    Seam(
+        "install_fused_head_op",
+        "add_fused_lm_head's forward calls trl.trainer.utils._ChunkedLogProbFunction.apply(hidden, weight, bias, "
+        "targets, temperature, chunk_size, final_logit_softcapping, logit_scale, outputs), which returns (log_probs, "
+        "entropy, log_sum_sq_probs, mean_logits, is_top1); it passes only the labelled positions when "
+        "trl.trainer.utils._use_triton(device) is true, and every position (labels clamped to 0) otherwise.",
+        "Replacing both module names swaps the op under every fused head and lets the CPU score only labelled "
+        "positions (stapo_trl.cpu_head).",
+        _check_fused_head,
+    ),
+    Seam(
+        "decoder_layers",
+        "transformers' decoder-only backbones (LlamaModel, Qwen3Model, ...) run `for decoder_layer in "
+        "self.layers[: self.config.num_hidden_layers]: hidden_states = decoder_layer(hidden_states, ..., cache=cache)`; "
+        "each layer's attention stores its keys and values with cache.update(..., self.layer_idx), in "
+        "cache.layers[layer_idx], whose reorder_cache(index) re-indexes them along the batch.",
+        "Putting a module that returns recorded hidden states in place of the first frozen layer, and pass-through "
+        "modules in place of the other frozen ones, skips them in the loss pass; at generate()'s first forward the "
+        "same swap runs them once per distinct prompt and copies their cache entries to the repeats "
+        "(stapo_trl.frozen_prefix).",
+        _check_decoder_loop,
     ),
     Seam(
         "TRL helpers",

@@ -25,6 +25,8 @@ LAYERS = (
             "gradient_probe",
             "user_code",
             "colocated_vllm_cpu",
+            "cpu_head",
+            "frozen_prefix",
             "resume",
             "callbacks",
             "methods",

@@ -46,6 +46,9 @@ def _versions() -> str:
 
 def _run(command: str, argv: list[str]) -> int:
     if command == "train":
+        from .cpu_environment import set_cpu_environment
+
+        set_cpu_environment()
         from .train import train_command
 
         return train_command(argv)

@@ -157,6 +157,11 @@ def format_plan(request: Any) -> str:
         f"{training.max_completion_length} tokens"
     )
     precision = "bf16" if training.bf16 else "fp16" if training.fp16 else "fp32"
+    on_cpu = training.use_cpu and not request.cpu_stand_in
+    if on_cpu:
+        head = "stapo-trl's CPU LM head" if script.cpu_lm_head else "TRL's torch fallback of its fused LM head"
+        replay = "frozen layers replayed from generate()" if script.replay_frozen_layers else "every layer in the loss"
+        precision += f", CPU ({head}; {replay})"
     stop = f"{training.max_steps} optimizer steps" if training.max_steps > 0 else f"{training.num_train_epochs} epochs"
     rows = [
         ("recipe", str(request.recipe_path) if request.recipe_path else "(command line only)"),
@@ -171,7 +176,7 @@ def format_plan(request: Any) -> str:
         ("token rule", describe_token_rule(training)),
         ("loss", loss),
         ("generation", generation),
-        ("precision", f"{precision}{', CPU' if training.use_cpu and not request.cpu_stand_in else ''}"),
+        ("precision", precision),
         ("world size", f"{plan.world_size} ({request.world_size_source})"),
         ("launch", "accelerate launch " + " ".join(request.launch_args) if request.launch_args else "this process"),
         (

