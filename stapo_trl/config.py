@@ -41,7 +41,7 @@ class STAPOConfig(*rule_config_mixins(), TokenDumpConfigMixin, GradientProbeConf
             paper).
         token_stats_backend (`str`, *optional*, defaults to `"auto"`):
             How a statistics pass computes `p` and `H`: `"model_head"` (the whole model, its own LM head included,
-            through TRL's fused head), `"torch"` (our chunked op), `"liger"` (Liger's fused linear cross-entropy) or
+            through TRL's fused head), `"torch"` (our blocked op), `"liger"` (Liger's fused linear cross-entropy) or
             `"auto"`.
 
         > Your own token rules, and rules in shadow
@@ -99,7 +99,7 @@ class STAPOConfig(*rule_config_mixins(), TokenDumpConfigMixin, GradientProbeConf
         metadata={
             "help": "How a statistics pass computes log p and entropy without [N, V] logits. 'model_head': the whole "
             "model, its own LM head included, through TRL's fused head (supports every model TRL supports). 'torch': "
-            "the backbone, then our chunked torch op on the completion positions only. 'liger': the backbone, then "
+            "the backbone, then our blocked torch op on the completion positions only. 'liger': the backbone, then "
             "Liger's fused linear cross-entropy (needs `pip install -e '.[liger]'` in the stapo-trl clone). 'auto': 'liger' on CUDA "
             "when installed, otherwise 'torch', and 'model_head' for models the direct ops do not cover "
             "(vision-language, logit soft-capping or scaling) and under FSDP or DeepSpeed ZeRO-3. 'trl', the earlier "

@@ -8,7 +8,7 @@ import torch
 from stapo_trl import token_logprob_entropy
 from stapo_trl.fused_stats import BACKENDS, naive_logprob_entropy, resolve_backend
 from stapo_trl.fused_stats import liger as liger_module
-from stapo_trl.fused_stats.chunked import ChunkedLogProbEntropy, chunked_logprob_entropy
+from stapo_trl.fused_stats.blocked import CPULogProbEntropy, blocked_logprob_entropy
 
 TRAINING_BACKENDS = ["torch", "liger", "trl_chunked"]
 
@@ -53,15 +53,15 @@ def test_reference_is_the_textbook_definition():
     assert entropies[1].item() == pytest.approx(math.log(3))
 
 
-@pytest.mark.parametrize("chunk_size", [1, 5, 16, 512])
-def test_chunked_backend_is_exact_in_fp64_at_any_chunk_size(chunk_size):
+@pytest.mark.parametrize("block_rows", [1, 5, 16, 512])
+def test_blocked_backend_is_exact_in_fp64_at_any_block_size(block_rows):
     hidden_states, weight, targets, grad_log_probs, grad_entropies = make_problem(num_tokens=23)
     bias = torch.randn(weight.shape[0], dtype=torch.float64)
     reference = values_and_grads(
         naive_logprob_entropy, hidden_states, weight, targets, grad_log_probs, grad_entropies, torch.float64, bias=bias
     )
     result = values_and_grads(
-        chunked_logprob_entropy,
+        blocked_logprob_entropy,
         hidden_states,
         weight,
         targets,
@@ -69,38 +69,39 @@ def test_chunked_backend_is_exact_in_fp64_at_any_chunk_size(chunk_size):
         grad_entropies,
         torch.float64,
         bias=bias,
-        chunk_size=chunk_size,
+        block_rows=block_rows,
     )
     for got, want in zip(result, reference, strict=True):
         assert torch.allclose(got, want, rtol=1e-10, atol=1e-10)
 
 
-def test_chunked_backend_passes_gradcheck_with_bias_and_temperature():
+def test_blocked_backend_passes_gradcheck_with_bias_and_temperature():
     hidden_states, weight, targets, *_ = make_problem(num_tokens=5, hidden=4, vocab=7)
     bias = torch.randn(7, dtype=torch.float64, requires_grad=True)
     hidden_states.requires_grad_()
     weight.requires_grad_()
     assert torch.autograd.gradcheck(
-        lambda h, w, b: ChunkedLogProbEntropy.apply(h, w, b, targets, 0.7, 2), (hidden_states, weight, bias)
+        lambda h, w, b: CPULogProbEntropy.apply(h, w, b, targets, 1 / 0.7, None, 1.0, True, 2, 0),
+        (hidden_states, weight, bias),
     )
 
 
 @pytest.mark.parametrize("which", ["log_probs", "entropies"])
-def test_chunked_backend_handles_a_single_output_gradient(which):
+def test_blocked_backend_handles_a_single_output_gradient(which):
     hidden_states, weight, targets, *_ = make_problem(num_tokens=9)
     grads = {}
-    for function in (naive_logprob_entropy, chunked_logprob_entropy):
+    for function in (naive_logprob_entropy, blocked_logprob_entropy):
         h = hidden_states.clone().requires_grad_()
         log_probs, entropies = function(h, weight, targets)
         (log_probs if which == "log_probs" else entropies).sum().backward()
         grads[function] = h.grad
-    assert torch.allclose(grads[chunked_logprob_entropy], grads[naive_logprob_entropy], atol=1e-10)
+    assert torch.allclose(grads[blocked_logprob_entropy], grads[naive_logprob_entropy], atol=1e-10)
 
 
 def test_bf16_inputs_are_computed_in_fp32():
     hidden_states, weight, targets, *_ = make_problem(num_tokens=31)
     reference = naive_logprob_entropy(hidden_states.bfloat16().double(), weight.bfloat16().double(), targets)
-    log_probs, entropies = chunked_logprob_entropy(hidden_states.bfloat16(), weight.bfloat16(), targets)
+    log_probs, entropies = blocked_logprob_entropy(hidden_states.bfloat16(), weight.bfloat16(), targets)
     assert log_probs.dtype == torch.float32 and entropies.dtype == torch.float32
     assert torch.allclose(log_probs.double(), reference[0], atol=1e-4)
     assert torch.allclose(entropies.double(), reference[1], atol=1e-4)
@@ -143,9 +144,9 @@ def test_auto_picks_torch_on_cpu_and_liger_on_cuda(monkeypatch):
 
 def test_missing_liger_gives_an_install_hint(monkeypatch):
     monkeypatch.setattr(liger_module, "is_liger_available", lambda: False)
-    with pytest.raises(ImportError, match=r"pip install 'stapo-trl\[liger\]'"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[liger\]'"):
         resolve_backend("liger", "cpu")
-    with pytest.raises(ImportError, match=r"pip install 'stapo-trl\[liger\]'"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[liger\]'"):
         liger_module.liger_logprob_entropy(torch.zeros(1, 2), torch.zeros(3, 2), torch.zeros(1, dtype=torch.long))
 
 

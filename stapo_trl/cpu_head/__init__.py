@@ -4,7 +4,7 @@ TRL's trainers (`GRPOTrainer`, and so `STAPOTrainer`; also SFT, DPO, KTO, RLOO) 
 ``trl.trainer.utils.add_fused_lm_head``, which computes per-token log-probabilities and entropies with TRL's
 ``ChunkedLogProbFunction``: Triton on GPUs, and on the CPU a torch fallback that scores every position, prompt and
 padding included, in 4096 x 32768 tiles with several full-tile temporaries each. `apply_cpu_lm_head` makes that head
-score only the labelled positions on the CPU, with `CPULogProbEntropy` (see :mod:`.kernel`). Results agree with TRL's
+score only the labelled positions on the CPU, with `CPULogProbEntropy` (see :mod:`stapo_trl.fused_stats.blocked`). Results agree with TRL's
 fallback to float tolerance (``tests/test_cpu_head.py``).
 
 Importing stapo_trl changes nothing. ``stapo-trl train`` turns the CPU head on for runs on the CPU, whatever the method
@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from .kernel import DEFAULT_BLOCK_ROWS, DEFAULT_KEEP_LOGITS_BYTES, CPULogProbEntropy, cpu_logprob_entropy
+from ..fused_stats.blocked import DEFAULT_BLOCK_ROWS, DEFAULT_KEEP_LOGITS_BYTES, CPULogProbEntropy, cpu_logprob_entropy
 from .op import FusedHeadOp
 
 _restore: Callable[[], None] | None = None

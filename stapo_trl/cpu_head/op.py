@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .kernel import DEFAULT_BLOCK_ROWS, DEFAULT_KEEP_LOGITS_BYTES, cpu_logprob_entropy
+from ..fused_stats.blocked import DEFAULT_BLOCK_ROWS, DEFAULT_KEEP_LOGITS_BYTES, cpu_logprob_entropy
 
 HANDLED_OUTPUTS = frozenset({"entropy"})
 """TRL's optional outputs this op computes; a request for any other goes to TRL's op."""

@@ -3,14 +3,14 @@
 None of the training backends materializes ``[N, V]`` logits. All are differentiable and return fp32 (or fp64 for
 fp64 inputs), with the temperature applied to the logits as in sampling.
 
-===============  =========================================================  =====================================
-name             what                                                       where it is the default
-===============  =========================================================  =====================================
-``liger``        Liger's ``LigerFusedLinearScaledCrossEntropyFunction``     CUDA, when liger-kernel is installed
-``torch``        our chunked autograd Function (:mod:`.chunked`)            everywhere else (CPU)
-``trl_chunked``  TRL's ``ChunkedLogProbFunction`` (its fused head's kernel)  never chosen by ``auto``
-``naive``        full logits through autograd, for reference only           never chosen by ``auto``
-===============  =========================================================  =====================================
+===============  ===============================================================  ==================================
+name             what                                                             where it is the default
+===============  ===============================================================  ==================================
+``liger``        Liger's ``LigerFusedLinearScaledCrossEntropyFunction``           CUDA, when liger-kernel is installed
+``torch``        the CPU head's blocked op, logits never kept (:mod:`.blocked`)   everywhere else (CPU)
+``trl_chunked``  TRL's ``ChunkedLogProbFunction`` (its fused head's kernel)        never chosen by ``auto``
+``naive``        full logits through autograd, for reference only                 never chosen by ``auto``
+===============  ===============================================================  ==================================
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import torch
 
-from .chunked import chunked_logprob_entropy
+from .blocked import blocked_logprob_entropy
 from .liger import is_liger_available, liger_logprob_entropy, liger_unavailable
 from .reference import naive_logprob_entropy
 from .trl_kernel import trl_logprob_entropy
@@ -27,7 +27,7 @@ from .trl_kernel import trl_logprob_entropy
 BackendFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 BACKENDS: dict[str, BackendFn] = {
-    "torch": chunked_logprob_entropy,
+    "torch": blocked_logprob_entropy,
     "liger": liger_logprob_entropy,
     "trl_chunked": trl_logprob_entropy,
     "naive": naive_logprob_entropy,
@@ -104,7 +104,7 @@ def token_logprob_entropy(
 __all__ = [
     "BACKENDS",
     "backend_unavailable",
-    "chunked_logprob_entropy",
+    "blocked_logprob_entropy",
     "is_liger_available",
     "liger_logprob_entropy",
     "naive_logprob_entropy",

@@ -1,4 +1,5 @@
-"""Per-token log-probability and entropy of an LM head on the CPU, at close to the cost of its GEMMs.
+"""Per-token log-probability and entropy of an LM head on the CPU, at close to the cost of its GEMMs: the ``torch``
+statistics backend, and the op of stapo-trl's CPU LM head (:mod:`stapo_trl.cpu_head`).
 
 The op scores ``N`` tokens against a vocabulary of ``V`` entries: ``z = transform(hidden @ weight.T + bias)``, where
 ``transform`` is TRL's (``logit_scale``, then an optional ``softcap * tanh(. / softcap)``, then ``/ temperature``),
@@ -18,6 +19,10 @@ When the forward records a graph and the transformed logits of all ``N`` tokens 
 kept for the backward, which then skips recomputing the projection: the op costs two GEMMs in all instead of three.
 Otherwise the backward recomputes the projection block by block, and memory stays at one ``[block_rows, V]`` buffer
 and two ``[SLAB_ROWS, V]`` buffers whatever ``N`` is.
+
+One hand-written backward serves both of its uses: training through the CPU head (``stapo-trl train`` on the CPU
+turns it on), and gradients through `token_logprob_entropy` in your own loop. Inside `STAPOTrainer` the statistics
+pass itself runs under ``torch.no_grad``.
 """
 
 from __future__ import annotations
@@ -238,3 +243,29 @@ def cpu_logprob_entropy(
         keep_logits_bytes,
     )
     return log_probs, entropies if want_entropy else None
+
+
+def blocked_logprob_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    block_rows: int = DEFAULT_BLOCK_ROWS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Differentiable ``(log_probs [N], entropies [N])`` for ``hidden [N, H]``, ``weight [V, H]``, ``targets [N]``.
+
+    Computes in ``promote_types(hidden.dtype, float32)``: bf16 or fp16 inputs are cast to fp32 first (the weight
+    too, one fp32 copy of it), and the gradients flow back through those casts.
+    """
+    compute_dtype = torch.promote_types(hidden.dtype, torch.float32)
+    return cpu_logprob_entropy(
+        hidden.to(compute_dtype),
+        weight.to(compute_dtype),
+        targets,
+        bias=None if bias is None else bias.to(compute_dtype),
+        temperature=temperature,
+        block_rows=block_rows,
+        keep_logits_bytes=0,
+    )
