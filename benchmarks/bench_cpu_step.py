@@ -14,7 +14,8 @@ peak resident memory (``ru_maxrss``) and minor page faults; and the step lines (
 logged. ``--variant NAME=FLAGS`` adds a side: the new tree with extra flags, and with environment variables given as
 leading ``VAR=value`` words (for example ``--variant trl_head="--cpu_lm_head false"`` or ``--variant
 passive="OMP_WAIT_POLICY=PASSIVE"``), alternated with the others; ``--old_variant NAME=FLAGS`` does the same for the
-old tree.
+old tree. For each variant of the new tree, the JSON also gives new/variant CPU time per repeat (with ``--variant
+grpo="--method grpo"``, the STAPO/GRPO ratio).
 
 Results (with the date, both commits, package versions, the CPU model and the load average before and after every
 run) go to ``--output``, docs/benchmarks/cpu_step.json by default.
@@ -160,6 +161,11 @@ def main() -> None:
             for name, records in runs.items()
             if name != "old"
         },
+        "cpu_ratio_new_over_variant": {
+            name: summary([n["cpu_seconds"] / r["cpu_seconds"] for n, r in zip(runs["new"], records, strict=True)])
+            for name, records in runs.items()
+            if name not in ("old", "new") and sides[name][0] == REPO
+        },
         "runs": runs,
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
@@ -169,6 +175,8 @@ def main() -> None:
             f"{name}/old CPU time: {ratio['median']:.3f} ({ratio['min']:.3f} to {ratio['max']:.3f}); peak RSS "
             f"{results['peak_rss_mib'][name]['median']:.0f} MiB against {results['peak_rss_mib']['old']['median']:.0f}"
         )
+    for name, ratio in results["cpu_ratio_new_over_variant"].items():
+        print(f"new/{name} CPU time: {ratio['median']:.3f} ({ratio['min']:.3f} to {ratio['max']:.3f})")
     print(f"results: {args.output}")
 
 
