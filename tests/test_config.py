@@ -169,7 +169,7 @@ def test_bad_token_rule_lists_are_rejected(overrides, message):
 
 def test_liger_backend_without_liger_names_the_install(monkeypatch):
     monkeypatch.setattr("stapo_trl.fused_stats.liger.is_liger_available", lambda: False)
-    with pytest.raises(ValueError, match=r"pip install 'stapo-trl\[liger\]'"):
+    with pytest.raises(ValueError, match=r"pip install -e '\.\[liger\]'"):
         make_config(token_stats_backend="liger")
 
 
