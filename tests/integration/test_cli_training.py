@@ -10,7 +10,6 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
-from tiny import save_tiny_chat_model
 
 from stapo_trl.cli import main
 from stapo_trl.model_card import check_model_card, shorten_local_paths
@@ -20,12 +19,11 @@ QUICKSTART = REPO / "recipes" / "quickstart" / "smollm2-135m-cpu.yaml"
 
 
 @pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    """A tiny Qwen3 with a character tokenizer and a plain chat template, saved like a Hub checkpoint, with a card
-    that states its license as a Hub model's card does."""
-    directory = save_tiny_chat_model(tmp_path_factory.mktemp("tiny-qwen3"))
-    (directory / "README.md").write_text("---\nlicense: apache-2.0\n---\n\n# tiny Qwen3\n")
-    return directory
+def tiny_model_dir(tiny_model_dir) -> Path:
+    """The tiny model of conftest.py (this file's own copy), with a card that states its license as a Hub model's card
+    does."""
+    (tiny_model_dir / "README.md").write_text("---\nlicense: apache-2.0\n---\n\n# tiny Qwen3\n")
+    return tiny_model_dir
 
 
 def run_tiny(tmp_path: Path, tiny_model_dir: Path, *overrides: str, **values) -> tuple[int, Path]:

@@ -6,16 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 from peft import LoraConfig
-from tiny import count_vowels_reward, prompt_dataset, save_tiny_chat_model, tiny_config
+from tiny import count_vowels_reward, prompt_dataset, tiny_config
 from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_chat_model(tmp_path_factory.mktemp("tiny-model"))
 
 
 def train(trainer_class, config_class, model_dir, output_dir, peft=False, **overrides):
@@ -48,8 +43,10 @@ def logged(trainer, key):
     ],
     ids=lambda case: case["name"],
 )
-def test_stapo_trains_with_a_kl_penalty_and_takes_statistics_from_the_policy(case, model_dir, tmp_path):
-    trainer = train(STAPOTrainer, STAPOConfig, model_dir, tmp_path, peft=case.get("peft", False), **case["overrides"])
+def test_stapo_trains_with_a_kl_penalty_and_takes_statistics_from_the_policy(case, tiny_model_dir, tmp_path):
+    trainer = train(
+        STAPOTrainer, STAPOConfig, tiny_model_dir, tmp_path, peft=case.get("peft", False), **case["overrides"]
+    )
     kl = logged(trainer, "kl")
     assert len(kl) == 3 and kl[0] == pytest.approx(0.0, abs=1e-6) and max(kl) > 0  # the policy moved off the reference
     assert len(logged(trainer, "s2t/silenced_fraction")) == 3
@@ -57,11 +54,13 @@ def test_stapo_trains_with_a_kl_penalty_and_takes_statistics_from_the_policy(cas
     assert trainer.token_stats.origin == expected
 
 
-def test_with_nothing_silenced_a_kl_penalized_stapo_run_is_grpo_bit_for_bit(model_dir, tmp_path):
+def test_with_nothing_silenced_a_kl_penalized_stapo_run_is_grpo_bit_for_bit(tiny_model_dir, tmp_path):
     """With TRL's old-log-prob pass (num_iterations 2), where the reference pass and the policy's pass both run while
     STAPO captures statistics. GRPO gets STAPO's epsilon_high default, 0.28."""
-    grpo = train(GRPOTrainer, GRPOConfig, model_dir, tmp_path / "grpo", num_iterations=2, epsilon_high=0.28)
-    stapo = train(STAPOTrainer, STAPOConfig, model_dir, tmp_path / "stapo", num_iterations=2, prob_threshold=1e-30)
+    grpo = train(GRPOTrainer, GRPOConfig, tiny_model_dir, tmp_path / "grpo", num_iterations=2, epsilon_high=0.28)
+    stapo = train(
+        STAPOTrainer, STAPOConfig, tiny_model_dir, tmp_path / "stapo", num_iterations=2, prob_threshold=1e-30
+    )
     assert logged(stapo, "s2t/num_silenced") == [0.0, 0.0, 0.0]
     for key in ("loss", "kl", "grad_norm"):
         assert logged(stapo, key) == logged(grpo, key), key

@@ -24,7 +24,6 @@ from typing import Any
 
 import pytest
 import yaml
-from tiny import save_tiny_chat_model
 
 import stapo_trl
 from stapo_trl import STAPOConfig
@@ -822,11 +821,6 @@ CASES = [
         Raises(ValueError, r"generation_batch_size must be at least 1, got 0"),
     ),
 ]
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    return save_tiny_chat_model(tmp_path_factory.mktemp("tiny-model"))
 
 
 def prepare(tmp_path: Path) -> Path:

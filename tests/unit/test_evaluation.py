@@ -38,11 +38,6 @@ SAMPLE_SIZES = {"aime24": 3, "aime25": 3, "amc23": 4, "math500": 4, "minerva": 3
 
 
 @pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    return save_tiny_chat_model(tmp_path_factory.mktemp("tiny-eval-model"), max_position_embeddings=1024)
-
-
-@pytest.fixture(scope="module")
 def gold_answers() -> dict[str, str]:
     answers = {}
     for name in SAMPLE_SIZES:
