@@ -11,7 +11,7 @@ installed TRL has):
 
 then:
 
-    OMP_NUM_THREADS=1 python benchmarks/trl_grpo_suite_swap.py --trl_tests trl/tests \
+    OMP_NUM_THREADS=1 python tests/conformance/trl_grpo_suite_swap.py --trl_tests trl/tests \
         --out docs/benchmarks/trl_grpo_suite_swap.json
 
 `--trl_tests` is TRL's `tests` directory (or the repository root); the script reads `test_grpo_trainer.py`,
