@@ -3,8 +3,7 @@ GRPO and logs what S2T would have silenced."""
 
 import pytest
 import torch
-from test_trainer import parameters, train_losses
-from tiny import tiny_config, tiny_trainer
+from tiny import parameters, tiny_config, tiny_trainer, train_losses
 from trl import GRPOConfig, GRPOTrainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 from peft import LoraConfig
-from tiny import build_char_tokenizer, build_tiny_qwen3, tiny_config, tiny_trainer
+from tiny import build_char_tokenizer, build_tiny_qwen3, parameters, tiny_config, tiny_trainer, train_losses
 from trl import GRPOConfig, GRPOTrainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer, spurious_token_mask
@@ -31,19 +31,6 @@ def run(trainer_class, config_class, tmp_path, **overrides):
     trainer = tiny_trainer(trainer_class, tiny_config(config_class, tmp_path, **overrides))
     trainer.train()
     return trainer
-
-
-def parameters(trainer, trainable=None):
-    """Copies of the model's parameters; only the trainable (or only the frozen) ones when `trainable` is given."""
-    return {
-        name: p.detach().clone()
-        for name, p in trainer.model.named_parameters()
-        if trainable is None or p.requires_grad == trainable
-    }
-
-
-def train_losses(trainer):
-    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])

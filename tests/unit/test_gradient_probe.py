@@ -5,8 +5,7 @@ import math
 import pytest
 import torch
 from loss_batches import LOW, make_batch, make_trainer
-from test_trainer import parameters, train_losses
-from tiny import tiny_config, tiny_trainer
+from tiny import parameters, tiny_config, tiny_trainer, train_losses
 from trl import GRPOConfig, GRPOTrainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
