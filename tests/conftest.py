@@ -18,12 +18,12 @@ TESTS = Path(__file__).resolve().parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
-from tiny import save_tiny_chat_model  # noqa: E402
-
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A tiny Qwen3 with the character tokenizer and a plain chat template, saved like a Hub checkpoint
     (`tiny.save_tiny_chat_model`). Module-scoped: each test file gets its own copy, so a file may add to it (a model
     card, say) by overriding this fixture without touching another file's model."""
+    from tiny import save_tiny_chat_model  # here, so that a run that needs no model does not import transformers
+
     return save_tiny_chat_model(tmp_path_factory.mktemp("tiny-model"))
