@@ -1,8 +1,9 @@
 """How far 2 processes (torchrun, gloo) are from 1 on the same global batch: the figures behind docs/reliability.md.
 
-Launches tests/replay_worker.py both ways (the runs tests/test_distributed_equivalence.py asserts on) and reports,
-per case, the largest differences over both optimizer steps: rows whose S2T mask differs, STARE weights, rule
-statistics (tau_h included), the logged loss (absolute: it can be ~0), and the parameters after each step.
+Launches tests/integration/replay_worker.py both ways (the runs tests/integration/test_distributed_equivalence.py
+asserts on) and reports, per case, the largest differences over both optimizer steps: rows whose S2T mask differs,
+STARE weights, rule statistics (tau_h included), the logged loss (absolute: it can be ~0), and the parameters after
+each step.
 
     python benchmarks/bench_distributed_equivalence.py --out docs/benchmarks/distributed_equivalence.json
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
 
 from replay_worker import launch, rows_by_identity  # noqa: E402
 

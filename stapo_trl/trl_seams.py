@@ -5,8 +5,8 @@ keep it so), and the only one that imports TRL's internal helpers. Everything el
 `GRPOSeams` and the functions below.
 
 Each touch point is one `Seam` in `SEAMS`: what TRL 1.16 does there, what stapo-trl relies on, and a `check` that
-reads the installed TRL and transformers and lists what no longer fits. `tests/test_trl_seams.py` runs every check;
-``python -m stapo_trl.trl_seams`` prints them, which is where a port to a new TRL starts.
+reads the installed TRL and transformers and lists what no longer fits. `tests/repository/test_trl_seams.py` runs
+every check; ``python -m stapo_trl.trl_seams`` prints them, which is where a port to a new TRL starts.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Tiny models, tokenizers and datasets built in code, for fast CPU tests."""
+"""Tiny models, tokenizers and datasets built in code, for fast CPU tests, and what tests read off a trainer after a
+run."""
 
 from __future__ import annotations
 
@@ -92,6 +93,19 @@ def tiny_trainer(trainer_class, config, model=None, **kwargs):
         processing_class=tokenizer,
         **kwargs,
     )
+
+
+def parameters(trainer, trainable=None):
+    """Copies of the model's parameters; only the trainable (or only the frozen) ones when `trainable` is given."""
+    return {
+        name: p.detach().clone()
+        for name, p in trainer.model.named_parameters()
+        if trainable is None or p.requires_grad == trainable
+    }
+
+
+def train_losses(trainer):
+    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
 
 
 def count_vowels_chat_reward(completions, **kwargs) -> list[float]:

@@ -4,8 +4,8 @@ TRL's trainers (`GRPOTrainer`, and so `STAPOTrainer`; also SFT, DPO, KTO, RLOO) 
 ``trl.trainer.utils.add_fused_lm_head``, which computes per-token log-probabilities and entropies with TRL's
 ``ChunkedLogProbFunction``: Triton on GPUs, and on the CPU a torch fallback that scores every position, prompt and
 padding included, in 4096 x 32768 tiles with several full-tile temporaries each. `apply_cpu_lm_head` makes that head
-score only the labelled positions on the CPU, with `CPULogProbEntropy` (see :mod:`stapo_trl.fused_stats.blocked`). Results agree with TRL's
-fallback to float tolerance (``tests/test_cpu_head.py``).
+score only the labelled positions on the CPU, with `CPULogProbEntropy` (see :mod:`stapo_trl.fused_stats.blocked`).
+Results agree with TRL's fallback to float tolerance (``tests/unit/test_cpu_head.py``).
 
 Importing stapo_trl changes nothing. ``stapo-trl train`` turns the CPU head on for runs on the CPU, whatever the method
 (``cpu_lm_head: false`` turns it off). In your own script::

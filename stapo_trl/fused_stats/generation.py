@@ -9,7 +9,7 @@ log-probabilities is alive at a time; what is kept is ``[B, steps]``.
 The hooks see the logits before any logits processor (repetition penalty, top-k, top-p, min-p) and before sampling,
 so the recorded statistics are those of the policy's own distribution whatever the sampler did with it. They are
 exact for the generating policy up to the floating-point difference between incremental decoding with a KV cache
-and one full forward (measured in `tests/test_generation_stats.py`).
+and one full forward (measured in `tests/unit/test_generation_stats.py`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,148 @@
+"""Counts the docs quote agree with the code, the test suite and the benchmark JSON they describe, wherever that is
+cheap to check: test counts per file, the bad-input table's rows and totals, configurations, methods, recipes and the
+dump's caps."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = REPO / "docs"
+RELIABILITY = (DOCS / "reliability.md").read_text()
+
+
+def section(text: str, heading: str) -> str:
+    start = text.index(heading)
+    following = re.search(r"^## ", text[start + len(heading) :], flags=re.MULTILINE)
+    return text[start : start + len(heading) + following.start()] if following else text[start:]
+
+
+SUMMARY = section(RELIABILITY, "## Summary")
+QUOTED_FILE_COUNTS = {
+    path: int(count)  # tests/<group>/test_x.py; TRL's own tests/test_grpo_trainer.py, in the same table, has no group
+    for path, count in re.findall(r"`tests/(\w+/test_\w+\.py)` \((\d+)(?: tests)?\)", SUMMARY)
+}
+
+
+def load_test_module(path: str) -> ModuleType:
+    """A test file of another group, by its path under tests/: pytest puts only the directory of each collected file on
+    sys.path, so `pytest tests/repository` alone could not import it by name."""
+    spec = importlib.util.spec_from_file_location(f"doc_counts_{Path(path).stem}", REPO / "tests" / path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def collected() -> Counter:
+    """How many tests pytest collects in each file the reliability summary quotes a count for."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
+        + [f"tests/{path}" for path in QUOTED_FILE_COUNTS],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    return Counter(line.split("::")[0].removeprefix("tests/") for line in result.stdout.splitlines() if "::" in line)
+
+
+def test_the_reliability_summary_quotes_each_files_test_count(collected):
+    assert len(QUOTED_FILE_COUNTS) >= 10
+    wrong = {
+        name: (quoted, collected[name]) for name, quoted in QUOTED_FILE_COUNTS.items() if collected[name] != quoted
+    }
+    assert not wrong, f"quoted vs collected: {wrong}"
+
+
+def test_the_reliability_totals_add_up(collected):
+    total, terms = re.search(r"Totals: (\d+) tests in the files above \(([\d + ]+)\)", SUMMARY).groups()
+    assert int(total) == sum(int(term) for term in terms.split("+")) == sum(collected.values())
+    drift = int(re.search(r"`tests/repository/test_trl_drift.py` \((\d+) tests\)", RELIABILITY).group(1))
+    assert drift == collected["repository/test_trl_drift.py"]
+
+
+def test_the_bad_input_table_matches_the_cases_of_the_test():
+    bad_input = load_test_module("unit/test_bad_input.py")
+    cases = bad_input.CASES
+
+    table = section(RELIABILITY, "## 5. Bad input")
+    rows = re.findall(r"^\| ([a-zA-Z ]+?) \| (\d+) \| ([^|]+) \|", table, flags=re.MULTILINE)
+    by_category = Counter(case.category for case in cases)
+    quoted = {name: int(count) for name, count, _ in rows if name != "category"}
+    assert quoted == dict(by_category), (quoted, dict(by_category))
+    kinds = {
+        bad_input.Exits: "exits",
+        bad_input.Raises: "raises",
+        bad_input.Succeeds: "succeed",
+        bad_input.Returns: "return",
+    }
+    outcomes = Counter(kinds[type(case.expect)] for case in cases)
+    total = re.search(r"\| \*\*total\*\* \| \*\*(\d+)\*\* \| ([^|]+) \|", table)
+    assert int(total.group(1)) == len(cases)
+    stated = {word.rstrip("s"): int(number) for number, word in re.findall(r"(\d+) (\w+)", total.group(2))}
+    assert stated == {kind.rstrip("s"): count for kind, count in outcomes.items()}
+    in_process = re.search(r"holds one table of (\d+) bad inputs", table).group(1)
+    command_line = re.search(r"The (\d+) cases that go through the command line", table).group(1)
+    assert int(in_process) == len(cases)
+    assert int(command_line) == outcomes["exits"] + outcomes["succeed"]
+
+
+def test_configurations_quoted_match_the_distributed_benchmark_json():
+    cases = json.loads((DOCS / "benchmarks" / "distributed_equivalence.json").read_text())["cases"]
+    table = section(RELIABILITY, "## 1. Two processes against one")
+    table_rows = re.findall(r"^\| (\w+:\w+:\d) \|", table, flags=re.MULTILINE)
+    assert sorted(table_rows) == sorted(cases)
+    assert f"Figures for the {len(cases)} configurations" in table
+    benchmarks = (DOCS / "benchmarks.md").read_text()
+    assert f"Over {len(cases)} configurations" in benchmarks
+
+
+def test_every_method_is_in_the_training_docs_method_table():
+    from stapo_trl.methods import METHOD_NAMES, method_preset
+
+    training = (DOCS / "training.md").read_text()
+    rows = re.findall(r"^\| ([\w-]+) \| .* \| `method: ([\w-]+)`", training, flags=re.MULTILINE)
+    assert sorted(name for _, name in rows) == sorted(METHOD_NAMES)
+    assert all(method_preset(name).title == title for title, name in rows)
+    words = {3: "three", 4: "four", 5: "five", 6: "six", 7: "seven"}
+    assert f"All {words[len(METHOD_NAMES)]} methods" in training
+
+
+def test_every_recipe_the_docs_name_exists():
+    pattern = re.compile(r"recipes/dapo_math_17k/<model>/<method>\.yaml`[^\n]*")
+    for page in (REPO / "README.md", DOCS / "data.md"):
+        text = page.read_text()
+        for line in pattern.findall(text):
+            methods = re.findall(r"`([\w-]+)`", line.split("<method>.yaml`", 1)[1])
+            methods = [name for name in methods if not name.startswith("qwen3")]
+            assert methods, (page.name, line)
+            for model in ("qwen3-1.7b-base", "qwen3-8b-base", "qwen3-14b-base"):
+                for method in methods:
+                    if method in ("boxed", "dapo"):  # the table's other columns
+                        continue
+                    assert (REPO / "recipes" / "dapo_math_17k" / model / f"{method}.yaml").is_file(), (page, method)
+        for path in re.findall(r"`(recipes/[\w./-]+\.yaml)`", text):
+            assert (REPO / path).is_file(), (page.name, path)
+
+
+def test_the_dump_caps_the_docs_quote_are_the_configs_defaults():
+    from stapo_trl import STAPOConfig
+
+    fields = STAPOConfig.__dataclass_fields__
+    text = (DOCS / "diagnostics.md").read_text()
+    for name in ("dump_tokens_per_step", "dump_max_tokens", "dump_context_tokens"):
+        quoted = re.search(rf"`{name}` \((\d+)\)", text)
+        assert quoted is not None, name
+        assert int(quoted.group(1)) == fields[name].default, name

@@ -1,0 +1,64 @@
+"""The README is a front door and the manual lives in docs/: every relative link resolves, every #anchor names a
+heading of its page, and no page cites a file that is not in the repository."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```.*?^```", flags=re.DOTALL | re.MULTILINE)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    text = FENCE.sub("", page.read_text())
+    return {slug(match) for match in re.findall(r"^#{1,6} (.+)$", text, flags=re.MULTILINE)}
+
+
+def links(page: Path) -> list[str]:
+    return LINK.findall(FENCE.sub("", page.read_text()))
+
+
+def test_slugs_follow_github():
+    assert slug("Evaluation on the CPU (SmolLM2-135M)") == "evaluation-on-the-cpu-smollm2-135m"
+    assert slug("Settings `STAPOConfig` refuses") == "settings-stapoconfig-refuses"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(REPO)))
+def test_every_relative_link_and_anchor_resolves(page):
+    broken = []
+    for target in links(page):
+        if re.match(r"^[a-z]+:", target):
+            continue
+        path_part, _, anchor = target.partition("#")
+        destination = (page.parent / path_part).resolve() if path_part else page
+        if not destination.exists():
+            broken.append(
+                f"{target}: no file {destination.relative_to(REPO) if REPO in destination.parents else destination}"
+            )
+        elif anchor and destination.suffix == ".md" and anchor not in anchors(destination):
+            broken.append(f"{target}: no heading with anchor #{anchor} in {destination.name}")
+    assert not broken, f"{page.name}: " + "; ".join(broken)
+
+
+def test_no_page_cites_a_file_outside_the_repository():
+    for page in PAGES:
+        assert "DESIGN.md" not in page.read_text(), f"{page.name} cites DESIGN.md, which is not in the repository"
+
+
+def test_the_readme_is_a_front_door():
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.encode()) <= 12 * 1024
+    for page in ("training", "semantics", "data", "evaluation", "diagnostics", "reliability", "benchmarks"):
+        assert f"(docs/{page}.md)" in readme, f"the README links no docs/{page}.md"

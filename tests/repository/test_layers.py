@@ -1,0 +1,161 @@
+"""The package's layers point one way: data <- rewards <- token rules and statistics <- trainer <- CLI, with
+evaluation and diagnostics beside the trainer. A module imports only from its own layer or the layers below.
+"""
+
+import ast
+from pathlib import Path
+
+import stapo_trl
+
+PACKAGE = Path(stapo_trl.__file__).parent
+ROOT = "stapo_trl"
+
+LAYERS = (
+    ("foundation", ("errors", "files", "jsonl", "names", "version", "distributed", "gguf", "model_paths")),
+    ("data", ("data",)),
+    ("rewards", ("rewards",)),
+    ("token rules and statistics", ("token_rules", "fused_stats")),
+    (
+        "trainer, evaluation and diagnostics",
+        (
+            "config",
+            "trainer",
+            "trl_seams",
+            "token_stats",
+            "gradient_probe",
+            "user_code",
+            "colocated_vllm_cpu",
+            "cpu_head",
+            "frozen_prefix",
+            "resume",
+            "callbacks",
+            "methods",
+            "model_card",
+            "evaluation",
+            "diagnostics",
+        ),
+    ),
+    ("command line", ("cli", "__main__")),
+)
+"""Each layer and the top-level modules or subpackages of ``stapo_trl`` in it, lowest first. The package's own
+``__init__`` is the public facade above them all: it may import any layer, and no module imports it."""
+
+
+def module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path, package_dir: Path = PACKAGE) -> set[str]:
+    """The ``stapo_trl`` modules a file imports, at any depth of its code (function-level imports included)."""
+    name = module_name(path, package_dir)
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                if node.module:
+                    found.add(".".join([*base, node.module]))
+                else:
+                    found |= {".".join([*base, alias.name]) for alias in node.names}
+            elif node.module and node.module.split(".")[0] == ROOT:
+                found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.split(".")[0] == ROOT}
+    return found
+
+
+def layer_of(module: str) -> int | None:
+    """The layer index of a ``stapo_trl`` module, None for the package facade itself."""
+    parts = module.split(".")
+    if parts == [ROOT]:
+        return None
+    for index, (_, members) in enumerate(LAYERS):
+        if parts[1] in members:
+            return index
+    raise AssertionError(
+        f"{module} is in no layer: add its top-level name to LAYERS in tests/repository/test_layers.py"
+    )
+
+
+def upward_imports(package_dir: Path = PACKAGE) -> list[str]:
+    found = []
+    for path in sorted(package_dir.rglob("*.py")):
+        importer = module_name(path, package_dir)
+        importer_layer = layer_of(importer)
+        if importer_layer is None:
+            continue
+        for imported in sorted(imported_modules(path, package_dir)):
+            imported_layer = layer_of(imported)
+            if imported_layer is None:
+                found.append(f"{importer} imports the package facade ({imported})")
+            elif imported_layer > importer_layer:
+                found.append(
+                    f"{importer} ({LAYERS[importer_layer][0]}) imports {imported} ({LAYERS[imported_layer][0]})"
+                )
+    return found
+
+
+def test_every_module_belongs_to_a_layer():
+    for path in PACKAGE.rglob("*.py"):
+        layer_of(module_name(path))
+
+
+def test_no_import_runs_back_up_the_layers():
+    assert upward_imports() == []
+
+
+def test_an_upward_import_is_reported(tmp_path):
+    """The scan is not vacuous: a data module importing a reward helper, relatively or absolutely, or the package
+    facade, is reported."""
+    package = tmp_path / ROOT
+    (package / "data").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "data" / "__init__.py").write_text("from .leak import gold\n")
+    (package / "data" / "leak.py").write_text(
+        "from ..rewards.text import completion_text\n"
+        "def gold():\n"
+        "    from stapo_trl.cli import main\n"
+        "    from stapo_trl import STAPOTrainer\n"
+    )
+    assert upward_imports(package) == [
+        "stapo_trl.data.leak imports the package facade (stapo_trl)",
+        "stapo_trl.data.leak (data) imports stapo_trl.cli (command line)",
+        "stapo_trl.data.leak (data) imports stapo_trl.rewards.text (rewards)",
+    ]
+
+
+PLOTTING_MODULE = "stapo_trl.diagnostics.plotting"
+
+
+def matplotlib_importers(package_dir: Path = PACKAGE) -> list[str]:
+    """The modules of the package whose code imports matplotlib, at any depth."""
+    found = []
+    for path in sorted(package_dir.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            if any(name.split(".")[0] == "matplotlib" for name in names):
+                found.append(module_name(path, package_dir))
+                break
+    return found
+
+
+def test_one_module_draws_every_figure():
+    """Training curves, the report and the evaluation chart all draw through diagnostics/plotting.py."""
+    assert matplotlib_importers() == [PLOTTING_MODULE]
+
+
+def test_a_second_plotting_module_is_reported(tmp_path):
+    package = tmp_path / ROOT
+    (package / "evaluation").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "evaluation" / "chart.py").write_text("def draw():\n    import matplotlib.pyplot as plt\n")
+    (package / "plots.py").write_text("from matplotlib.colors import LogNorm\n")
+    assert matplotlib_importers(package) == ["stapo_trl.evaluation.chart", "stapo_trl.plots"]
