@@ -37,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
+from provenance import provenance
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "quickstart" / "smollm2-135m-cpu.yaml"
@@ -275,6 +276,7 @@ def main() -> None:
 
     summary = aggregate(runs) if set(args.methods) == set(METHODS) else {}
     result = {
+        "provenance": provenance(),
         "recipe": str(RECIPE.relative_to(REPO)),
         "machine": f"{os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}",
         "seeds": args.seeds,
