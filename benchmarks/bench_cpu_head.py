@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from provenance import provenance
+
 HIDDEN, VOCAB = 576, 49152
 
 
@@ -149,6 +151,7 @@ def main() -> None:
             if line.startswith("Model name")
         )
         record = {
+            "provenance": provenance(),
             "date": datetime.date.today().isoformat(),
             "machine": {"cpu_model": model, "cores": os.cpu_count(), "load_average_after": list(os.getloadavg())},
             "versions": {name: version(name) for name in ("torch", "trl")},

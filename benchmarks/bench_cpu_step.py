@@ -37,6 +37,8 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
+from provenance import provenance
+
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = Path("recipes") / "quickstart" / "smollm2-135m-cpu.yaml"
 STEP_KEYS = ("reward", "completions/mean_length", "entropy")
@@ -142,6 +144,7 @@ def main() -> None:
                 )
 
     results = {
+        "provenance": provenance(),
         "date": datetime.date.today().isoformat(),
         "old_commit": args.old,
         "new_commit": new_commit + ("+uncommitted" if dirty else ""),

@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from provenance import provenance
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
 
@@ -83,7 +84,9 @@ def main() -> None:
         )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"torch": torch.__version__, "cases": results}, indent=2) + "\n")
+        args.out.write_text(
+            json.dumps({"provenance": provenance(), "torch": torch.__version__, "cases": results}, indent=2) + "\n"
+        )
 
 
 if __name__ == "__main__":

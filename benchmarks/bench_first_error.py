@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import yaml
+from provenance import provenance
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -84,6 +85,7 @@ def main() -> None:
         }
         print(f"{name:<34} exit {runs[0][1]}  median {statistics.median(seconds):5.2f} s  max {max(seconds):5.2f} s")
     output = {
+        "provenance": provenance(),
         "machine": f"{os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}",
         "note": args.note,
         "repeats": args.repeats,

@@ -21,6 +21,7 @@ import sys
 import time
 
 from peak_rss import peak_growth_mib, reset_peak_rss
+from provenance import provenance
 
 BF16_SHAPE = {"tokens": 16384, "hidden": 256, "vocab": 32000, "row": 256}
 BF16_BACKENDS = ["torch", "liger", "trl_chunked"]
@@ -212,6 +213,7 @@ def main() -> None:
     import torch
 
     results = {
+        "provenance": provenance(),
         "machine": {"cpu_threads": torch.get_num_threads(), "platform": platform.platform()},
         "degenerate_rows": degenerate_rows(),
         "bf16": {"shape": BF16_SHAPE, "runs": bf16_against_fp32(args.seeds)},

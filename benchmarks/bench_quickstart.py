@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from provenance import provenance
+
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "quickstart" / "smollm2-135m-cpu.yaml"
 
@@ -74,6 +76,7 @@ def main() -> None:
 
     gains = [record["accuracy_after"] - record["accuracy_before"] for record in records]
     result = {
+        "provenance": provenance(),
         "recipe": str(RECIPE.relative_to(REPO)),
         "machine": f"{os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}",
         "cold_first_run": args.cold,

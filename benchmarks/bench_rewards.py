@@ -16,6 +16,8 @@ import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from provenance import provenance
+
 BATCH = 512
 REASONING = "We set up the quantities carefully and simplify step by step, checking each line. " * 24
 
@@ -89,6 +91,7 @@ def main() -> None:
     results["agreement_with_trl"] = sum(a == b for a, b in zip(ours, theirs, strict=True)) / BATCH
     results["math_verify_mean_score"] = sum(ours) / BATCH
     results["machine"] = {"platform": platform.platform(), "python": platform.python_version()}
+    results = {"provenance": provenance(), **results}
     print(json.dumps(results, indent=2))
     if args.out:
         with open(args.out, "w") as handle:

@@ -16,6 +16,7 @@ import sys
 import time
 
 from peak_rss import peak_growth_mib, reset_peak_rss
+from provenance import provenance
 
 SHAPES = [
     {"name": "design", "tokens": 4096, "hidden": 256, "vocab": 32000},
@@ -80,6 +81,7 @@ def main() -> None:
                 flush=True,
             )
     if args.out:
+        results = {"provenance": provenance(), **results}
         with open(args.out, "w") as handle:
             json.dump(results, handle, indent=2)
 

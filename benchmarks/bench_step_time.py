@@ -39,6 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from provenance import provenance
+
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "quickstart" / "smollm2-135m-cpu.yaml"
 SETTINGS = {
@@ -116,6 +118,7 @@ def main() -> None:
     args = parser.parse_args()
 
     results = {
+        "provenance": provenance(),
         "recipe": str(RECIPE.relative_to(REPO)),
         "machine": f"{os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}",
         "repeats": args.repeats,

@@ -19,7 +19,8 @@ about 41 s per step for one run at a time with two threads; with one thread the 
 the last bits, the same way for every method. Each run peaks at about 8 GB of memory (20-Entropy a little more), so on
 a 24 GB machine `--parallel 3` runs out of memory. A finished run is reused only for the same `--steps`: a longer
 study needs a new `--runs_dir`. Results go to `docs/benchmarks/study.json` and the figure `docs/study.png` (per step,
-mean ± sd over seeds).
+mean ± sd over seeds; each legend entry names the method and its seeds). `--replot` redraws the figure from the JSON
+alone, training and scoring nothing.
 """
 
 from __future__ import annotations
@@ -37,22 +38,28 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
+from provenance import provenance
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "quickstart" / "smollm2-135m-cpu.yaml"
 METHODS = ("stapo", "grpo", "20-entropy")
+METHOD_NAMES = {"stapo": "STAPO", "grpo": "GRPO", "20-entropy": "20-Entropy"}
 CURVES = {
     "entropy": ("mean token entropy (nats)", 0.0, 1.0),
     "reward": ("mean reward", None, 1.0),
     "grad_norm": ("gradient norm (before clipping)", 0.0, 1.0),
     "s2t/silenced_fraction": ("S2T silenced fraction of loss tokens (%), STAPO", 0.0, 100.0),
     "s2t/logit_grad_sq_share_estimate": (
-        "silenced tokens' share of the squared logit-gradient norm (%), STAPO",
+        "silenced tokens' share of the squared logit-gradient norm (%), STAPO:\n"
+        "S2T's formula at the logits, an estimate, not a measurement",
         0.0,
         100.0,
     ),
 }
 """(title, lowest value the axis shows, scale) of each per-step curve."""
+LOGGED_AS = {"s2t/logit_grad_sq_share_estimate": "s2t/silenced_grad_sq_share"}
+"""Curves that the runs of docs/benchmarks/study.json logged under an earlier name (renamed before issue 30's study),
+so that the figure redrawn from that JSON keeps them."""
 
 
 def run_dir(root: Path, method: str, seed: int) -> Path:
@@ -185,25 +192,50 @@ def aggregate(runs: dict) -> dict:
     return summary
 
 
-def plot(summary: dict, runs: dict, path: Path) -> Path:
-    from stapo_trl.diagnostics.plotting import LinePanel, Series, draw_line_panel, pyplot
+def method_label(method: str, runs: dict) -> str:
+    """The legend's name for a method's curve or bars: the method and the seeds its runs used, for example
+    ``STAPO (seeds 0, 1, 2)``."""
+    seeds = sorted(run["seed"] for run in runs.values() if run["method"] == method)
+    return f"{METHOD_NAMES[method]} ({'seed' if len(seeds) == 1 else 'seeds'} {', '.join(map(str, seeds))})"
 
-    plt = pyplot()
 
-    figure, axes = plt.subplots(2, 3, figsize=(16, 8.5), constrained_layout=True)
-    for axis, (key, (title, floor, scale)) in zip(axes.flat, CURVES.items(), strict=False):
+def curve_panels(summary: dict, runs: dict) -> list:
+    """The per-step panels of the figure, as data: one series per method that logged the curve, labelled with its
+    seeds, with a band of ± sd over them."""
+    from stapo_trl.diagnostics.plotting import LinePanel, Series
+
+    panels = []
+    for key, (title, floor, scale) in CURVES.items():
         panel = LinePanel(title=title + "\nmean ± sd over seeds", series=[], y_floor=floor)
         for method in METHODS:
-            curve = summary[method]["curves"].get(key)
+            curves = summary[method]["curves"]
+            curve = curves.get(key) or curves.get(LOGGED_AS.get(key, key))
             if curve is None:
                 continue
             mean = [scale * value for value in curve["mean"]]
             sd = [scale * value for value in curve["sd"]]
             band = ([m - s for m, s in zip(mean, sd, strict=True)], [m + s for m, s in zip(mean, sd, strict=True)])
-            panel.series.append(Series(method, curve["steps"], mean, band=band))
+            panel.series.append(Series(method_label(method, runs), curve["steps"], mean, band=band))
+        if not panel.series:
+            panel.notes.append("no run logged this metric")
+        panels.append(panel)
+    return panels
+
+
+def plot(summary: dict, runs: dict, path: Path) -> Path:
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    from stapo_trl.diagnostics.plotting import draw_line_panel, pyplot
+
+    plt = pyplot()
+
+    figure, axes = plt.subplots(2, 3, figsize=(16, 8.5), constrained_layout=True)
+    for axis, panel in zip(axes.flat, curve_panels(summary, runs), strict=False):
         draw_line_panel(axis, panel)
     axis = axes.flat[-1]
     width = 0.38
+    handles = [Patch(color="0.75", label="before training: the base model, on each seed's held-out problems")]
     for index, method in enumerate(METHODS):
         seeds = [run for run in runs.values() if run["method"] == method]
         for offset, key, label in ((-width / 2, "heldout_before", "before"), (width / 2, "heldout_after", "after")):
@@ -212,8 +244,12 @@ def plot(summary: dict, runs: dict, path: Path) -> Path:
                 index + offset, statistics.mean(values), width, color="0.75" if label == "before" else f"C{index}"
             )
             axis.scatter([index + offset] * len(values), values, color="black", s=12, zorder=3)
-    axis.set_xticks(range(len(METHODS)), [f"{m}\n(before | after)" for m in METHODS])
-    axis.set_ylim(0, 1)
+        handles.append(Patch(color=f"C{index}", label=f"{method_label(method, runs)}, after training"))
+    handles.append(Line2D([], [], color="black", marker="o", markersize=4, linestyle="none", label="one seed"))
+    axis.set_xticks(range(len(METHODS)), [f"{METHOD_NAMES[m]}\n(before | after)" for m in METHODS])
+    axis.set_ylim(0, 1.3)
+    axis.set_yticks([0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
+    axis.legend(handles=handles, fontsize=7, loc="upper left", frameon=False)
     axis.set_ylabel("held-out greedy accuracy")
     axis.set_title("held-out accuracy before and after training\nbars: mean over seeds, dots: seeds", fontsize=10)
     axis.grid(alpha=0.3, axis="y")
@@ -234,6 +270,11 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=REPO / "docs" / "benchmarks" / "study.json")
     parser.add_argument("--figure", type=Path, default=REPO / "docs" / "study.png")
     parser.add_argument(
+        "--replot",
+        action="store_true",
+        help="redraw --figure from the --output JSON of a finished study, without training or scoring anything",
+    )
+    parser.add_argument(
         "--parallel",
         type=int,
         default=1,
@@ -242,6 +283,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.parallel < 1:
         parser.error("--parallel must be at least 1")
+    if args.replot:
+        recorded = json.loads(args.output.read_text())
+        print(f"figure:  {plot(recorded['summary'], recorded['runs'], args.figure)}")
+        return
 
     args.runs_dir.mkdir(parents=True, exist_ok=True)
     jobs = [(method, seed) for seed in args.seeds for method in args.methods]
@@ -275,6 +320,7 @@ def main() -> None:
 
     summary = aggregate(runs) if set(args.methods) == set(METHODS) else {}
     result = {
+        "provenance": provenance(),
         "recipe": str(RECIPE.relative_to(REPO)),
         "machine": f"{os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}",
         "seeds": args.seeds,

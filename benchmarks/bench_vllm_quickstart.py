@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from provenance import provenance
+
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = {
     "generate": REPO / "recipes" / "quickstart" / "smollm2-135m-cpu.yaml",
@@ -113,7 +115,11 @@ def main() -> None:
 
 
 def write_result(runs: list[dict], args: argparse.Namespace) -> None:
+    written = provenance()
+    if args.from_log:
+        written["recorded"] = "when the JSON was written from a log (--from_log), not when the runs ran"
     result = {
+        "provenance": written,
         "date": datetime.date.today().isoformat(),
         "commit": subprocess.run(
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO

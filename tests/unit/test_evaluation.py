@@ -332,6 +332,48 @@ def test_the_chart_has_one_series_per_row_with_the_papers_values_beside_ours(tmp
         plot_results([], tmp_path / "empty.png")
 
 
+def test_a_series_of_zeros_is_drawn_as_zeros_not_left_out(tmp_path):
+    """docs/eval_smollm2_results.png showed no bar at all for a row that scored 0.00 everywhere."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    from matplotlib.colors import to_rgba
+
+    from stapo_trl.diagnostics.plotting import ZERO_LABEL, BarGroup, draw_grouped_bars
+
+    groups = ["aime24", "aime25", "average"]
+    rows = [
+        BarGroup("stapo (T=1.0, top-p=1.0)", {"aime24": 0.0, "aime25": 0.0, "average": 0.0}),
+        BarGroup("base (T=1.0, top-p=1.0)", {"aime24": 0.0, "aime25": 8.33, "average": 4.17}),
+    ]
+    figure, axis = plt.subplots()
+    draw_grouped_bars(axis, rows, groups)
+
+    legend = [text.get_text() for text in axis.get_legend().get_texts()]
+    assert legend == ["stapo (T=1.0, top-p=1.0)", "base (T=1.0, top-p=1.0)"]
+    zeros_color = to_rgba(axis.containers[0].patches[0].get_facecolor())
+    assert [bar.get_height() for bar in axis.containers[0].patches] == [0.0, 0.0, 0.0]
+    stubs = [collection for collection in axis.collections if len(collection.get_segments())]
+    assert [len(stub.get_segments()) for stub in stubs] == [3, 1]  # one per zero: 3 for stapo, 1 for base
+    assert all(to_rgba(color) == zeros_color for color in stubs[0].get_colors())
+    assert all(segment[0][1] == segment[1][1] == 0.0 for segment in stubs[0].get_segments())
+    labels = [(text.get_text(), to_rgba(text.get_color())) for text in axis.texts]
+    assert labels.count((ZERO_LABEL, zeros_color)) == 3
+    assert [text for text, _ in labels].count(ZERO_LABEL) == 4
+    bottom, top = axis.get_ylim()
+    assert bottom == 0.0 and top > 8.33
+    plt.close(figure)
+
+    figure, axis = plt.subplots()
+    draw_grouped_bars(axis, rows[:1], groups)
+    assert axis.get_ylim() == (0.0, 1.0)  # all zeros: the axis does not autoscale to [-0.055, 0.055]
+    plt.close(figure)
+
+    zero_row = summary_rows(_summary(label="zeros"))
+    for row in zero_row:
+        row.values = dict.fromkeys(row.values, 0.0)
+        row.average_value = 0.0
+    assert plot_results(zero_row, tmp_path / "zeros.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_paper_rows_exist_only_for_the_papers_sizes_and_methods():
     assert paper_row("8B", "grpo", "justrl").scores["aime24"] == 32.40
     assert paper_row("14B", "STAPO", "training-aligned").average == 64.38

@@ -252,11 +252,13 @@ def test_training_curves_render_headless_and_note_missing_metrics(tmp_path):
     reward, entropy, grad_norm, masked = training_curve_panels(records, label="grpo, seed 0")
     assert reward.series[0].values == [-0.5, 0.0] and entropy.series[0].values == [0.4, 0.35]
     assert reward.series[0].label == "grpo, seed 0"  # the legend names the run
+    with pytest.raises(TypeError):  # no generic default such as "run": every caller names its run
+        training_curve_panels(records)
     assert grad_norm.notes == ["not logged by this run"]
     assert (entropy.y_floor, masked.y_floor) == (0.0, 0.0)
     assert masked.series == [] and masked.notes == ["not logged by this run"]
     silenced = training_curve_panels(
-        [{"step": 1, "s2t/silenced_fraction": 0.0}, {"step": 2, "s2t/silenced_fraction": 0.004}]
+        [{"step": 1, "s2t/silenced_fraction": 0.0}, {"step": 2, "s2t/silenced_fraction": 0.004}], "stapo, seed 0"
     )
     assert silenced[3].series[0].values == [0.0, 0.4]  # percent
     metrics = tmp_path / "metrics.jsonl"
