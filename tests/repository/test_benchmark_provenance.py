@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BENCHMARKS = REPO / "benchmarks"
 RESULTS = sorted((REPO / "docs" / "benchmarks").glob("*.json"))
 SCRIPTS = sorted(path for path in BENCHMARKS.glob("*.py") if path.name not in ("provenance.py", "peak_rss.py"))
