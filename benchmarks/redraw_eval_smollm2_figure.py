@@ -25,7 +25,13 @@ TABLE = [
 def main() -> None:
     rows = [
         TableRow(
-            model, setting, {}, "", notes={PARTIAL_MARK}, values=dict(zip(BENCHMARKS, values)), average_value=mean
+            model,
+            setting,
+            {},
+            "",
+            notes={PARTIAL_MARK},
+            values=dict(zip(BENCHMARKS, values, strict=True)),
+            average_value=mean,
         )
         for model, setting, values, mean in TABLE
     ]
