@@ -16,7 +16,8 @@ class TrainScriptArguments:
 
     Parameters:
         method (`str`, *optional*, defaults to `"stapo"`):
-            The one switch between the methods: `stapo`, `grpo`, `20-entropy`, `justrl` or `stare`.
+            The one switch between the methods: `stapo`, `grpo`, `20-entropy`, `justrl`, `stare` or `random` (the
+            random-silencing control of the mechanism study).
             It sets that method's defaults; keys written in the recipe or on the command line still override them.
         dataset_name (`str`, *optional*, defaults to `"BytedTsinghua-SIA/DAPO-Math-17k"`):
             DAPO-Math-17K as a Hub id or a local file or directory (verl or open-r1 schema), `sample` for the rows
