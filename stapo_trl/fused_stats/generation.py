@@ -56,6 +56,7 @@ class GenerationStatsRecorder:
         self._pending: torch.Tensor | None = None
         self._log_probs: list[torch.Tensor] = []
         self._entropies: list[torch.Tensor] = []
+        self._products: torch.Tensor | None = None
         self._calls = 0
 
     @contextmanager
@@ -78,9 +79,14 @@ class GenerationStatsRecorder:
         self._calls += 1
 
     def _after_lm_head(self, module, args, output):
-        logits = output[:, -1, :] if output.dim() == 3 else output
-        log_probs = torch.log_softmax(logits.detach().float() / self.temperature, dim=-1)
-        self._entropies.append(-(log_probs.exp() * log_probs).sum(-1))
+        logits = (output[:, -1, :] if output.dim() == 3 else output).detach().float()
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        log_probs = torch.log_softmax(logits, dim=-1)
+        # p * log p in one reused [B, V] buffer: the same values as (exp(log p) * log p), two fewer allocations.
+        if self._products is None or self._products.shape != log_probs.shape:
+            self._products = torch.empty_like(log_probs)
+        self._entropies.append(-torch.exp(log_probs, out=self._products).mul_(log_probs).sum(-1))
         self._pending = log_probs
 
     def _take(self, tokens: torch.Tensor) -> None:
