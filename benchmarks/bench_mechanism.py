@@ -247,8 +247,13 @@ def main() -> None:
         }
     output.write_text(json.dumps(record, indent=2) + "\n")
     for result in results:
-        state = "DESTABILISED" if result["destabilised"] else "stable"
-        print(f"{result['run']}: {state} {'; '.join(result['reasons'])}")
+        if result["destabilised"]:
+            state = "DESTABILISED"
+        elif result["finished"]:
+            state = "stable"
+        else:
+            state = f"unfinished ({result['steps_logged']} of {args.max_steps} steps; stable so far)"
+        print(f"{result['run']}: {state} {'; '.join(result['reasons'])}".rstrip())
     print(f"wrote {output}")
 
 
