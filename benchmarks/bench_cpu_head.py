@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from provenance import provenance
+from provenance import cpu_model, provenance
 
 HIDDEN, VOCAB = 576, 49152
 
@@ -145,15 +145,14 @@ def main() -> None:
     if args.output:
         from importlib.metadata import version
 
-        model = next(
-            line.split(":", 1)[1].strip()
-            for line in subprocess.check_output(["lscpu"], text=True).splitlines()
-            if line.startswith("Model name")
-        )
         record = {
             "provenance": provenance(),
             "date": datetime.date.today().isoformat(),
-            "machine": {"cpu_model": model, "cores": os.cpu_count(), "load_average_after": list(os.getloadavg())},
+            "machine": {
+                "cpu_model": cpu_model(),
+                "cores": os.cpu_count(),
+                "load_average_after": list(os.getloadavg()),
+            },
             "versions": {name: version(name) for name in ("torch", "trl")},
             "shape": {"hidden": HIDDEN, "vocab": VOCAB, "tokens": args.tokens, "all_positions": args.all_positions},
             "floor_cpu_s": round(floor, 3),

@@ -37,7 +37,7 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
-from provenance import provenance
+from provenance import cpu_model, provenance
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = Path("recipes") / "quickstart" / "smollm2-135m-cpu.yaml"
@@ -97,13 +97,6 @@ def run_once(tree: Path, output_dir: Path, extra: list[str], steps: int, environ
 
 def summary(values: list[float]) -> dict:
     return {"median": round(statistics.median(values), 3), "min": round(min(values), 3), "max": round(max(values), 3)}
-
-
-def cpu_model() -> str:
-    for line in subprocess.check_output(["lscpu"], text=True).splitlines():
-        if line.startswith("Model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def main() -> None:

@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from provenance import provenance
+from provenance import cpu_model, provenance
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = {
@@ -39,13 +39,6 @@ RECIPES = {
 def children_cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def versions() -> dict[str, str]:

@@ -24,7 +24,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -36,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peak_rss import reset_peak_rss, status_kib  # noqa: E402
-from provenance import provenance  # noqa: E402
+from provenance import cpu_model, provenance  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "quickstart" / "smollm2-135m-cpu.yaml"
@@ -305,15 +304,7 @@ def commit() -> str:
 
 
 def machine() -> dict:
-    model = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in subprocess.check_output(["lscpu"], text=True).splitlines()
-            if line.startswith("Model name")
-        ),
-        platform.processor(),
-    )
-    return {"cpu_model": model, "cores": os.cpu_count(), "load_average": list(os.getloadavg())}
+    return {"cpu_model": cpu_model(), "cores": os.cpu_count(), "load_average": list(os.getloadavg())}
 
 
 def main() -> None:
