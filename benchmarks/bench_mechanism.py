@@ -35,16 +35,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from provenance import REPO, provenance
+from resumable_runs import run_to_the_end
 
 RECIPE = REPO / "recipes" / "quickstart" / "smollm2-135m-cpu.yaml"
 COMPLETIONS_PER_GENERATION = 48
@@ -64,9 +61,6 @@ def run_name(arm: str, seed: int, learning_rate: float, steps_per_generation: in
 
 def train(arm: str, seed: int, args, root: Path, threads: int | None) -> Path:
     """Run (or finish) one run and return its output directory."""
-    sys.path.insert(0, str(REPO))
-    from stapo_trl.resume import last_complete_checkpoint
-
     output_dir = root / run_name(arm, seed, args.learning_rate, args.steps_per_generation)
     if (output_dir / "run_summary.json").is_file():
         print(f"  {output_dir.name}: done already, skipped", flush=True)
@@ -78,30 +72,9 @@ def train(arm: str, seed: int, args, root: Path, threads: int | None) -> Path:
     command += ["--per_device_train_batch_size", str(per_device), "--gradient_accumulation_steps", "1"]
     command += ["--gradient_probe_steps", str(args.probe_every), "--loss_type", "dapo"]
     command += ["--save_strategy", "steps", "--save_steps", str(args.save_steps), "--save_total_limit", "1"]
-    checkpoint = last_complete_checkpoint(output_dir) if output_dir.is_dir() else None
-    if checkpoint is not None:
-        print(f"  {output_dir.name}: resuming from {checkpoint.name}", flush=True)
-        command += ["--resume_from_checkpoint", "last"]
-    elif output_dir.is_dir():
-        print(f"  {output_dir.name}: stopped before its first checkpoint, starting it again", flush=True)
-        command += ["--overwrite_output_dir", "true"]
-    environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    if threads is not None:
-        environment["OMP_NUM_THREADS"] = str(threads)
-    started = time.perf_counter()
-    with tempfile.TemporaryFile(mode="w+") as errors:
-        process = subprocess.Popen(
-            command, cwd=REPO, stdout=subprocess.PIPE, stderr=errors, text=True, env=environment
-        )
-        for line in process.stdout:
-            if line.startswith("step ") or "Held-out" in line:
-                print(f"  {output_dir.name}: {line.rstrip()}", flush=True)
-        errors.seek(0)
-        stderr = errors.read()
-    if process.wait() != 0:
-        raise RuntimeError(f"{output_dir.name} failed:\n{stderr[-3000:]}")
-    print(f"  {output_dir.name}: finished in {time.perf_counter() - started:.0f} s", flush=True)
-    return output_dir
+    return run_to_the_end(
+        command, output_dir, threads, echo=lambda line: line.startswith("step ") or "Held-out" in line
+    )
 
 
 def step_records(output_dir: Path) -> list[dict]:

@@ -30,15 +30,13 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
 from provenance import provenance
+from resumable_runs import run_to_the_end
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "quickstart" / "smollm2-135m-cpu.yaml"
@@ -68,7 +66,6 @@ def run_dir(root: Path, method: str, seed: int) -> Path:
 
 def train(method: str, seed: int, steps: int, root: Path, save_steps: int, threads: int | None = None) -> Path:
     """Run (or finish) one training run and return its output directory. ``threads`` caps torch's CPU threads."""
-    from stapo_trl.resume import last_complete_checkpoint
 
     output_dir = run_dir(root, method, seed)
     if (output_dir / "run_summary.json").is_file():
@@ -81,30 +78,7 @@ def train(method: str, seed: int, steps: int, root: Path, save_steps: int, threa
     command += ["--seed", str(seed), "--max_steps", str(steps), "--output_dir", str(output_dir)]
     command += ["--heldout_problems", "0", "--save_strategy", "steps", "--save_steps", str(save_steps)]
     command += ["--save_total_limit", "1"]
-    checkpoint = last_complete_checkpoint(output_dir) if output_dir.is_dir() else None
-    if checkpoint is not None:
-        print(f"  {output_dir.name}: resuming from {checkpoint.name}", flush=True)
-        command += ["--resume_from_checkpoint", "true"]
-    elif output_dir.is_dir():
-        print(f"  {output_dir.name}: stopped before its first checkpoint, starting it again", flush=True)
-        command += ["--overwrite_output_dir", "true"]
-    environment = {**os.environ, "PYTHONUNBUFFERED": "1"}  # the step lines arrive as they are printed
-    if threads is not None:
-        environment["OMP_NUM_THREADS"] = str(threads)
-    started = time.perf_counter()
-    with tempfile.TemporaryFile(mode="w+") as errors:
-        process = subprocess.Popen(
-            command, cwd=REPO, stdout=subprocess.PIPE, stderr=errors, text=True, env=environment
-        )
-        for line in process.stdout:
-            if line.startswith("step "):
-                print(f"  {output_dir.name}: {line.rstrip()}", flush=True)
-        errors.seek(0)
-        stderr = errors.read()
-    if process.wait() != 0:
-        raise RuntimeError(f"{output_dir.name} failed:\n{stderr[-3000:]}")
-    print(f"  {output_dir.name}: finished in {time.perf_counter() - started:.0f} s", flush=True)
-    return output_dir
+    return run_to_the_end(command, output_dir, threads, echo=lambda line: line.startswith("step "))
 
 
 def heldout_accuracy(seed: int, adapter: Path | None, cache: Path) -> dict:
