@@ -177,12 +177,15 @@ def test_sigterm_to_one_of_two_processes_stops_both_after_the_same_step_at_one_c
     assert "exitcode  : 143" in err
 
 
-@pytest.mark.parametrize("kill_after_step", [2, 3])
+@pytest.mark.parametrize("kill_after_step", [3, 4])
 def test_after_sigkill_and_resume_every_run_file_holds_each_step_once(recipe, tmp_path, kill_after_step):
-    """SIGKILL (no handler runs) once step ``kill_after_step`` is logged, with a checkpoint every 2 steps: the kill
-    lands during the save of checkpoint-2 or in step 4 after step 3 was logged, so the resumed run logs a step the
-    killed one had logged already. After resuming from the newest complete checkpoint, metrics.jsonl, the
-    silenced-token dump's step counts and the run summary hold each of the 6 steps once."""
+    """SIGKILL (no handler runs) once step ``kill_after_step`` is logged, with a checkpoint every 2 steps.
+
+    After step 3 the kill lands in step 4, and checkpoint-2 is complete (it was saved before step 3 began). After
+    step 4 it lands while checkpoint-4 is being saved or in step 5; checkpoint-2 is complete either way. The resumed
+    run starts from the newest complete checkpoint, so it may log steps the killed one had logged already. After
+    it, metrics.jsonl, the silenced-token dump's step counts and the run summary hold each of the 6 steps once.
+    (A kill after step 2 could land before checkpoint-2 is complete, leaving no checkpoint to resume from.)"""
     run = tmp_path / "run"
     flags = ["--save_strategy", "steps", "--save_steps", "2", "--max_steps", "6"]
     flags += ["--dump_silenced_tokens", "true", "--prob_threshold", "0.5", "--temperature", "1.0"]
