@@ -6,9 +6,10 @@ A GRPO step nevertheless runs them on each prompt once per sample at `generate()
 prompts per group in the quickstart), then on every prompt and completion again in TRL's loss pass.
 `FrozenPrefixReplay` does that work once:
 
-- at `generate()`'s first forward, the frozen layers run on one row per distinct prompt (and attention mask), and
-  their outputs and key/value cache entries are copied to the repeats; the layers above run on every row, so their
-  dropout still draws independently per sample;
+- at `generate()`'s first forward, the decoder layers run on one row per distinct prompt (and attention mask), and
+  their outputs and key/value cache entries are copied to the repeats: every layer when none has active dropout (the
+  repeats of a prompt then compute the same thing), otherwise only the frozen ones, so that the layers above run on
+  every row and their dropout draws independently per sample;
 - during `generate()`, the input of the first trainable layer is recorded at every position;
 - when TRL's fused LM head later scores sequences that `generate()` produced, the recording is handed to the first
   trainable layer instead of running the frozen ones.
@@ -72,30 +73,32 @@ def _rows(value, index: torch.Tensor, batch: int):
 
 
 class _SharedPrefill(torch.nn.Module):
-    """Stands in for the first frozen layer at `generate()`'s first forward: runs the frozen layers on one row per
-    distinct prompt, copies their keys and values in the cache to the repeats, and returns every row's output."""
+    """Stands in for the first decoder layer at `generate()`'s first forward: runs ``layers`` (the first few decoder
+    layers, in order) on one row per distinct prompt, copies their keys and values in the cache to the repeats, and
+    returns every row's output."""
 
-    def __init__(self, frozen: list[torch.nn.Module], first: torch.Tensor, inverse: torch.Tensor, on_call):
+    def __init__(self, layers: list[torch.nn.Module], first: torch.Tensor, inverse: torch.Tensor, on_call):
         super().__init__()
-        self.frozen = frozen
+        self.shared_layers = layers
         self.first = first
         self.inverse = inverse
         self.on_call = on_call
 
     def forward(self, hidden_states, *args, **kwargs):
-        self.on_call()
         batch = hidden_states.shape[0]
         cache = decoder_layer_cache(kwargs)
-        if batch != self.inverse.shape[0] or cache is None or len(cache.layers) < len(self.frozen):
-            for layer in self.frozen:
+        shared = batch == self.inverse.shape[0] and cache is not None and len(cache.layers) >= len(self.shared_layers)
+        self.on_call(shared)
+        if not shared:
+            for layer in self.shared_layers:
                 hidden_states = layer(hidden_states, *args, **kwargs)
             return hidden_states
         args = [_rows(value, self.first, batch) for value in args]
         kwargs = {name: _rows(value, self.first, batch) for name, value in kwargs.items()}
         hidden_states = hidden_states.index_select(0, self.first)
-        for layer in self.frozen:
+        for layer in self.shared_layers:
             hidden_states = layer(hidden_states, *args, **kwargs)
-        for index in range(len(self.frozen)):
+        for index in range(len(self.shared_layers)):
             cache.layers[index].reorder_cache(self.inverse)
         return hidden_states.index_select(0, self.inverse)
 
@@ -146,10 +149,11 @@ def active_dropout(model: torch.nn.Module, layers: list[torch.nn.Module]) -> lis
 
 
 class FrozenPrefixReplay:
-    """Shares the frozen layers' prefill between repeated prompts, records their output in `generate()` and replays
-    it in TRL's fused-head passes over the same sequences. Build it with `replay_frozen_prefix`; `shared_prefills`
-    counts the generations whose prefill was shared, `replayed` and `computed` the fused-head passes that used the
-    recording and those that ran every layer."""
+    """Shares the prefill between repeated prompts (all decoder layers when none has active dropout, else the frozen
+    ones), records the frozen layers' output in `generate()` and replays it in TRL's fused-head passes over the same
+    sequences. Build it with `replay_frozen_prefix`; `shared_prefills` counts the generations whose prefill was
+    shared, `shared_layers` the decoder layers the last shared prefill covered, `replayed` and `computed` the
+    fused-head passes that used the recording and those that ran every layer."""
 
     def __init__(self, model: torch.nn.Module, layers: torch.nn.ModuleList, first_trainable: int):
         self.model = model
@@ -158,6 +162,8 @@ class FrozenPrefixReplay:
         self.replayed = 0
         self.computed = 0
         self.shared_prefills = 0
+        self.shared_layers = 0
+        self.prefill_inverse: torch.Tensor | None = None
         self.recording: _Recording | None = None
         self.generating = False
         self.restore_model = None
@@ -210,20 +216,22 @@ class FrozenPrefixReplay:
         chunks: list[torch.Tensor] = []
 
         def record(module, args, kwargs):
-            hidden_states = args[0] if args else kwargs["hidden_states"]
-            chunks.append(hidden_states.detach())
+            hidden_states = args[0].detach() if args else kwargs["hidden_states"].detach()
+            inverse = self.prefill_inverse
+            if inverse is not None and hidden_states.shape[0] < inverse.shape[0]:
+                hidden_states = hidden_states.index_select(0, inverse)
+            chunks.append(hidden_states)
 
         handle = self.layers[self.first_trainable].register_forward_pre_hook(record, with_kwargs=True)
         self.generating, self.recording = True, None
-        frozen = list(self.layers[: self.first_trainable])
-        shared = self._share_prefill(frozen, args, kwargs)
+        shared = self._share_prefill(args, kwargs)
         try:
             output = generate(*args, **kwargs)
         finally:
             handle.remove()
-            self.generating = False
-            if shared:
-                self._put_back(frozen)
+            self.generating, self.prefill_inverse = False, None
+            if shared is not None:
+                self._put_back(shared)
         sequences = output if isinstance(output, torch.Tensor) else getattr(output, "sequences", None)
         if sequences is None or not chunks:
             return output
@@ -232,35 +240,41 @@ class FrozenPrefixReplay:
             self.recording = _Recording(sequences, hidden_states, self._frozen_version())
         return output
 
-    def _share_prefill(self, frozen: list[torch.nn.Module], args, kwargs) -> bool:
+    def _share_prefill(self, args, kwargs) -> list[torch.nn.Module] | None:
         """Swap in `_SharedPrefill` for `generate()`'s first forward when prompts repeat (GRPO samples each prompt
-        ``num_generations`` times) and no cache is handed in."""
+        ``num_generations`` times) and no cache is handed in. It covers every decoder layer when none has active
+        dropout, else the frozen ones. Returns the layers it stands in for (None when it is not swapped in)."""
         input_ids = kwargs.get("input_ids", args[0] if args else None)
         given_cache = any(kwargs.get(name) is not None for name in ("past_key_values", "cache"))
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or given_cache:
-            return False
-        attention_mask = kwargs.get("attention_mask")
+            return None
+        everything = list(self.layers)
+        covered = everything if not active_dropout(self.model, everything) else everything[: self.first_trainable]
         attention = [
-            getattr(getattr(layer, "self_attn", None), "layer_idx", index) for index, layer in enumerate(frozen)
+            getattr(getattr(layer, "self_attn", None), "layer_idx", index) for index, layer in enumerate(covered)
         ]
-        if attention != list(range(len(frozen))):
-            return False
+        if attention != list(range(len(covered))):
+            return None
+        attention_mask = kwargs.get("attention_mask")
         found = distinct_rows(input_ids, *([] if attention_mask is None else [attention_mask]))
         if found is None:
-            return False
+            return None
         first, inverse = found
 
-        def back_to_the_frozen_layers():
-            self._put_back(frozen)
-            self.shared_prefills += 1
+        def back_to_the_layers(shared: bool):
+            self._put_back(covered)
+            if shared:
+                self.shared_prefills += 1
+                self.shared_layers = len(covered)
+                self.prefill_inverse = inverse
 
-        self.layers[0] = _SharedPrefill(frozen, first, inverse, back_to_the_frozen_layers)
-        for index in range(1, len(frozen)):
+        self.layers[0] = _SharedPrefill(covered, first, inverse, back_to_the_layers)
+        for index in range(1, len(covered)):
             self.layers[index] = _PassThrough()
-        return True
+        return covered
 
-    def _put_back(self, frozen: list[torch.nn.Module]) -> None:
-        for index, layer in enumerate(frozen):
+    def _put_back(self, layers: list[torch.nn.Module]) -> None:
+        for index, layer in enumerate(layers):
             self.layers[index] = layer
 
     # ----------------------------------------------------------------------- replay

@@ -74,7 +74,37 @@ def test_repeated_prompts_share_the_frozen_layers_prefill_and_sample_the_same_to
         assert replay.shared_prefills == 1
         assert base.model.layers[0] is frozen_layer
     assert batch_sizes[0] == 3 and set(batch_sizes[1:]) == {6}, batch_sizes
+    assert replay.shared_layers == 1  # the frozen layer only: the adapted one above it has live dropout
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+def test_without_active_dropout_every_layer_is_shared_at_the_prefill_and_the_recording_covers_every_row():
+    """With no dropout anywhere, the repeats of a prompt compute the same thing in every layer: the adapted layer
+    also runs on one row per prompt at the first forward, the samples are the same as without sharing, and the loss
+    pass replays the recording (expanded to every row) with the full forward's log-probabilities."""
+    tokenizer, policy = lora_policy()
+    for module in policy.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    prompts = ("1+2=", "33+4=", "1+2=", "5+6=", "33+4=", "1+2=")
+    want_batch = generate(tokenizer, policy, prompts)
+    want = loss_pass(policy, *want_batch)
+    base = policy.get_base_model()
+    adapted_layer = base.model.layers[1]
+    batch_sizes = []
+    adapted_layer.register_forward_pre_hook(lambda module, args: batch_sizes.append(args[0].shape[0]))
+    with replay_frozen_prefix(base) as replay:
+        got_batch = generate(tokenizer, policy, prompts)
+        assert (replay.shared_prefills, replay.shared_layers) == (1, 2)
+        assert list(base.model.layers) == [base.model.layers[0], adapted_layer]
+        assert replay.recording is not None and replay.recording.hidden_states.shape[0] == 6
+        got = loss_pass(policy, *got_batch)
+        assert (replay.replayed, replay.computed) == (1, 0)
+    assert batch_sizes[0] == 3 and set(batch_sizes[1:]) == {6}, batch_sizes
+    assert all(torch.equal(a, b) for a, b in zip(got_batch, want_batch, strict=True))
+    assert torch.allclose(got[0], want[0], atol=1e-5) and torch.allclose(got[1], want[1], atol=1e-5)
+    for name in want[2]:
+        assert torch.allclose(got[2][name], want[2][name], rtol=1e-4, atol=1e-6), name
 
 
 def loss_pass(policy, input_ids, attention_mask, labels):
@@ -189,6 +219,7 @@ def test_a_grpo_run_with_replay_trains_as_without(tmp_path):
             with replay_frozen_prefix(trainer.model.get_base_model()) as replay:
                 trainer.train()
             assert replay.replayed == 2 and replay.computed == 0 and replay.shared_prefills == 2
+            assert replay.shared_layers == 2  # no dropout: the adapted layer's prefill is shared too
         else:
             trainer.train()
         logs = [entry for entry in trainer.state.log_history if "loss" in entry and "train_runtime" not in entry]
