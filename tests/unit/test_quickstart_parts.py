@@ -19,6 +19,7 @@ from stapo_trl.data.arithmetic import WORKED_EXAMPLES, arithmetic_problems, load
 from stapo_trl.data.selection import drop_long_prompts, random_subset, split_heldout
 from stapo_trl.diagnostics.report import plot_training_curves, read_metrics, training_curve_panels
 from stapo_trl.evaluation import GreedyAccuracy, greedy_accuracy
+from stapo_trl.evaluation.greedy import MIN_SHARED_PREFIX_TOKENS, prompt_prefix_cache, shared_prefix_length
 from stapo_trl.gguf import (
     SMOLLM2_GGUF,
     converted_checkpoint_dir,
@@ -188,6 +189,64 @@ def test_greedy_accuracy_counts_positive_scores_and_extracted_answers():
     assert result.standard_error == pytest.approx((0.4 * 0.6 / 5) ** 0.5)
     assert len(calls[0]) == 5 and all(isinstance(text, str) for text in calls[0])
     assert greedy_accuracy(model, tokenizer, rows, scripted_reward, max_new_tokens=3).completions == result.completions
+
+
+def test_the_shared_prefix_stops_at_the_first_difference_and_leaves_every_row_a_token():
+    assert shared_prefix_length([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 3, 4, 6]]) == 3
+    assert shared_prefix_length([[1, 2], [1, 2, 3]]) == 1
+    assert shared_prefix_length([[5], [5]]) == 0
+    assert shared_prefix_length([[7, 1], [8, 1]]) == 0
+
+
+SHARED_INSTRUCTION = "Add the two numbers and reply with the sum only. "
+
+
+def test_prompts_decoded_after_a_shared_prefix_score_every_token_as_each_prompt_alone():
+    """The prefix runs once; each row is [prefix][padding][remainder]. Every row's scores at every generated step
+    match those of its prompt generated alone, without padding."""
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_qwen3(tokenizer, seed=4).eval()
+    prompts = [SHARED_INSTRUCTION + question for question in ("3+4=", "12+30=", "7+1000=")]
+    token_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in prompts]
+    inputs = prompt_prefix_cache(model, token_ids, tokenizer.pad_token_id, "cpu")
+    shared = shared_prefix_length(token_ids)
+    assert shared == len(SHARED_INSTRUCTION) >= MIN_SHARED_PREFIX_TOKENS
+    assert inputs["attention_mask"][:, shared:].tolist() == [[0, 0, 0, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1, 1], [1] * 7]
+    options = {"do_sample": False, "max_new_tokens": 4, "output_scores": True, "return_dict_in_generate": True}
+    options["pad_token_id"] = tokenizer.pad_token_id
+    together = model.generate(**inputs, **options)
+    for row, ids in enumerate(token_ids):
+        alone = model.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids)), **options)
+        generated = alone.sequences[0, len(ids) :]  # a row alone stops at its EOS; in the batch it is padded after
+        start = inputs["input_ids"].shape[1]
+        assert together.sequences[row, start : start + len(generated)].tolist() == generated.tolist()
+        assert len(alone.scores) == len(generated) >= 1
+        for step_together, step_alone in zip(together.scores, alone.scores, strict=False):
+            assert torch.allclose(step_together[row], step_alone[0], atol=1e-5)
+
+
+def test_greedy_accuracy_gives_the_same_completions_with_and_without_the_shared_prefix():
+    tokenizer = build_char_tokenizer()
+    tokenizer.chat_template = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+    model = build_tiny_qwen3(tokenizer, seed=6)
+    rows = Dataset.from_dict(
+        {
+            "prompt": [[{"role": "user", "content": f"{SHARED_INSTRUCTION}{i * 37}+{i}="}] for i in range(6)],
+            "solution": [str(i * 38) for i in range(6)],
+        }
+    )
+    reward = get_reward_func("dapo")
+    whole = greedy_accuracy(model, tokenizer, rows, reward, max_new_tokens=6, share_prompt_prefix=False)
+    shared = greedy_accuracy(model, tokenizer, rows, reward, max_new_tokens=6, batch_size=4)
+    assert shared.completions == whole.completions and len(set(whole.completions)) > 1
+
+
+def test_a_batch_without_a_long_shared_prefix_runs_whole():
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_qwen3(tokenizer)
+    token_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in ("Add: 1+2=", "Add: 3+4=")]
+    assert prompt_prefix_cache(model, token_ids, tokenizer.pad_token_id, "cpu") is None
+    assert prompt_prefix_cache(model, token_ids[:1], tokenizer.pad_token_id, "cpu") is None
 
 
 def test_greedy_accuracy_without_log_extra_has_no_format_rate():
