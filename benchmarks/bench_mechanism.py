@@ -8,7 +8,8 @@ tokens S2T picks, not how many, that matters? On the CPU quickstart task.
 Every run is the quickstart recipe (`recipes/quickstart/smollm2-135m-cpu.yaml`) in a fresh `stapo-trl train` process,
 with 48 completions per generation split into ``--steps_per_generation`` optimizer steps (the paper has 4, so that
 the importance ratio moves away from 1 and clipping engages), ``--learning_rate``, ``--max_steps`` optimizer steps
-and the gradient probe every ``--probe_every`` steps. The arms:
+and the gradient probe every ``--probe_every`` steps. LoRA dropout stays on (``--disable_dropout false``; TRL's 0.05)
+as in the runs reported, from before the quickstart recipe turned it off. The arms:
 
 - ``grpo``: GRPO with S2T in shadow (``shadow_token_rules: [s2t]``): trains exactly as GRPO and logs what S2T would
   silence, and the probe measures those tokens' share of the gradient at the weights;
@@ -70,7 +71,7 @@ def train(arm: str, seed: int, args, root: Path, threads: int | None) -> Path:
     command += ["--seed", str(seed), "--max_steps", str(args.max_steps), "--output_dir", str(output_dir)]
     command += ["--learning_rate", str(args.learning_rate), "--steps_per_generation", str(args.steps_per_generation)]
     command += ["--per_device_train_batch_size", str(per_device), "--gradient_accumulation_steps", "1"]
-    command += ["--gradient_probe_steps", str(args.probe_every), "--loss_type", "dapo"]
+    command += ["--gradient_probe_steps", str(args.probe_every), "--loss_type", "dapo", "--disable_dropout", "false"]
     command += ["--save_strategy", "steps", "--save_steps", str(args.save_steps), "--save_total_limit", "1"]
     return run_to_the_end(
         command, output_dir, threads, echo=lambda line: line.startswith("step ") or "Held-out" in line
