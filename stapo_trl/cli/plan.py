@@ -108,9 +108,14 @@ def describe_model(model_args: Any, training: Any, script: Any = None) -> str:
     if model_args.use_peft:
         targets = ",".join(model_args.lora_target_modules or ["PEFT defaults"])
         where = f" of the last {script.lora_layers} layers" if script is not None and script.lora_layers else ""
-        details.append(f"LoRA r={model_args.lora_r} alpha={model_args.lora_alpha} on {targets}{where}")
+        dropout = 0.0 if getattr(training, "disable_dropout", False) else getattr(model_args, "lora_dropout", 0.0)
+        details.append(
+            f"LoRA r={model_args.lora_r} alpha={model_args.lora_alpha} dropout {dropout:g} on {targets}{where}"
+        )
     else:
         details.append("full fine-tuning")
+    if getattr(training, "disable_dropout", False):
+        details.append("dropout off (disable_dropout)")
     if training.gradient_checkpointing:
         details.append("gradient checkpointing")
     return f"{name} ({', '.join(details)})"

@@ -59,6 +59,15 @@ def test_every_recipe_passes_a_dry_run_at_its_declared_world_size(recipe, capsys
     assert not (REPO / request.training.output_dir).exists()
 
 
+def test_the_dry_run_names_the_lora_dropout_and_disable_dropout(capsys):
+    quickstart = RECIPES / "quickstart" / "smollm2-135m-cpu.yaml"
+    assert main(["train", "--config", str(quickstart), "--dry_run"]) == 0
+    assert "LoRA r=16 alpha=32 dropout 0 on" in capsys.readouterr().out
+    assert main(["train", "--config", str(quickstart), "--dry_run", "--disable_dropout", "false"]) == 0
+    printed = capsys.readouterr().out
+    assert "LoRA r=16 alpha=32 dropout 0.05 on" in printed and "disable_dropout" not in printed
+
+
 @pytest.mark.parametrize("model", PAPER_MODELS)
 @pytest.mark.parametrize("method", PAPER_METHODS)
 def test_paper_recipes_use_the_papers_batch_arithmetic_and_hyperparameters(model, method):
