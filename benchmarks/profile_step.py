@@ -108,10 +108,11 @@ def install_timers(clock: Clock) -> None:
         input_ids = kwargs.get("input_ids", args[0] if args else None)
         mask = kwargs.get("attention_mask")
         distinct = torch.unique(torch.cat([input_ids, mask], 1) if mask is not None else input_ids, dim=0).shape[0]
+        dropout = any(isinstance(module, torch.nn.Dropout) and module.p > 0 for module in self.modules())
         with clock.part("generate"):
             output = original_generate(self, *args, **kwargs)
         sequences = output if isinstance(output, torch.Tensor) else output.sequences
-        clock.shapes["generate"].append([*map(int, input_ids.shape), int(sequences.shape[1]), distinct])
+        clock.shapes["generate"].append([*map(int, input_ids.shape), int(sequences.shape[1]), distinct, dropout])
         return output
 
     GenerationMixin.generate = generate
@@ -213,8 +214,9 @@ def gemm_rate(m: int, k: int, n: int, repeats: int = 3) -> float:
 
 
 def step_shapes(shapes: dict) -> dict:
-    """The first step's generation (rows, prompt length, generated length, distinct prompts) and loss micro-batches."""
-    rows, prompt_length, total_length, distinct = shapes["generate"][0]
+    """The first step's generation (rows, prompt length, generated length, distinct prompts, whether any dropout was
+    active) and loss micro-batches."""
+    rows, prompt_length, total_length, distinct, dropout = shapes["generate"][0]
     micro_batches, covered = [], 0
     for entry in shapes["loss_batch"]:
         if covered >= rows:
@@ -226,6 +228,7 @@ def step_shapes(shapes: dict) -> dict:
         "prompt_length": prompt_length,
         "generated_length": total_length - prompt_length,
         "distinct_prompts": distinct,
+        "dropout_active": bool(dropout),
         "loss_length": micro_batches[0][1] + micro_batches[0][2],
         "scored_tokens": sum(entry[3] for entry in micro_batches),
         "micro_batches": len(micro_batches),
@@ -238,11 +241,13 @@ def floors(shapes: dict, config: dict) -> dict:
 
     Counted: every matrix product with a weight (2 FLOPs per multiply-add), attention's two products per layer over
     the causal context, and in the backward the input gradient of every frozen product (as large as its forward) and
-    twice the attention. Not counted: LoRA's rank-16 products, norms, activations, softmax, sampling."""
+    twice the attention. Not counted: LoRA's rank-16 products, norms, activations, softmax, sampling. The CPU paths'
+    prefill runs once per distinct prompt in the frozen layers, and in every layer when no dropout was active."""
     step = step_shapes(shapes)
     hidden, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     layers, trainable = config["num_hidden_layers"], config["lora_layers"]
     frozen = layers - trainable
+    shared = layers if not step["dropout_active"] else frozen
     kv = config["num_key_value_heads"] * hidden // config["num_attention_heads"]
     linear = 2 * (hidden * (2 * hidden + 2 * kv) + 3 * hidden * inter)
 
@@ -267,7 +272,7 @@ def floors(shapes: dict, config: dict) -> dict:
         "body_backward": trainable * backward_layer,
     }
     ours = {
-        "generate": frozen * shared_prefill_layer + trainable * prefill_layer + decode,
+        "generate": shared * shared_prefill_layer + (layers - shared) * prefill_layer + decode,
         "head_forward": 2 * scored * vocab * hidden,
         "head_backward": 2 * scored * vocab * hidden,
         "body_forward": trainable * loss_layer,
@@ -279,7 +284,10 @@ def floors(shapes: dict, config: dict) -> dict:
         "head": gemm_rate(max(1, scored // step["micro_batches"]), hidden, vocab),
         "decode": gemm_rate(rows, hidden, inter),
     }
-    prefill_share = {"trl": layers * prefill_layer, "ours": frozen * shared_prefill_layer + trainable * prefill_layer}
+    prefill_share = {
+        "trl": layers * prefill_layer,
+        "ours": shared * shared_prefill_layer + (layers - shared) * prefill_layer,
+    }
 
     def seconds(flops: dict, prefill: float) -> dict:
         out = {name: flops[name] / (rates["head" if "head" in name else "body"] * 1e9) for name in flops}

@@ -148,11 +148,13 @@ def prompt_prefix_cache(model, token_ids: list[list[int]], pad_token_id: int, de
     """`generate()` inputs for the prompts ``token_ids`` that run their shared leading tokens once.
 
     The shared prefix goes through ``model`` as one row, and its key/value cache is copied to every row. Each row is
-    then laid out as ``[prefix][padding][its remainder]`` with the padding masked out: `generate()` feeds only the
-    columns after the cache, and derives position ids from the attention mask, so every remainder token sits at the
-    position it has in the unpadded prompt and attends to the same tokens. Returns ``input_ids``, ``attention_mask``
-    and the cache (under the keyword the model's output gave it), or None when there is a single row, fewer than `MIN_SHARED_PREFIX_TOKENS` shared tokens,
-    or a cache whose rows cannot be copied (then run the prompts whole).
+    then laid out as ``[prefix][padding][its remainder]``, with the padding left out of the attention mask.
+    `generate()` feeds only the columns after the cache and derives position ids from the attention mask, so every
+    remainder token sits at the position it has in the unpadded prompt and attends to the same tokens.
+
+    Returns ``input_ids``, ``attention_mask`` and the cache (under the keyword the model's output gave it), or None
+    when there is a single row, fewer than `MIN_SHARED_PREFIX_TOKENS` shared tokens, or a cache whose rows cannot be
+    copied (then run the prompts whole).
     """
     if len(token_ids) < 2:
         return None
