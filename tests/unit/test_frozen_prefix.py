@@ -59,18 +59,26 @@ def generate(tokenizer, policy, prompts=("1+2=", "33+4=", "5+6=")):
     return input_ids, attention_mask, labels
 
 
+REPEATED_PROMPTS = ("1+2=", "33+4=", "1+2=", "5+6=", "33+4=", "1+2=")
+
+
+def rows_seen_by(layer: torch.nn.Module) -> list[int]:
+    """The batch size of every call to ``layer`` from now on."""
+    sizes: list[int] = []
+    layer.register_forward_pre_hook(lambda module, args: sizes.append(args[0].shape[0]))
+    return sizes
+
+
 def test_repeated_prompts_share_the_frozen_layers_prefill_and_sample_the_same_tokens():
     """GRPO's groups repeat each prompt: the frozen layer runs on one row per prompt at the first forward, its cache
     entries are copied to the repeats, and sampling (with LoRA dropout live above it) draws the same tokens."""
     tokenizer, policy = lora_policy()
-    prompts = ("1+2=", "33+4=", "1+2=", "5+6=", "33+4=", "1+2=")
-    want = generate(tokenizer, policy, prompts)
+    want = generate(tokenizer, policy, REPEATED_PROMPTS)
     base = policy.get_base_model()
     frozen_layer = base.model.layers[0]
-    batch_sizes = []
-    frozen_layer.register_forward_pre_hook(lambda module, args: batch_sizes.append(args[0].shape[0]))
+    batch_sizes = rows_seen_by(frozen_layer)
     with replay_frozen_prefix(base) as replay:
-        got = generate(tokenizer, policy, prompts)
+        got = generate(tokenizer, policy, REPEATED_PROMPTS)
         assert replay.shared_prefills == 1
         assert base.model.layers[0] is frozen_layer
     assert batch_sizes[0] == 3 and set(batch_sizes[1:]) == {6}, batch_sizes
@@ -86,17 +94,15 @@ def test_without_active_dropout_every_layer_is_shared_at_the_prefill_and_the_rec
     for module in policy.modules():
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
-    prompts = ("1+2=", "33+4=", "1+2=", "5+6=", "33+4=", "1+2=")
-    want_batch = generate(tokenizer, policy, prompts)
+    want_batch = generate(tokenizer, policy, REPEATED_PROMPTS)
     want = loss_pass(policy, *want_batch)
     base = policy.get_base_model()
-    adapted_layer = base.model.layers[1]
-    batch_sizes = []
-    adapted_layer.register_forward_pre_hook(lambda module, args: batch_sizes.append(args[0].shape[0]))
+    frozen_layer, adapted_layer = base.model.layers
+    batch_sizes = rows_seen_by(adapted_layer)
     with replay_frozen_prefix(base) as replay:
-        got_batch = generate(tokenizer, policy, prompts)
+        got_batch = generate(tokenizer, policy, REPEATED_PROMPTS)
         assert (replay.shared_prefills, replay.shared_layers) == (1, 2)
-        assert list(base.model.layers) == [base.model.layers[0], adapted_layer]
+        assert list(base.model.layers) == [frozen_layer, adapted_layer]  # both put back after the prefill
         assert replay.recording is not None and replay.recording.hidden_states.shape[0] == 6
         got = loss_pass(policy, *got_batch)
         assert (replay.replayed, replay.computed) == (1, 0)
