@@ -103,7 +103,7 @@ def greedy_accuracy(
             token_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
             inputs = prompt_prefix_cache(model, token_ids, pad_token_id, device) if share_prompt_prefix else None
             if inputs is None:
-                inputs = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+                inputs = tokenizer.pad({"input_ids": token_ids}, padding=True, return_tensors="pt").to(device)
             output = model.generate(
                 **inputs, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad_token_id
             )
