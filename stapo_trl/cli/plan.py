@@ -103,18 +103,19 @@ def describe_model(model_args: Any, training: Any, script: Any = None) -> str:
 
     name = model_args.model_name_or_path or "(none: set model_name_or_path)"
     details = [f"dtype {model_args.dtype or 'auto'}"]
+    dropout_off = getattr(training, "disable_dropout", False)
     if is_gguf_reference(name):
         details.insert(0, "GGUF, converted once to a cached safetensors checkpoint")
     if model_args.use_peft:
         targets = ",".join(model_args.lora_target_modules or ["PEFT defaults"])
         where = f" of the last {script.lora_layers} layers" if script is not None and script.lora_layers else ""
-        dropout = 0.0 if getattr(training, "disable_dropout", False) else getattr(model_args, "lora_dropout", 0.0)
+        dropout = 0.0 if dropout_off else getattr(model_args, "lora_dropout", 0.0)
         details.append(
             f"LoRA r={model_args.lora_r} alpha={model_args.lora_alpha} dropout {dropout:g} on {targets}{where}"
         )
     else:
         details.append("full fine-tuning")
-    if getattr(training, "disable_dropout", False):
+    if dropout_off:
         details.append("dropout off (disable_dropout)")
     if training.gradient_checkpointing:
         details.append("gradient checkpointing")
