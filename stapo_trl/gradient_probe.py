@@ -1,30 +1,46 @@
-"""The silenced tokens' share of the policy gradient, measured at the weights.
+"""The silenced tokens' share of the policy gradient, measured at the weights, against count-matched baselines.
 
 `s2t/logit_grad_sq_share_estimate` is a formula at the logits; it cannot say how much the silenced tokens move the
 weights, where the contributions of many tokens add up or cancel. The probe measures it. Every
-``gradient_probe_steps``-th optimizer step, before the step trains, it runs TRL's own loss twice over each of the
-step's micro-batches, once restricted to the silenced tokens and once to the kept ones, both with the denominator of
-the loss over all tokens (the GRPO loss), and backpropagates each:
+``gradient_probe_steps``-th optimizer step, before the step trains, it runs TRL's own loss over each of the step's
+micro-batches restricted to one set of tokens at a time, always with the denominator of the loss over all tokens (the
+GRPO loss), and backpropagates each:
 
-- ``g_silenced = d L_silenced / d theta`` and ``g_kept = d L_kept / d theta``, summed over the micro-batches and the
-  processes, with ``L_silenced + L_kept = L``, the loss before any token rule;
-- ``silenced_grad_sq_share = |g_silenced|^2 / |g_silenced + g_kept|^2``, ``cosine_silenced_whole`` and
-  ``cosine_silenced_kept``, beside ``silenced_token_share``, the silenced tokens' share of the loss tokens.
+- ``silenced``: the tokens the applied rules removed and, for rules in shadow, the tokens they would have removed, so
+  GRPO with S2T in shadow measures exactly what STAPO would remove;
+- ``kept``: the other loss tokens, so that ``g_silenced + g_kept`` is the gradient of the loss before any rule;
+- two *count-matched baselines*, as many tokens as the silenced set, drawn uniformly without replacement on each
+  process from its own tokens: ``random_positive`` from the loss tokens of positive-advantage responses, and
+  ``random_candidate`` from S2T's candidates (``p < prob_threshold``, positive advantage; only when S2T runs,
+  applied or in shadow). S2T's tokens are positive-advantage tokens by construction, and with a +1/-1 reward and few
+  right answers a right response's ``|A|`` is many times a wrong one's, so any set of positive tokens carries more
+  than its token share of the gradient: the baselines measure that selection effect in the same batch.
 
-"Silenced" means the tokens the applied rules removed and, for rules in shadow, the tokens they would have removed,
-so GRPO with S2T in shadow measures exactly what STAPO would remove. The advantages are the generation's own, before
-any rule's weights.
+For each set it logs ``<set>_grad_sq_share = |g_set|^2 / |g_silenced + g_kept|^2`` and ``<set>_token_share``, and for
+each baseline ``silenced_share_over_<baseline>``: the silenced set's grad share per token share divided by the
+baseline's (1 means S2T's tokens carry no more than a random draw of the same pool). Also the cosines of
+``g_silenced`` with the whole and the kept gradients, ``steps_since_generation`` (0 for the first optimizer step
+after a generation, where the importance ratio is 1) and the probe's own cost in ``seconds``.
 
 The split is exact only when the loss is a sum over tokens with a denominator that does not depend on which tokens
 count: ``loss_type`` ``dapo``, ``cispo``, ``vespo`` or ``dr_grpo``, without 20-Entropy's entropy mask, TRL's
-off-policy sequence mask or an entropy bonus; other settings are refused. The passes run with dropout off and the
-random streams forked (the run draws the same numbers with or without the probe), and they leave the parameters'
-``.grad`` as they found them. Each probe costs two forward and backward passes per micro-batch.
+off-policy sequence mask or an entropy bonus; other settings are refused.
+
+The passes run in the model's own mode, so dropout is applied when training applies it. Every pass over a micro-batch
+starts from the random state that the training's own forward of that micro-batch will start from, so it draws the
+same dropout masks; all random streams are restored afterwards (the run draws the same numbers with or without the
+probe), and the parameters' ``.grad`` are left as found. With one micro-batch per optimizer step and one process,
+``g_silenced + g_kept`` is then the step's training gradient before clipping for GRPO. The baselines' draws use a
+generator of their own, seeded from the run's seed, the step and the process.
 """
 
 from __future__ import annotations
 
 import math
+import random
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +49,8 @@ import torch
 from .distributed import all_reduce_sum
 from .names import (
     ADVANTAGES_BEFORE_RULES_KEY,
+    ENTROPIES_KEY,
+    LOG_PROBS_KEY,
     NUM_ITEMS_BEFORE_RULES_KEY,
     SHADOW_SILENCED_KEY,
     SILENCED_KEY,
@@ -43,6 +61,11 @@ PROBE_LOSS_TYPES = ("dapo", "cispo", "vespo", "dr_grpo")
 """The loss types whose denominator does not depend on which tokens count, so that the loss splits into the silenced
 tokens' part and the kept tokens' part."""
 PROBE_METRIC_PREFIX = "gradient_probe"
+PROBE_BASELINES = ("random_positive", "random_candidate")
+"""The count-matched baselines, in the order they are drawn."""
+
+CandidateMask = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""``(log_probs, entropies, advantages, loss_mask) -> bool [B, T]``: the pool of the ``random_candidate`` baseline."""
 
 
 def probe_metric(statistic: str) -> str:
@@ -57,17 +80,19 @@ class GradientProbeConfigMixin:
     Parameters:
         gradient_probe_steps (`int`, *optional*, defaults to `0`):
             Every this many optimizer steps (the first step included), measure the squared norm of the gradient of
-            the silenced tokens' part of the loss against the whole loss's, and their cosine. `0` turns it off. Each
-            probe costs two extra forward and backward passes per micro-batch.
+            the silenced tokens' part of the loss against the whole loss's, beside two count-matched random sets of
+            tokens (positive-advantage tokens, and S2T's candidates). `0` turns it off. Each probe costs up to four
+            extra forward and backward passes per micro-batch.
     """
 
     gradient_probe_steps: int = field(
         default=0,
         metadata={
             "help": "Every this many optimizer steps (the first included), measure the silenced tokens' share of the "
-            "squared gradient norm at the weights, and the cosine with the whole gradient, logged under "
-            "gradient_probe/. 0 (the default) turns it off; each probe costs two extra forward and backward passes "
-            "per micro-batch."
+            "squared gradient norm at the weights, the cosine with the whole gradient, and the same share for two "
+            "count-matched random sets (positive-advantage tokens; S2T's candidates), logged under gradient_probe/. "
+            "0 (the default) turns it off; each probe costs up to four extra forward and backward passes per "
+            "micro-batch."
         },
     )
 
@@ -112,48 +137,184 @@ def gradient_share_statistics(silenced: torch.Tensor, kept: torch.Tensor) -> dic
     }
 
 
-class GradientProbe:
-    """Measures the share at the steps it is due. ``loss_fn(model, batch)`` is the trainer's own loss (TRL's
-    ``compute_loss``), called with the batch's ``tool_mask`` narrowed to one part of the tokens."""
+def share_over_baseline(set_stats: tuple[float, float], baseline_stats: tuple[float, float]) -> float:
+    """``(grad share / token share)`` of a set over the same ratio of a baseline, each given as ``(grad_sq_share,
+    token_share)``; NaN where either ratio is undefined (no tokens, or a baseline gradient of 0)."""
+    (set_grad, set_tokens), (base_grad, base_tokens) = set_stats, baseline_stats
+    if set_tokens <= 0 or base_tokens <= 0 or not base_grad > 0 or not math.isfinite(set_grad):
+        return float("nan")
+    return (set_grad / set_tokens) / (base_grad / base_tokens)
 
-    def __init__(self, every: int):
+
+def count_matched_draw(pools: list[torch.Tensor], count: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """Draw ``min(count, tokens in the pools)`` tokens uniformly without replacement from the union of ``pools`` (bool
+    masks, one per micro-batch, any shapes), and return the drawn tokens as masks shaped like the pools."""
+    flat = torch.cat([pool.flatten() for pool in pools]) if pools else torch.zeros(0, dtype=torch.bool)
+    positions = flat.nonzero().squeeze(1)
+    take = min(count, positions.numel())
+    order = torch.randperm(positions.numel(), generator=generator)[:take].to(positions.device)
+    drawn = torch.zeros_like(flat)
+    drawn[positions[order]] = True
+    return [part.view_as(pool) for part, pool in zip(drawn.split([p.numel() for p in pools]), pools, strict=True)]
+
+
+def draw_seed(seed: int, global_step: int, process_index: int, salt: int) -> int:
+    """The seed of a baseline's generator: one stream per run seed, optimizer step, process and baseline."""
+    return ((seed * 1_000_003 + global_step) * 1_009 + process_index) * 17 + salt
+
+
+def _random_state() -> tuple[torch.Tensor, torch.Tensor | None]:
+    cuda = torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return torch.get_rng_state(), cuda
+
+
+def _set_random_state(state: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+    cpu, cuda = state
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state(cuda)
+
+
+@contextmanager
+def restored_random_streams() -> Iterator[None]:
+    """Restore torch's (CPU and current CUDA device), NumPy's and Python's random streams on exit."""
+    import numpy as np
+
+    torch_state, python_state, numpy_state = _random_state(), random.getstate(), np.random.get_state()
+    try:
+        yield
+    finally:
+        _set_random_state(torch_state)
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
+
+
+@dataclass
+class _StepTokenSets:
+    """One bool mask per micro-batch for each token set of the probe."""
+
+    loss: list[torch.Tensor]
+    sets: dict[str, list[torch.Tensor]]
+
+
+class GradientProbe:
+    """Measures the shares at the steps it is due. ``loss_fn(model, batch)`` is the trainer's own loss (TRL's
+    ``compute_loss``), called with the batch's ``tool_mask`` narrowed to one set of tokens.
+
+    Args:
+        every: probe every this many optimizer steps, the first included.
+        seed: the run's seed, from which the baselines' draws are seeded.
+        candidate_mask: S2T's candidate pool (``random_candidate``'s), or None when S2T does not run.
+    """
+
+    def __init__(self, every: int, *, seed: int = 0, candidate_mask: CandidateMask | None = None):
         self.every = every
+        self.seed = seed
+        self.candidate_mask = candidate_mask
 
     def is_due(self, completed_steps: int) -> bool:
         return self.every > 0 and completed_steps % self.every == 0
 
-    def measure(self, loss_fn, model: torch.nn.Module, step_batches: list[dict[str, Any]]) -> dict[str, float]:
-        parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
-        silenced_parts, kept_parts, num_silenced, num_tokens = [], [], 0, 0
+    def token_sets(self, step_batches: list[dict[str, Any]], global_step: int, process_index: int) -> _StepTokenSets:
+        """The silenced, kept and baseline tokens of each micro-batch (see the module docstring)."""
+        loss_masks, silenced, positive, candidates = [], [], [], []
         for batch in step_batches:
             loss_mask = batch["completion_mask"].bool()
             if batch.get(TOOL_MASK_BEFORE_RULES_KEY) is not None:
-                loss_mask &= batch[TOOL_MASK_BEFORE_RULES_KEY].bool()
-            removed = batch[SILENCED_KEY].bool() | batch[SHADOW_SILENCED_KEY].bool()
-            removed &= loss_mask
-            num_silenced += int(removed.sum())
-            num_tokens += int(loss_mask.sum())
-            silenced_parts.append(removed)
-            kept_parts.append(loss_mask & ~removed)
-        gradients = []
-        for parts in (silenced_parts, kept_parts):
-            total = [torch.zeros_like(parameter, dtype=torch.float32) for parameter in parameters]
-            for batch, part in zip(step_batches, parts, strict=True):
-                if not part.any():
-                    continue
-                restricted = dict(batch)
-                restricted["tool_mask"] = part.to(batch["completion_mask"].dtype)
-                restricted["num_items_in_batch"] = batch[NUM_ITEMS_BEFORE_RULES_KEY]
-                restricted["advantages"] = batch[ADVANTAGES_BEFORE_RULES_KEY]
-                loss = loss_fn(model, restricted)
-                grads = torch.autograd.grad(loss, parameters, allow_unused=True)
-                for accumulated, grad in zip(total, grads, strict=True):
-                    if grad is not None:
-                        accumulated += grad.float()
-            gradients.append(torch.cat([grad.flatten() for grad in total]) if total else torch.zeros(0))
-        silenced_gradient, kept_gradient = (all_reduce_sum(gradient) for gradient in gradients)
-        counts = all_reduce_sum(torch.tensor([num_silenced, num_tokens], dtype=torch.float64)).tolist()
-        stats = gradient_share_statistics(silenced_gradient, kept_gradient)
-        stats["num_silenced"] = counts[0]
-        stats["silenced_token_share"] = counts[0] / counts[1] if counts[1] else 0.0
+                loss_mask = loss_mask & batch[TOOL_MASK_BEFORE_RULES_KEY].bool()
+            removed = (batch[SILENCED_KEY].bool() | batch[SHADOW_SILENCED_KEY].bool()) & loss_mask
+            advantages = batch[ADVANTAGES_BEFORE_RULES_KEY].detach()
+            advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+            loss_masks.append(loss_mask)
+            silenced.append(removed)
+            positive.append(loss_mask & (advantages > 0).expand_as(loss_mask))
+            if self.candidate_mask is not None:
+                candidates.append(
+                    self.candidate_mask(batch[LOG_PROBS_KEY], batch[ENTROPIES_KEY], advantages, loss_mask)
+                )
+        count = int(sum(int(part.sum()) for part in silenced))
+        sets = {"silenced": silenced, "kept": [mask & ~part for mask, part in zip(loss_masks, silenced, strict=True)]}
+        pools = {"random_positive": positive, "random_candidate": candidates if self.candidate_mask else None}
+        for salt, name in enumerate(PROBE_BASELINES, start=1):
+            if pools[name] is None:
+                continue
+            generator = torch.Generator().manual_seed(draw_seed(self.seed, global_step, process_index, salt))
+            sets[name] = count_matched_draw(pools[name], count, generator)
+        return _StepTokenSets(loss=loss_masks, sets=sets)
+
+    def measure(
+        self,
+        loss_fn,
+        model: torch.nn.Module,
+        step_batches: list[dict[str, Any]],
+        *,
+        global_step: int = 0,
+        process_index: int = 0,
+    ) -> dict[str, float]:
+        started = time.perf_counter()
+        token_sets = self.token_sets(step_batches, global_step, process_index)
+        parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
+        totals = {name: [torch.zeros_like(p, dtype=torch.float32) for p in parameters] for name in token_sets.sets}
+        with restored_random_streams():
+            state = _random_state()
+            for index, batch in enumerate(step_batches):
+                state_after = None
+                for name, parts in token_sets.sets.items():
+                    part = parts[index]
+                    if name != "kept" and not part.any():
+                        continue
+                    _set_random_state(state)
+                    restricted = dict(batch)
+                    restricted["tool_mask"] = part.to(batch["completion_mask"].dtype)
+                    restricted["num_items_in_batch"] = batch[NUM_ITEMS_BEFORE_RULES_KEY]
+                    restricted["advantages"] = batch[ADVANTAGES_BEFORE_RULES_KEY]
+                    loss = loss_fn(model, restricted)
+                    if state_after is None:
+                        state_after = _random_state()
+                    grads = torch.autograd.grad(loss, parameters, allow_unused=True)
+                    for accumulated, grad in zip(totals[name], grads, strict=True):
+                        if grad is not None:
+                            accumulated += grad.float()
+                state = state_after
+        flat = {
+            name: all_reduce_sum(torch.cat([g.flatten() for g in grads]) if grads else torch.zeros(0))
+            for name, grads in totals.items()
+        }
+        counts = {name: sum(int(part.sum()) for part in parts) for name, parts in token_sets.sets.items()}
+        overlaps = {
+            name: sum(
+                int((part & silenced).sum())
+                for part, silenced in zip(token_sets.sets[name], token_sets.sets["silenced"], strict=True)
+            )
+            for name in PROBE_BASELINES
+            if name in token_sets.sets
+        }
+        names = list(counts)
+        reduced = all_reduce_sum(
+            torch.tensor(
+                [sum(int(mask.sum()) for mask in token_sets.loss)]
+                + [counts[name] for name in names]
+                + [overlaps[name] for name in overlaps],
+                dtype=torch.float64,
+            )
+        ).tolist()
+        num_tokens = reduced[0]
+        global_counts = dict(zip(names, reduced[1 : 1 + len(names)], strict=True))
+        global_overlaps = dict(zip(overlaps, reduced[1 + len(names) :], strict=True))
+
+        stats = gradient_share_statistics(flat["silenced"], flat["kept"])
+        whole_sq = stats["whole_grad_norm"] ** 2
+        stats["num_silenced"] = global_counts["silenced"]
+        stats["silenced_token_share"] = global_counts["silenced"] / num_tokens if num_tokens else 0.0
+        silenced_pair = (stats["silenced_grad_sq_share"], stats["silenced_token_share"])
+        for name in overlaps:
+            grad_sq = float(flat[name].double().square().sum())
+            share = grad_sq / whole_sq if whole_sq > 0 else float("nan")
+            token_share = global_counts[name] / num_tokens if num_tokens else 0.0
+            stats[f"{name}_grad_sq_share"] = share
+            stats[f"{name}_num_tokens"] = global_counts[name]
+            stats[f"{name}_token_share"] = token_share
+            stats[f"{name}_num_also_silenced"] = global_overlaps[name]
+            stats[f"silenced_share_over_{name}"] = share_over_baseline(silenced_pair, (share, token_share))
+        stats["seconds"] = time.perf_counter() - started
         return stats

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +49,8 @@ from .names import (
 )
 from .resume import EpochSeededSampler, resolve_resume_checkpoint
 from .rewards import resolve_reward_funcs
-from .token_rules import RuleCall, StepContext, apply_token_rules, get_token_rule
-from .token_stats import TokenStatistics, side_effect_free_pass
+from .token_rules import RuleCall, StepContext, apply_token_rules, get_token_rule, spurious_token_candidates
+from .token_stats import TokenStatistics
 from .trl_seams import GRPOSeams, disable_gradient_checkpointing, get_config_model_id
 from .user_code import reward_function_error, warn_about_infinite_rewards
 
@@ -171,7 +172,19 @@ class STAPOTrainer(GRPOSeams):
                 fsdp=self.is_fsdp_enabled,
                 generation_statistics_required=any(spec.needs_generation_statistics for spec in running),
             )
-        self.gradient_probe = GradientProbe(args.gradient_probe_steps) if args.gradient_probe_steps else None
+        self.gradient_probe = (
+            GradientProbe(
+                args.gradient_probe_steps,
+                seed=args.seed,
+                candidate_mask=(
+                    partial(spurious_token_candidates, prob_threshold=args.prob_threshold)
+                    if "s2t" in (*self.token_rules, *self.shadow_token_rules)
+                    else None
+                ),
+            )
+            if args.gradient_probe_steps
+            else None
+        )
         if self.gradient_probe is not None and (self.is_deepspeed_enabled or self.is_fsdp_enabled):
             raise ValueError(
                 "gradient_probe_steps backpropagates outside TRL's training step, which DeepSpeed and FSDP do not "
@@ -317,12 +330,21 @@ class STAPOTrainer(GRPOSeams):
             self.probe_gradient_share(step_batches)
 
     def probe_gradient_share(self, step_batches: list[dict[str, Any]]) -> dict[str, float]:
-        """Measure the silenced tokens' share of the gradient at the weights for this step and log it under
-        ``gradient_probe/`` (see `stapo_trl.gradient_probe`)."""
+        """Measure the silenced tokens' share of the gradient at the weights for this step, against the count-matched
+        baselines, and log it under ``gradient_probe/`` (see `stapo_trl.gradient_probe`)."""
         model = self.accelerator.unwrap_model(self.model)
         checkpointing = disable_gradient_checkpointing(model, self.args.gradient_checkpointing_kwargs)
-        with self.metrics_untouched(), side_effect_free_pass(model), checkpointing:
-            stats = self.gradient_probe.measure(self.compute_loss, model, step_batches)
+        with self.metrics_untouched(), checkpointing:
+            stats = self.gradient_probe.measure(
+                self.compute_loss,
+                model,
+                step_batches,
+                global_step=self.state.global_step,
+                process_index=self.accelerator.process_index,
+            )
+        per_generation = self.args.steps_per_generation * self.args.num_iterations
+        per_generation //= self.args.gradient_accumulation_steps
+        stats["steps_since_generation"] = self.state.global_step % max(per_generation, 1)
         for key, value in stats.items():
             self.log_metric(probe_metric(key), value)
         return stats

@@ -42,6 +42,7 @@ from .s2t import (  # noqa: E402
     ENTROPY_PERCENTILES,
     linear_quantiles,
     logit_grad_sq_norm_lower_bound,
+    spurious_token_candidates,
     spurious_token_mask,
 )
 from .stare import STARE_VARIANTS, STAREWeights, stare_token_weights, top_share_mask  # noqa: E402
@@ -76,6 +77,7 @@ __all__ = [
     "rule_metric",
     "shadow_metric",
     "shadow_rule_names",
+    "spurious_token_candidates",
     "spurious_token_mask",
     "stare_token_weights",
     "switched_rules",

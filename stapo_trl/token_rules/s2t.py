@@ -75,6 +75,25 @@ def check_log_probabilities(log_probs: torch.Tensor, loss_mask: torch.Tensor) ->
         )
 
 
+def spurious_token_candidates(
+    log_probs: torch.Tensor,
+    entropies: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    prob_threshold: float = 0.002,
+) -> torch.Tensor:
+    """S2T's candidates (step 1 of Algorithm 1): loss tokens of a positive-advantage response whose probability is
+    strictly below ``prob_threshold`` and whose entropy is finite. Shapes as for :func:`spurious_token_mask`; returns
+    a bool ``[B, T]`` tensor. It reads only this rank's rows."""
+    advantages = advantages.detach()
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1)
+    log_probs = log_probs.detach().to(working_dtype(log_probs))
+    finite_entropy = torch.isfinite(entropies.detach())
+    return loss_mask.bool() & (advantages > 0) & (log_probs < math.log(prob_threshold)) & finite_entropy
+
+
 def spurious_token_mask(
     log_probs: torch.Tensor,
     entropies: torch.Tensor,
@@ -132,7 +151,7 @@ def spurious_token_mask(
         advantages = advantages.unsqueeze(1)
     valid = loss_mask.bool()
 
-    candidates = valid & (advantages > 0) & (log_probs < math.log(prob_threshold)) & torch.isfinite(entropies)
+    candidates = spurious_token_candidates(log_probs, entropies, advantages, valid, prob_threshold=prob_threshold)
     pool = all_gather_variable(entropies[candidates])
     if pool.numel() > 0:
         entropy_threshold = linear_quantiles(pool, [entropy_quantile])[0]
