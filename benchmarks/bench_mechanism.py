@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -56,13 +57,43 @@ ENTROPY_RISE = 2.0
 GRADIENT_SPIKE = 3.0
 
 
-def run_name(arm: str, seed: int, learning_rate: float, steps_per_generation: int) -> str:
-    return f"{arm}-lr{learning_rate:g}-spg{steps_per_generation}-seed{seed}"
+DEFAULT_PROB_THRESHOLD = 0.002
+PROBE_SERIES = (
+    "silenced_grad_sq_share",
+    "silenced_token_share",
+    "cosine_silenced_whole",
+    "random_positive_grad_sq_share",
+    "random_positive_token_share",
+    "silenced_share_over_random_positive",
+    "random_candidate_grad_sq_share",
+    "random_candidate_token_share",
+    "random_candidate_num_also_silenced",
+    "silenced_share_over_random_candidate",
+    "steps_since_generation",
+    "seconds",
+)
+"""The probe's per-step values kept in the results, each a list with one entry per probed step (``None`` where a
+step did not log it), so that the entries of the lists line up by step."""
+
+
+def run_name(
+    arm: str,
+    seed: int,
+    learning_rate: float,
+    steps_per_generation: int,
+    prob_threshold: float = DEFAULT_PROB_THRESHOLD,
+) -> str:
+    threshold = "" if prob_threshold == DEFAULT_PROB_THRESHOLD else f"-tp{prob_threshold:g}"
+    return f"{arm}-lr{learning_rate:g}-spg{steps_per_generation}{threshold}-seed{seed}"
+
+
+def job_run_name(arm: str, seed: int, args) -> str:
+    return run_name(arm, seed, args.learning_rate, args.steps_per_generation, args.prob_threshold)
 
 
 def train(arm: str, seed: int, args, root: Path, threads: int | None) -> Path:
     """Run (or finish) one run and return its output directory."""
-    output_dir = root / run_name(arm, seed, args.learning_rate, args.steps_per_generation)
+    output_dir = root / job_run_name(arm, seed, args)
     if (output_dir / "run_summary.json").is_file():
         print(f"  {output_dir.name}: done already, skipped", flush=True)
         return output_dir
@@ -73,6 +104,8 @@ def train(arm: str, seed: int, args, root: Path, threads: int | None) -> Path:
     command += ["--per_device_train_batch_size", str(per_device), "--gradient_accumulation_steps", "1"]
     command += ["--gradient_probe_steps", str(args.probe_every), "--loss_type", "dapo", "--disable_dropout", "false"]
     command += ["--save_strategy", "steps", "--save_steps", str(args.save_steps), "--save_total_limit", "1"]
+    if args.prob_threshold != DEFAULT_PROB_THRESHOLD:
+        command += ["--prob_threshold", str(args.prob_threshold)]
     return run_to_the_end(
         command, output_dir, threads, echo=lambda line: line.startswith("step ") or "Held-out" in line
     )
@@ -114,11 +147,15 @@ def assess(output_dir: Path) -> dict:
         "reward_first": summary.get("reward_first"),
         "reward_last": summary.get("reward_last"),
     }
-    probe = {
-        key: values(records, f"gradient_probe/{key}") for key in ("silenced_grad_sq_share", "silenced_token_share")
+    probed = [record for record in records if "gradient_probe/whole_grad_norm" in record]
+    result["probe"] = {
+        key: [finite_or_none(record.get(f"gradient_probe/{key}")) for record in probed] for key in PROBE_SERIES
     }
-    probe["cosine_silenced_whole"] = values(records, "gradient_probe/cosine_silenced_whole")
-    result["probe"] = probe
+    result["probe"]["step"] = [record.get("step") for record in probed]
+    result["seconds_training"] = summary.get("seconds_training")
+    result["probe_seconds"] = sum(value for value in result["probe"]["seconds"] if value is not None)
+    silenced_fraction = values(records, "s2t/silenced_fraction") or values(records, "shadow/s2t/silenced_fraction")
+    result["s2t_silenced_fraction_mean"] = statistics.fmean(silenced_fraction) if silenced_fraction else None
     for prefix in ("s2t", "shadow/s2t", "random_silencing"):
         silenced = values(records, f"{prefix}/num_silenced")
         if silenced:
@@ -139,6 +176,10 @@ def assess(output_dir: Path) -> dict:
     return result
 
 
+def finite_or_none(value) -> float | None:
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
 def entropy_min_below(entropy: list[float]) -> bool:
     return min(entropy) < ENTROPY_FLOOR
 
@@ -148,10 +189,7 @@ def paired(root: Path, first: str, second: str, seeds: list[int], args) -> dict:
     right, only the second, both and neither, summed over the seeds."""
     counts = {"only_" + first: 0, "only_" + second: 0, "both": 0, "neither": 0}
     for seed in seeds:
-        paths = [
-            root / run_name(arm, seed, args.learning_rate, args.steps_per_generation) / "heldout_results.jsonl"
-            for arm in (first, second)
-        ]
+        paths = [root / job_run_name(arm, seed, args) / "heldout_results.jsonl" for arm in (first, second)]
         if not all(path.is_file() for path in paths):
             continue
         rows = [[json.loads(line) for line in path.read_text().splitlines()] for path in paths]
@@ -170,7 +208,10 @@ def main() -> None:
     parser.add_argument("--learning_rate", type=float, default=2e-3, help="the study's learning rate")
     parser.add_argument("--steps_per_generation", type=int, default=4)
     parser.add_argument("--max_steps", type=int, default=40)
-    parser.add_argument("--probe_every", type=int, default=4)
+    parser.add_argument(
+        "--probe_every", type=int, default=1, help="probe every this many optimizer steps (the 2026-11-26 studies: 4)"
+    )
+    parser.add_argument("--prob_threshold", type=float, default=DEFAULT_PROB_THRESHOLD, help="S2T's tau_p")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--save_steps", type=int, default=4)
@@ -194,7 +235,7 @@ def main() -> None:
         job_args = argparse.Namespace(**{**vars(args), "learning_rate": rate})
         if not args.report_only:
             train(arm, seed, job_args, root, threads)
-        return assess(root / run_name(arm, seed, rate, args.steps_per_generation))
+        return assess(root / job_run_name(arm, seed, job_args))
 
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
         results = list(pool.map(run, jobs))
