@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +48,7 @@ from .names import (
 )
 from .resume import EpochSeededSampler, resolve_resume_checkpoint
 from .rewards import resolve_reward_funcs
-from .token_rules import RuleCall, StepContext, apply_token_rules, get_token_rule, spurious_token_candidates
+from .token_rules import RuleCall, StepContext, apply_token_rules, get_token_rule
 from .token_stats import TokenStatistics
 from .trl_seams import GRPOSeams, disable_gradient_checkpointing, get_config_model_id
 from .user_code import reward_function_error, warn_about_infinite_rewards
@@ -172,16 +171,9 @@ class STAPOTrainer(GRPOSeams):
                 fsdp=self.is_fsdp_enabled,
                 generation_statistics_required=any(spec.needs_generation_statistics for spec in running),
             )
+        pools = [pool for pool in (spec.candidate_pool(args) for spec in running) if pool is not None]
         self.gradient_probe = (
-            GradientProbe(
-                args.gradient_probe_steps,
-                seed=args.seed,
-                candidate_mask=(
-                    partial(spurious_token_candidates, prob_threshold=args.prob_threshold)
-                    if "s2t" in (*self.token_rules, *self.shadow_token_rules)
-                    else None
-                ),
-            )
+            GradientProbe(args.gradient_probe_steps, seed=args.seed, candidate_mask=pools[0] if pools else None)
             if args.gradient_probe_steps
             else None
         )

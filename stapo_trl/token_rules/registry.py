@@ -183,6 +183,12 @@ class TokenRuleSpec:
     def make_controller(self, config: Any) -> RuleController | None:
         return None
 
+    def candidate_pool(self, config: Any) -> Callable[..., torch.Tensor] | None:
+        """The tokens the rule picks its silenced ones from, as ``(log_probs, entropies, advantages, loss_mask) ->
+        bool [B, T]``, when it has such a pool: the gradient probe draws a count-matched baseline from it. None by
+        default."""
+        return None
+
     # --- how it describes itself
     def describe(self, config: Any) -> str:
         """One line for the model card, the dry-run plan and the method description."""

@@ -10,6 +10,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -312,6 +313,9 @@ class S2TRule(TokenRuleSpec):
 
     def params(self, config, step, controller) -> dict[str, Any]:
         return {"prob_threshold": config.prob_threshold, "entropy_quantile": config.entropy_quantile}
+
+    def candidate_pool(self, config):
+        return partial(spurious_token_candidates, prob_threshold=config.prob_threshold)
 
     def describe(self, config) -> str:
         return f"S2T on: prob_threshold {config.prob_threshold}, entropy_quantile {config.entropy_quantile}"
