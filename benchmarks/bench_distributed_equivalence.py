@@ -1,4 +1,5 @@
-"""How far 2 processes (torchrun, gloo) are from 1 on the same global batch: the figures behind docs/reliability.md.
+"""How far 2 processes (torchrun, gloo) are from 1 on the same global batch: the figures behind
+docs/records/two-processes-against-one.md.
 
 Launches tests/integration/replay_worker.py both ways (the runs tests/integration/test_distributed_equivalence.py
 asserts on) and reports, per case, the largest differences over both optimizer steps: rows whose S2T mask differs,

@@ -20,7 +20,8 @@ Within a seed the arms see the same problems in the same order and start from th
 scores the 64 held-out problems greedily before and after training and writes them per problem
 (``heldout_results.jsonl``), so arms can be compared problem by problem.
 
-A run is *destabilised* when any of these holds (written down before the runs, in docs/benchmarks.md):
+A run is *destabilised* when any of these holds (written down before the runs, in
+docs/records/mechanism-study-2026-11-26.md):
 
 - the mean entropy over all loss tokens (``token_stats/mean_entropy``) falls below 0.3 nats, or rises above twice
   its value at the first step;

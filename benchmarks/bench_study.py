@@ -14,9 +14,9 @@ per seed, and once for each run's trained adapter.
 The script is meant to be run by hand (hours on 2 CPU cores), not in CI. It resumes where it stopped: a finished run
 (its `run_summary.json`) is skipped, and an unfinished one restarts from its newest complete checkpoint (saved every
 `--save_steps` steps). It prints each run's step lines as they come. `--parallel 2` trains two runs at once with one
-torch thread each. On this project's 2-core VM that took 56 to 128 s per step per run (docs/benchmarks.md), against
-about 41 s per step for one run at a time with two threads; with one thread the numbers differ from a 2-thread run's in
-the last bits, the same way for every method. Each run peaks at about 8 GB of memory (20-Entropy a little more), so on
+torch thread each. On this project's 2-core VM that took 56 to 128 s per step per run
+(docs/records/stapo-grpo-and-20-entropy-on-the-cpu-task.md), against about 41 s per step for one run at a time with two
+threads; with one thread the numbers differ from a 2-thread run's in the last bits, the same way for every method. Each run peaks at about 8 GB of memory (20-Entropy a little more), so on
 a 24 GB machine `--parallel 3` runs out of memory. A finished run is reused only for the same `--steps`: a longer
 study needs a new `--runs_dir`. Results go to `docs/benchmarks/study.json` and the figure `docs/study.png` (per step,
 mean ± sd over seeds; each legend entry names the method and its seeds). `--replot` redraws the figure from the JSON

@@ -1,4 +1,4 @@
-"""Redraw docs/eval_smollm2_results.png from the avg@k table in docs/benchmarks.md ("Evaluation on the CPU").
+"""Redraw docs/eval_smollm2_results.png from the avg@k table in docs/records/evaluation-smollm2-135m-on-the-cpu.md.
 
 The samples and summary.json of that evaluation were not kept, so the chart is drawn from the table's printed values
 (two decimals) with `stapo-trl eval`'s own plotting:

@@ -11,7 +11,7 @@ For every family, three runs of a tiny Qwen3 (2 optimizer steps) make three chec
   and S2T silences some of them. The tiny model spreads probability over about 50 tokens, so `prob_threshold` is
   raised to 0.05 to make candidates common.
 
-The table in docs/reliability.md lists these families; the refusals that remain are tested at the end.
+The table in docs/records/drop-in-matrix.md lists these families; the refusals that remain are tested at the end.
 """
 
 from __future__ import annotations

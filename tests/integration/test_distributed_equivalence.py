@@ -3,7 +3,7 @@
 `replay_worker.py` replays the same completions in both launches, so the rest of the step (advantages gathered over
 processes, the token rules, the loss, the optimizer step) must agree: masks and STARE weights row by row, tau_h and the
 other rule statistics, the kept-token counts, the logged loss and the parameters after each optimizer step. The figures
-in docs/reliability.md come from these runs.
+in docs/records/two-processes-against-one.md come from these runs.
 """
 
 import json

@@ -1,5 +1,6 @@
 """The README is a front door and the manual lives in docs/: every relative link resolves, every #anchor names a
-heading of its page, and no page cites a file that is not in the repository."""
+heading of its page, and no page cites a file that is not in the repository. The benchmark and reliability pages stay
+short; the dated records in docs/records/ keep how each figure was obtained, and every benchmark JSON has one."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+RECORDS = sorted((REPO / "docs" / "records").glob("*.md"))
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *RECORDS]
+SHORT_PAGES = [REPO / "docs" / "benchmarks.md", REPO / "docs" / "reliability.md"]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", flags=re.DOTALL | re.MULTILINE)
 
@@ -62,3 +65,27 @@ def test_the_readme_is_a_front_door():
     assert len(readme.encode()) <= 12 * 1024
     for page in ("training", "semantics", "data", "evaluation", "diagnostics", "reliability", "benchmarks"):
         assert f"(docs/{page}.md)" in readme, f"the README links no docs/{page}.md"
+
+
+@pytest.mark.parametrize("page", SHORT_PAGES, ids=lambda page: page.name)
+def test_the_benchmark_and_reliability_pages_read_in_a_few_minutes(page):
+    assert len(page.read_bytes()) < 20 * 1024, f"{page.name}: move the history into a record under docs/records/"
+
+
+def test_every_record_is_linked_from_the_benchmark_or_reliability_page():
+    linked = {(page.parent / target.partition("#")[0]).resolve() for page in SHORT_PAGES for target in links(page)}
+    assert len(RECORDS) >= 20
+    assert not [record.name for record in RECORDS if record.resolve() not in linked]
+
+
+def test_every_record_opens_with_its_date():
+    for record in RECORDS:
+        title, opening = record.read_text().split("\n\n", 2)[:2]
+        assert title.startswith("# "), record.name
+        assert re.search(r"\b\d{4}-\d{2}-\d{2}\b", opening), f"{record.name}: the first line says when it was measured"
+
+
+def test_every_benchmark_json_is_named_by_a_record():
+    records = "\n".join(record.read_text() for record in RECORDS)
+    results = sorted((REPO / "docs" / "benchmarks").glob("*.json"))
+    assert not [path.name for path in results if f"docs/benchmarks/{path.name}" not in records]

@@ -1,4 +1,4 @@
-"""Numerical edge cases of the statistics and the token rules (docs/reliability.md, "Numerics").
+"""Numerical edge cases of the statistics and the token rules (docs/records/numerics.md).
 
 - An empty candidate pool silences nothing and leaves TRL's loss and gradient bit for bit as they were.
 - A silenced token contributes exactly nothing to the gradient, whatever its ratio and advantage. The fully silenced
