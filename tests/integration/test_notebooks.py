@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import nbformat
 import pytest
+
+nbformat = pytest.importorskip("nbformat", reason="the notebook tests need nbformat and papermill (the dev extra)")
+papermill = pytest.importorskip("papermill", reason="the notebook tests need nbformat and papermill (the dev extra)")
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 NAMES = ["01_quickstart_cpu.ipynb", "02_dapo_math_qwen3.ipynb"]
@@ -24,8 +26,6 @@ def test_the_notebook_is_committed_clean_with_a_papermill_parameters_cell(name):
 
 
 def execute(name: str, output_dir: Path, tmp_path: Path) -> nbformat.NotebookNode:
-    import papermill
-
     executed = tmp_path / name
     papermill.execute_notebook(
         str(NOTEBOOKS / name),
