@@ -11,6 +11,7 @@ scheduler configs (ranges). The sampling side is checked too: TRL's colocate sam
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,27 @@ def resolved(recipe: Path):
     return parse_train_args(["--config", str(recipe), "--dry_run"])
 
 
+@pytest.fixture(scope="module")
+def stand_in(tmp_path_factory):
+    """A local directory standing in for a Hub model, so that no check of engine arguments looks the Hub up: with
+    ``HF_HUB_OFFLINE=1`` vLLM's `EngineArgs` resolves a model id to its cached snapshot and fails without one, while a
+    path that exists is taken as it is. It holds the model's architecture; the engine arguments checked here read
+    nothing else from it."""
+    root = tmp_path_factory.mktemp("models")
+
+    def local(model_id: str) -> str:
+        directory = root / model_id.replace("/", "--")
+        directory.mkdir(exist_ok=True)
+        architecture = "LlamaForCausalLM" if "SmolLM2" in model_id else "Qwen3ForCausalLM"
+        model_type = "llama" if "SmolLM2" in model_id else "qwen3"
+        (directory / "config.json").write_text(
+            json.dumps({"architectures": [architecture], "model_type": model_type, "_name_or_path": model_id})
+        )
+        return str(directory)
+
+    return local
+
+
 def test_the_installed_vllm_is_the_newest_trl_supports():
     import vllm
 
@@ -50,10 +72,10 @@ def test_there_are_dapo_recipes_and_all_of_them_generate_with_colocated_vllm():
 
 
 @pytest.mark.parametrize("recipe", DAPO_RECIPES, ids=lambda path: str(path.relative_to(RECIPES / "dapo_math_17k")))
-def test_each_dapo_recipe_builds_valid_vllm_engine_arguments(recipe):
+def test_each_dapo_recipe_builds_valid_vllm_engine_arguments(recipe, stand_in):
     request = resolved(recipe)
     training = request.training
-    arguments = trl_llm_arguments(training, request.model.model_name_or_path)
+    arguments = trl_llm_arguments(training, stand_in(request.model.model_name_or_path))
     # The recipe's own vLLM settings reach the engine as TRL maps them.
     assert arguments["tensor_parallel_size"] == training.vllm_tensor_parallel_size
     assert arguments["gpu_memory_utilization"] == training.vllm_gpu_memory_utilization
@@ -86,9 +108,9 @@ def test_each_dapo_recipe_builds_valid_sampling_parameters(recipe):
     )
 
 
-def test_the_cpu_quickstart_builds_valid_engine_arguments_with_the_cpu_adapters_additions():
+def test_the_cpu_quickstart_builds_valid_engine_arguments_with_the_cpu_adapters_additions(stand_in):
     request = resolved(CPU_QUICKSTART)
-    arguments = trl_llm_arguments(request.training, "SmolLM2-135M-Instruct")
+    arguments = trl_llm_arguments(request.training, stand_in("HuggingFaceTB/SmolLM2-135M-Instruct"))
     arguments.update(dtype="float32", enforce_eager=True, kv_cache_memory_bytes=2**30)
     assert engine_argument_problems(arguments) == []
 
@@ -105,8 +127,8 @@ def test_the_cpu_quickstart_builds_valid_engine_arguments_with_the_cpu_adapters_
         ({"max_model_len": "long"}, "command line"),
     ],
 )
-def test_an_unknown_or_invalid_engine_argument_is_reported(change, reported):
-    arguments = trl_llm_arguments(resolved(DAPO_RECIPES[0]).training, "Qwen/Qwen3-1.7B-Base")
+def test_an_unknown_or_invalid_engine_argument_is_reported(change, reported, stand_in):
+    arguments = trl_llm_arguments(resolved(DAPO_RECIPES[0]).training, stand_in("Qwen/Qwen3-1.7B-Base"))
     assert engine_argument_problems(arguments) == []
     problems = engine_argument_problems({**arguments, **change})
     assert any(reported in problem for problem in problems), problems
