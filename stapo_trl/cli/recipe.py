@@ -66,6 +66,8 @@ class TrainRequest:
     notes: list[str] = field(default_factory=list)
     cpu_stand_in: bool = False
     """A dry run without a GPU resolved a GPU recipe with `use_cpu=True`."""
+    launch_environment: dict[str, str] = field(default_factory=dict)
+    """Environment variables `accelerate launch` is given for its processes (see `cpu_multi_process_launch`)."""
     argv: list[str] = field(default_factory=list)
     """The arguments of `stapo-trl train` as given."""
 
@@ -272,6 +274,26 @@ def _world_size(launch_args: list[str]) -> tuple[int, str]:
     return 1, "one process: no --num_processes given"
 
 
+LAUNCHER_CHOICES = ("--config_file", "--multi_gpu", "--use_deepspeed", "--use_fsdp", "--use_megatron_lm", "--tpu")
+"""Launch arguments that tell `accelerate launch` which launcher to use (an accelerate config names one too)."""
+
+
+def cpu_multi_process_launch(
+    launch_args: list[str], world_size: int, on_cpu: bool
+) -> tuple[list[str], dict[str, str]]:
+    """The launch arguments and environment that start ``world_size`` processes on the CPU.
+
+    ``accelerate launch --num_processes N`` with no config and no launcher flag picks its multi-process launcher only
+    when it sees several GPUs; on a CPU it starts one process and the others are lost without a word (with ``--cpu``
+    too). For such a launch on the CPU this adds ``--multi_gpu``, accelerate's multi-process launcher
+    (`torch.distributed.run`, whatever the device), and ``ACCELERATE_USE_CPU=true``, so that each process's
+    accelerate state is a CPU one and the processes join through gloo. A launch that names its launcher or config is
+    left as it is."""
+    if world_size <= 1 or not on_cpu or any(token.split("=", 1)[0] in LAUNCHER_CHOICES for token in launch_args):
+        return launch_args, {}
+    return [*launch_args, "--multi_gpu"], {"ACCELERATE_USE_CPU": "true"}
+
+
 def is_launched() -> bool:
     """Whether this process was started by `accelerate launch`, `torchrun` or `stapo-trl train` itself."""
     return any(os.environ.get(name) for name in ("STAPO_TRL_LAUNCHED", "LOCAL_RANK", "WORLD_SIZE"))
@@ -430,6 +452,17 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
         )
 
     world_size, world_size_source = _world_size(launch_args)
+    launch_environment = {}
+    if not is_launched() and not cpu_stand_in:
+        import torch
+
+        on_cpu = bool(training.use_cpu) or not torch.cuda.is_available()
+        launch_args, launch_environment = cpu_multi_process_launch(launch_args, world_size, on_cpu)
+        if launch_environment:
+            notes.append(
+                f"{world_size} processes on the CPU: accelerate's multi-process launcher (--multi_gpu, whatever the "
+                "device), the processes joined through gloo"
+            )
     try:
         plan = batch_plan(
             training, world_size=world_size, generation_batch_size_given="generation_batch_size" in given_keys
@@ -457,4 +490,5 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
         plan=plan,
         notes=notes,
         cpu_stand_in=cpu_stand_in,
+        launch_environment=launch_environment,
     )

@@ -45,6 +45,7 @@ def launch(request: TrainRequest, argv: list[str], launch_tokens: list[str]) -> 
 
     child_args = _subtract_subsequence(list(argv), launch_tokens)
     os.environ["STAPO_TRL_LAUNCHED"] = "1"
+    os.environ.update(request.launch_environment)
     arguments = launch_command_parser().parse_args([*request.launch_args, "-m", "stapo_trl", "train", *child_args])
     launch_command(arguments)
     return 0

@@ -3,6 +3,7 @@
 The mask each rank applies equals the single-process mask over the same global batch.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from distributed_worker import global_batch
 
 from stapo_trl import spurious_token_mask
@@ -17,6 +19,7 @@ from stapo_trl import spurious_token_mask
 pytestmark = pytest.mark.distributed
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
+TESTS = Path(__file__).resolve().parents[1]
 
 
 def torchrun(mode, out_dir, **env):
@@ -62,3 +65,45 @@ def test_two_process_training_pools_every_micro_batch_of_the_step(tmp_path, loss
             assert record["num_items_in_batch"] == [kept] * len(record["num_items_in_batch"])
         masked += stats["num_spurious"]
     assert masked > 0
+
+
+def test_stapo_trl_train_with_two_processes_on_the_cpu_trains_in_both(tmp_path, tiny_model_dir):
+    """`stapo-trl train --num_processes 2` on the CPU (it runs `accelerate launch`, which alone would start one
+    process there) trains in two processes that form one group: both score completions, and the first step counts
+    the prompt and completion tokens of both."""
+    recipe = {
+        "model_name_or_path": str(tiny_model_dir),
+        "dataset_name": "sample",
+        "prompt_style": "boxed",
+        "reward_funcs": ["boxed", "rank_probe.record_rank"],
+        "max_prompt_tokens": 700,
+        "per_device_train_batch_size": 8,
+        "num_generations": 4,
+        "max_completion_length": 8,
+        "max_steps": 1,
+        "bf16": False,
+        "activation_checkpointing": False,
+        "report_to": "none",
+        "save_strategy": "no",
+        "disable_tqdm": True,
+    }
+
+    def train(name: str, *launch: str) -> dict:
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump({**recipe, "output_dir": str(tmp_path / name)}))
+        environment = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+            "RANK_PROBE_FILE": str(tmp_path / f"{name}-ranks.txt"),
+            "OMP_NUM_THREADS": "1",
+        }
+        command = [sys.executable, "-m", "stapo_trl", "train", "--config", str(path), *launch]
+        done = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=900)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+        first = json.loads((tmp_path / name / "metrics.jsonl").read_text().splitlines()[0])
+        return {"ranks": sorted(set((tmp_path / f"{name}-ranks.txt").read_text().split())), "tokens": first}
+
+    two = train("two", "--num_processes", "2")
+    one = train("one")
+    assert two["ranks"] == ["0", "1"] and one["ranks"] == ["none"]
+    assert two["tokens"]["num_tokens"] > 1.5 * one["tokens"]["num_tokens"]

@@ -279,3 +279,42 @@ def test_the_vllm_quickstart_recipe_trains_and_the_mask_fires(tmp_path):
     assert steps[0]["s2t/num_silenced"] > 0
     assert all(name in record for record in steps for name in IS_METRICS)
     assert "S2T silenced:" in done.stdout
+
+
+RANK_PROBE = '''
+import os
+
+
+def record_rank(completions, **kwargs):
+    """Writes the rank of the process that scores these completions; adds nothing to the reward."""
+    with open(os.environ["RANK_PROBE_FILE"], "a") as ranks:
+        ranks.write(os.environ.get("RANK", "none") + "\\n")
+    return [0.0] * len(completions)
+'''
+
+
+@pytest.mark.distributed
+def test_stapo_trl_train_with_two_processes_runs_two_colocated_engines(tmp_path):
+    """`stapo-trl train --num_processes 2`, as users launch it (it runs `accelerate launch`), trains the vLLM
+    quickstart recipe in two processes, each sampling with its own colocated engine: both ranks score completions, and
+    TRL's vLLM importance-sampling metrics are logged."""
+    (tmp_path / "rank_probe.py").write_text(RANK_PROBE)
+    ranks = tmp_path / "ranks.txt"
+    output_dir = tmp_path / "quickstart-vllm-2"
+    command = [sys.executable, "-m", "stapo_trl", "train", "--config"]
+    command += [str(REPO / "recipes" / "quickstart" / "smollm2-135m-cpu-vllm.yaml"), "--num_processes", "2"]
+    command += ["--max_steps", "1", "--heldout_problems", "0", "--per_device_train_batch_size", "16"]
+    command += ["--reward_funcs", "dapo", "rank_probe.record_rank", "--output_dir", str(output_dir)]
+    environment = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "RANK_PROBE_FILE": str(ranks),
+        "OMP_NUM_THREADS": "1",
+    }
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=environment, timeout=1800)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    assert sorted(set(ranks.read_text().split())) == ["0", "1"]
+    records = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [record for record in records if "s2t/num_silenced" in record]
+    assert len(steps) == 1
+    assert all(name in steps[0] for name in IS_METRICS)

@@ -11,7 +11,7 @@ import yaml
 
 from stapo_trl.cli import main
 from stapo_trl.cli.plan import batch_plan, format_plan
-from stapo_trl.cli.recipe import RecipeError, parse_train_args, resolve_accelerate_config
+from stapo_trl.cli.recipe import RecipeError, cpu_multi_process_launch, parse_train_args, resolve_accelerate_config
 from stapo_trl.methods import METHOD_NAMES, method_preset
 
 PAPER_METHODS = ("stapo", "grpo", "20-entropy", "justrl", "stare")
@@ -509,3 +509,35 @@ def test_traceback_adds_the_traceback_to_a_usage_error_and_a_bug_keeps_its_trace
     err = capsys.readouterr().err
     assert err.startswith("stapo-trl report: unexpected error. This is a bug in stapo-trl or in a library it uses")
     assert "trl 1.16" in err
+
+
+@pytest.mark.parametrize(
+    ("launch_args", "world_size", "on_cpu", "added"),
+    [
+        (["--num_processes", "2"], 2, True, True),
+        (["--num_processes", "2"], 2, False, False),
+        ([], 1, True, False),
+        (["--num_processes", "2", "--multi_gpu"], 2, True, False),
+        (["--config_file", "zero2.yaml", "--num_processes", "2"], 2, True, False),
+        (["--num_processes", "2", "--use_deepspeed"], 2, True, False),
+    ],
+)
+def test_a_multi_process_launch_on_the_cpu_names_accelerates_multi_process_launcher(
+    launch_args, world_size, on_cpu, added
+):
+    """accelerate launch --num_processes N on a CPU, with no launcher named, starts one process: stapo-trl names the
+    multi-process launcher and a CPU accelerate state for it, and leaves every other launch alone."""
+    launch, environment = cpu_multi_process_launch(launch_args, world_size, on_cpu)
+    if added:
+        assert launch == [*launch_args, "--multi_gpu"] and environment == {"ACCELERATE_USE_CPU": "true"}
+    else:
+        assert launch == launch_args and environment == {}
+
+
+def test_the_plan_of_two_processes_on_the_cpu_shows_the_launcher(tmp_path, capsys):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"model_name_or_path": "m", "use_cpu": True, "output_dir": str(tmp_path)}))
+    request = parse_train_args(["--config", str(recipe), "--num_processes", "2", "--per_device_train_batch_size", "8"])
+    assert request.launch_args[-1] == "--multi_gpu" and request.world_size == 2
+    assert request.launch_environment == {"ACCELERATE_USE_CPU": "true"}
+    assert "accelerate launch --num_processes 2 --multi_gpu" in format_plan(request)
