@@ -121,11 +121,11 @@ def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
 
 def kernel_functions(environment: dict) -> dict:
     """name -> (function(hidden, weight, targets) -> (log_probs, entropies), the path it takes, how training uses it)."""
-    from liger_kernel.ops.fused_linear_scaled_cross_entropy import _FusedLinearPPOFallbackFunction
-
     from stapo_trl.fused_stats import BACKENDS
 
     def liger_fallback(hidden, weight, targets, temperature=1.0):
+        from liger_kernel.ops.fused_linear_scaled_cross_entropy import _FusedLinearPPOFallbackFunction
+
         nll, entropies = _FusedLinearPPOFallbackFunction.apply(hidden, weight, targets.long(), temperature, -100, True)
         return -nll.float(), entropies.float()
 
@@ -290,8 +290,10 @@ def run(section, plan, environment: dict) -> None:
     for name, (function, path, use) in kernel_functions(environment).items():
         section.clock.require(5, f"the {name} kernel")
         section.note(f"{name} path", {"path": path, "training uses": use})
-        if name == "liger" and environment.get("liger_problem"):
-            section.skip(f"{name} kernel", f"cannot run here: {environment['liger_problem']}")
+        liger_problem = environment.get("liger_problem")
+        liger_missing = environment.get("liger_path") == "not installed"
+        if name.startswith("liger") and liger_problem and (name == "liger" or liger_missing):
+            section.skip(f"{name} kernel", f"cannot run here: {liger_problem}")
             continue
         try:
             measure_kernel(section, name, function, inputs, reference, shape.repeats)
