@@ -7,8 +7,10 @@ still have no deterministic implementation are named from torch's warnings, and 
 run-to-run difference they leave. STAPO must then be bit-identical to GRPO, or, where GRPO is not even identical to
 itself, no further from it than GRPO's second run. On the CPU every run must be bit-identical.
 
-The learning rate is large enough (the plan's) that the steps move the bf16 weights: at the recipe's 1e-6 most
-updates are below half a bf16 step, and identical parameters would prove nothing.
+The learning rate is large enough (the plan's) that the steps move the bf16 weights. The check runs one process
+without DeepSpeed, so there are no fp32 master weights (the recipes' ZeRO stages keep them): one AdamW step at the
+recipe's 1e-6 changes about 2% of bf16 weights of magnitude 0.02 and no norm weight (measured on the CPU), and
+identical parameters would prove little.
 """
 
 from __future__ import annotations

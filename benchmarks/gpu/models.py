@@ -8,6 +8,7 @@ weights; the CPU mode uses two toy shapes of the same architecture. The tokenize
 
 from __future__ import annotations
 
+import functools
 import re
 import string
 from dataclasses import dataclass, field
@@ -68,9 +69,11 @@ def filler_word(index: int) -> str:
     return "".join(letters)
 
 
+@functools.cache
 def build_tokenizer(vocab_size: int):
     """A character-level tokenizer of exactly ``vocab_size`` tokens: pad, EOS, unknown, printable ASCII and a newline,
-    then filler words. Text encodes to characters only; the fillers appear only when a model samples them."""
+    then filler words. Text encodes to characters only; the fillers appear only when a model samples them. Built once
+    per size (Qwen3's takes seconds) and shared by the sections."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 

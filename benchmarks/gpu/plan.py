@@ -103,17 +103,17 @@ CPU_PLAN = Plan(
     kernel=KernelShape(tokens=700, hidden=64, vocab=1000, repeats=1, reference_rows=256),
     model=TOY_SMALL,
     cost_shapes=(TOY_SMALL,),
-    run=RunShape(num_generations=4, steps_per_generation=4, max_completion_length=8, num_prompts=32),
+    run=RunShape(num_generations=4, steps_per_generation=6, max_completion_length=8, num_prompts=32),
     equivalence_steps=3,
     equivalence_learning_rate=1e-3,
-    mask_steps=2,
+    mask_steps=3,
     sft_steps=20,
     sft_seconds=30.0,
     sft_batch=16,
     sft_learning_rate=3e-3,
     cost_repeats=1,
     notes=[
-        "toy sizes: the code paths of the CUDA run without its kernels, 2 optimizer steps per generation, one "
+        "toy sizes: the code paths of the CUDA run without its kernels, 3 optimizer steps per generation, one "
         "model shape and one pair after the warm-up for the cost; supervised steps in fp32 without autocast (bf16 "
         "matmuls are emulated on this CPU); cost targets do not apply"
     ],

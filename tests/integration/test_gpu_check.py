@@ -107,6 +107,14 @@ def gpu_modules():
         sys.path.remove(str(BENCHMARKS))
 
 
+@pytest.fixture(scope="module")
+def toy_kernel(gpu_modules):
+    """Inputs of the kernels section at toy size, and their fp64 reference."""
+    _, kernels, _ = gpu_modules
+    inputs = kernels.make_inputs(256, 32, 500, "cpu")
+    return inputs, kernels.fp64_reference(inputs, rows=64)
+
+
 class RecordingSection:
     """Stands in for `gpu_check.Section`: keeps what is recorded."""
 
@@ -119,10 +127,9 @@ class RecordingSection:
         self.records[name] = details.get("status") or ("info" if passed is None else "pass" if passed else "fail")
 
 
-def test_a_kernel_off_by_a_temperature_or_a_vocabulary_chunk_fails_the_fp64_tolerance(gpu_modules):
+def test_a_kernel_off_by_a_temperature_or_a_vocabulary_chunk_fails_the_fp64_tolerance(gpu_modules, toy_kernel):
     _, kernels, _ = gpu_modules
-    inputs = kernels.make_inputs(256, 32, 500, "cpu")
-    reference = kernels.fp64_reference(inputs, rows=64)
+    inputs, reference = toy_kernel
     exact = RecordingSection()
     kernels.check_values(exact, "exact", reference["log_probs"], reference["entropies"], reference)
     assert set(exact.records.values()) == {"pass"}
@@ -139,10 +146,9 @@ def test_a_kernel_off_by_a_temperature_or_a_vocabulary_chunk_fails_the_fp64_tole
     assert set(partial.records.values()) == {"fail"}
 
 
-def test_a_gradient_with_a_missing_term_fails_its_tolerance(gpu_modules):
+def test_a_gradient_with_a_missing_term_fails_its_tolerance(gpu_modules, toy_kernel):
     _, kernels, _ = gpu_modules
-    inputs = kernels.make_inputs(256, 32, 500, "cpu")
-    reference = kernels.fp64_reference(inputs, rows=64)
+    _, reference = toy_kernel
     section = RecordingSection()
     kernels.check_gradients(section, "exact", reference["grad_hidden"], reference["grad_weight"], reference)
     assert set(section.records.values()) == {"pass"}
