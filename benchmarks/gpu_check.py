@@ -111,29 +111,29 @@ class Section:
     """What a section function is handed: its clock (the section's budget, within the run's deadline) and a way to
     record measurements."""
 
-    def __init__(self, name: str, report: Report, clock: Clock, record: dict, device: str):
+    def __init__(self, name: str, report: Report, clock: Clock, entry: dict, device: str):
         self.name = name
         self.report = report
         self.clock = clock
-        self.record_dict = record
+        self.entry = entry
         self.device = device
-        self.facts: dict = {}
 
     @property
     def on_cuda(self) -> bool:
         return self.device == "cuda"
 
-    def record(self, name: str, value, unit: str, target: str, passed: bool | None, note: str = "", **details):
+    def record(
+        self, name: str, value, unit: str, target: str, passed: bool | None, note: str = "", status: str | None = None
+    ):
         """One figure with its target or tolerance. ``passed`` None records it as information (what ran, what it
-        was); pass ``status`` in ``details`` for skipped, not_measured or not_applicable."""
-        status = details.pop("status", None) or ("info" if passed is None else "pass" if passed else "fail")
-        assert status in STATUSES, status
+        was); ``status`` records it as skipped, not_measured or not_applicable instead."""
+        status = status or ("info" if passed is None else "pass" if passed else "fail")
+        if status not in STATUSES:
+            raise ValueError(f"unknown status {status!r}")
         measurement = {"name": name, "value": _plain(value), "unit": unit, "target": target, "status": status}
         if note:
             measurement["note"] = note
-        if details:
-            measurement["details"] = _plain(details)
-        self.record_dict["measurements"].append(measurement)
+        self.entry["measurements"].append(measurement)
         shown = _show(value)
         self.report.say(
             f"[{self.name}] {name}: {shown}{' ' + unit if unit and shown != '-' else ''} | {target or '-'} | "
@@ -146,12 +146,12 @@ class Section:
 
     def note(self, key: str, value) -> None:
         """A fact about the section (sizes, settings, which path ran), kept in the JSON beside its measurements."""
-        self.record_dict.setdefault("facts", {})[key] = _plain(value)
+        self.entry.setdefault("facts", {})[key] = _plain(value)
         self.report.write()
 
 
 def _plain(value):
-    """JSON-friendly: floats rounded to 6 significant digits, NaN and infinities as strings."""
+    """JSON-friendly: NaN and infinities as strings, 0-dimensional tensors as numbers."""
     if isinstance(value, float):
         return value if math.isfinite(value) else str(value)
     if isinstance(value, dict):

@@ -139,7 +139,7 @@ def run(section, plan, environment: dict) -> None:
 
     tokenizer = build_tokenizer(plan.model.vocab_size)
     factory = ModelFactory(plan.model, tokenizer, device=section.device, dtype=torch.bfloat16)
-    rows = arithmetic_rows(max(plan.run.num_prompts, 256))
+    rows = arithmetic_rows(max(plan.mask_run.num_prompts, 256))
     section.note("model", {"shape": plan.model.name, "parameters": factory.num_parameters})
 
     section.clock.require(40, "the supervised steps and two STAPO generations")
@@ -166,6 +166,7 @@ def run(section, plan, environment: dict) -> None:
         scratch_dir(),
         max_steps=plan.mask_steps,
         learning_rate=plan.recipe_learning_rate,
+        run=plan.mask_run,
         **stapo_settings(plan, environment),
     )
     model = factory.build(weights)

@@ -56,6 +56,9 @@ class Plan:
     """The model of the equivalence and mask sections."""
     cost_shapes: tuple[ModelShape, ...]
     run: RunShape
+    mask_run: RunShape
+    """The mask section's batch shape: S2T pools its candidates over each optimizer step, so the step must hold
+    enough tokens for candidates (p < 0.002) of a trained model to appear."""
     equivalence_steps: int
     equivalence_learning_rate: float
     mask_steps: int
@@ -85,10 +88,17 @@ CUDA_PLAN = Plan(
     model=QWEN3_0_6B,
     cost_shapes=(QWEN3_0_6B, QWEN3_1_7B),
     run=RunShape(max_completion_length=128),
+    mask_run=RunShape(
+        per_device_train_batch_size=16,
+        gradient_accumulation_steps=4,
+        steps_per_generation=16,
+        max_completion_length=64,
+        num_prompts=256,
+    ),
     equivalence_steps=3,
     equivalence_learning_rate=1e-4,
     mask_steps=8,
-    sft_steps=150,
+    sft_steps=300,
     sft_seconds=35.0,
     sft_batch=32,
     sft_learning_rate=3e-4,
@@ -104,6 +114,7 @@ CPU_PLAN = Plan(
     model=TOY_SMALL,
     cost_shapes=(TOY_SMALL,),
     run=RunShape(num_generations=4, steps_per_generation=6, max_completion_length=8, num_prompts=32),
+    mask_run=RunShape(num_generations=4, steps_per_generation=6, max_completion_length=8, num_prompts=32),
     equivalence_steps=3,
     equivalence_learning_rate=1e-3,
     mask_steps=3,
