@@ -173,25 +173,27 @@ def _show(value) -> str:
     return str(value)
 
 
-def run_sections(report: Report, run_clock: Clock, plan, device: str, selected: list[str]) -> None:
+def section_names(plan, selected: list[str]) -> list[str]:
+    """The sections a run will go through, in order: setup, then those ``--sections`` selects."""
+    names = ["kernels", "equivalence", "mask", *[f"cost-{shape.name}" for shape in plan.cost_shapes]]
+    return ["setup", *[name for name in names if _selected(name, selected)]]
+
+
+def run_sections(report: Report, run_clock: Clock, plan, device: str, names: list[str]) -> None:
     from gpu import cost, equivalence, kernels, mask, setup
 
-    sections = [
-        ("setup", setup.run),
-        ("kernels", kernels.run),
-        ("equivalence", equivalence.run),
-        ("mask", mask.run),
-        *[(f"cost-{shape.name}", cost.runner(shape)) for shape in plan.cost_shapes],
-    ]
-    chosen = [(name, function) for name, function in sections if name == "setup" or _selected(name, selected)]
+    functions = {"setup": setup.run, "kernels": kernels.run, "equivalence": equivalence.run, "mask": mask.run}
+    functions.update({f"cost-{shape.name}": cost.runner(shape) for shape in plan.cost_shapes})
     environment: dict = {}
-    for index, (name, function) in enumerate(chosen):
-        try:
-            run_section(report, run_clock, plan, device, name, function, environment)
-        except Terminated:
-            for later, _ in chosen[index + 1 :]:
-                report.close_section(report.open_section(later, 0.0), "skipped", 0.0, "not started: SIGTERM")
-            raise
+    for name in names:
+        run_section(report, run_clock, plan, device, name, functions[name], environment)
+
+
+def record_unstarted(report: Report, names: list[str], reason: str) -> None:
+    started = {section["name"] for section in report.data["sections"]}
+    for name in names:
+        if name not in started:
+            report.close_section(report.open_section(name, 0.0), "skipped", 0.0, reason)
 
 
 def _selected(name: str, selected: list[str]) -> bool:
@@ -270,12 +272,15 @@ def main() -> None:
     report.say(f"gpu_check on {args.device}, deadline {deadline:.0f} s, sections {' '.join(args.sections)}")
 
     def terminate(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the rest of the run writes what it has
         raise Terminated()
 
     signal.signal(signal.SIGTERM, terminate)
+    names = section_names(plan, args.sections)
     try:
-        run_sections(report, run_clock, plan, args.device, args.sections)
+        run_sections(report, run_clock, plan, args.device, names)
     except Terminated:
+        record_unstarted(report, names, "not started: SIGTERM")
         report.say("stopped by SIGTERM; the JSON holds what was measured")
     report.data["complete"] = all(s["status"] in ("passed", "failed") for s in report.data["sections"])
     report.write()
