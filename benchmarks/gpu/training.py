@@ -20,10 +20,11 @@ def checkpointing_key(config_class) -> str:
 
 
 def recipe_config(
-    config_class, plan, output_dir: str, *, max_steps: int, learning_rate: float, seed: int = 0, **extra
+    config_class, plan, output_dir: str, *, max_steps: int, learning_rate: float, run=None, seed: int = 0, **extra
 ):
-    """The Qwen3-1.7B STAPO recipe's settings at the plan's scaled batch shape (see `gpu.plan`)."""
-    run = plan.run
+    """The Qwen3-1.7B STAPO recipe's settings at a scaled batch shape: ``run``, by default the plan's (see
+    `gpu.plan`)."""
+    run = run or plan.run
     values = {
         "output_dir": output_dir,
         "per_device_train_batch_size": run.per_device_train_batch_size,

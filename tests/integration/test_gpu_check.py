@@ -27,7 +27,7 @@ def cpu_run(tmp_path_factory):
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=1800,
+        timeout=3600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return json.loads((out / "gpu_check.json").read_text()), (out / "gpu_check.log").read_text()
