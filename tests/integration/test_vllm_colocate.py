@@ -281,24 +281,11 @@ def test_the_vllm_quickstart_recipe_trains_and_the_mask_fires(tmp_path):
     assert "S2T silenced:" in done.stdout
 
 
-RANK_PROBE = '''
-import os
-
-
-def record_rank(completions, **kwargs):
-    """Writes the rank of the process that scores these completions; adds nothing to the reward."""
-    with open(os.environ["RANK_PROBE_FILE"], "a") as ranks:
-        ranks.write(os.environ.get("RANK", "none") + "\\n")
-    return [0.0] * len(completions)
-'''
-
-
 @pytest.mark.distributed
 def test_stapo_trl_train_with_two_processes_runs_two_colocated_engines(tmp_path):
     """`stapo-trl train --num_processes 2`, as users launch it (it runs `accelerate launch`), trains the vLLM
     quickstart recipe in two processes, each sampling with its own colocated engine: both ranks score completions, and
     TRL's vLLM importance-sampling metrics are logged."""
-    (tmp_path / "rank_probe.py").write_text(RANK_PROBE)
     ranks = tmp_path / "ranks.txt"
     output_dir = tmp_path / "quickstart-vllm-2"
     command = [sys.executable, "-m", "stapo_trl", "train", "--config"]
@@ -307,7 +294,7 @@ def test_stapo_trl_train_with_two_processes_runs_two_colocated_engines(tmp_path)
     command += ["--reward_funcs", "dapo", "rank_probe.record_rank", "--output_dir", str(output_dir)]
     environment = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO), os.environ.get("PYTHONPATH", "")]),
         "RANK_PROBE_FILE": str(ranks),
         "OMP_NUM_THREADS": "1",
     }
