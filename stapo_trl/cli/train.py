@@ -44,11 +44,26 @@ def launch(request: TrainRequest, argv: list[str], launch_tokens: list[str]) -> 
     from accelerate.commands.launch import launch_command, launch_command_parser
 
     child_args = _subtract_subsequence(list(argv), launch_tokens)
-    os.environ["STAPO_TRL_LAUNCHED"] = "1"
-    os.environ.update(request.launch_environment)
     arguments = launch_command_parser().parse_args([*request.launch_args, "-m", "stapo_trl", "train", *child_args])
-    launch_command(arguments)
+    with _environment_for_children({"STAPO_TRL_LAUNCHED": "1", **request.launch_environment}):
+        launch_command(arguments)
     return 0
+
+
+@contextmanager
+def _environment_for_children(variables: dict[str, str]):
+    """Set ``variables`` for the processes `accelerate launch` starts, and restore this process's environment after,
+    so that a caller who runs `main` again in the same process (a notebook, a test) is not taken for a launched one."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 RENDEZVOUS_NOTE_SECONDS = 20.0

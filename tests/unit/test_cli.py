@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -354,12 +355,17 @@ def test_launching_hands_the_recipe_to_accelerate_as_a_module(tmp_path, monkeypa
 
     from stapo_trl.cli import train as train_cli
 
-    launched = []
-    monkeypatch.setattr(accelerate_launch, "launch_command", launched.append)
+    launched, seen_by_children = [], []
+    monkeypatch.setattr(
+        accelerate_launch,
+        "launch_command",
+        lambda arguments: (launched.append(arguments), seen_by_children.append(os.environ.get("STAPO_TRL_LAUNCHED"))),
+    )
     monkeypatch.delenv("STAPO_TRL_LAUNCHED", raising=False)
     argv = ["--config", str(write_recipe(tmp_path)), "--num_processes", "2", "--learning_rate", "2e-6"]
     request = parse_train_args(argv)
     assert train_cli.launch(request, argv, request.cli_launch_tokens) == 0
+    assert seen_by_children == ["1"] and "STAPO_TRL_LAUNCHED" not in os.environ
     (arguments,) = launched
     assert arguments.module and arguments.training_script == "stapo_trl"
     assert arguments.num_processes == 2
