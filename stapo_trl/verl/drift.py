@@ -2,7 +2,7 @@
 
 The plugin patches nothing. It relies on four details of verl that are not a documented API; each check below runs
 verl's own code on a tiny batch and lists what no longer fits. ``python -m stapo_trl.verl.drift`` prints them, and
-``tests/verl/test_drift.py`` runs them: a verl upgrade that moves one fails there by name.
+``tests/verl_plugin/test_drift.py`` runs them: a verl upgrade that moves one fails there by name.
 """
 
 from __future__ import annotations
