@@ -73,7 +73,9 @@ def _run_ppo_loss(loss_mode: str, loss_agg_mode: str = "token-mean"):
 
 def check_version() -> list[str]:
     installed = version("verl")
-    return [] if installed == TESTED_VERL else [f"verl {installed} is installed; the plugin is tested on {TESTED_VERL}"]
+    return (
+        [] if installed == TESTED_VERL else [f"verl {installed} is installed; the plugin is tested on {TESTED_VERL}"]
+    )
 
 
 def check_policy_loss_call() -> list[str]:

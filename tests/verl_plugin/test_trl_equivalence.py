@@ -17,12 +17,10 @@ pytest.importorskip("verl", reason="needs verl 0.9.1: run in the verl environmen
 import torch  # noqa: E402
 from loss_batches import make_batch, make_trainer  # noqa: E402
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY  # noqa: E402
-from verl.workers.config.actor import ActorConfig, PolicyLossConfig  # noqa: E402
-from verl.workers.utils.losses import ppo_loss  # noqa: E402
+from verl_loss_calls import verl_loss  # noqa: E402
 
 from stapo_trl.names import SILENCED_KEY  # noqa: E402
 from stapo_trl.verl import register_s2t_loss  # noqa: E402
-from stapo_trl.verl.actor_batch import actor_micro_batches, actor_mini_batch, model_output  # noqa: E402
 
 ROWS, TOKENS = 4, 5
 ADVANTAGES = [1.5, 0.5, -1.0, 2.0]
@@ -68,21 +66,9 @@ def trl_side(tmp_path, log_probs, entropies, **overrides):
 def verl_side(log_probs, entropies, loss_mode, loss_agg_mode):
     """verl's ppo_loss on the same tensors, in verl's layout with the engine's global batch info, and its gradient
     with respect to ``log_probs``."""
-    leaf = log_probs.clone().requires_grad_(True)
-    advantages = torch.tensor(ADVANTAGES, dtype=torch.float64)
-    data = actor_mini_batch(log_probs, advantages, COMPLETION_MASK)
-    (micro_batch,) = actor_micro_batches(data, micro_batch_size=ROWS)
-    config = ActorConfig(
-        strategy="fsdp",
-        rollout_n=1,
-        ppo_micro_batch_size_per_gpu=ROWS,
-        loss_agg_mode=loss_agg_mode,
-        clip_ratio_low=0.2,
-        clip_ratio_high=0.28,
-        policy_loss=PolicyLossConfig(loss_mode=loss_mode),
+    (loss,), gradient, (metrics,) = verl_loss(
+        log_probs, entropies, ADVANTAGES, COMPLETION_MASK, loss_mode, loss_agg_mode
     )
-    loss, metrics = ppo_loss(config, model_output(micro_batch.data, leaf, entropies), micro_batch.data)
-    (gradient,) = torch.autograd.grad(loss, leaf)
     return loss, gradient, metrics
 
 
