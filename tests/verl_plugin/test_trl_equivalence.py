@@ -20,7 +20,7 @@ from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY  # noqa: E402
 from verl_loss_calls import verl_loss  # noqa: E402
 
 from stapo_trl.names import SILENCED_KEY  # noqa: E402
-from stapo_trl.verl import register_s2t_loss  # noqa: E402
+from stapo_trl.verl.losses import register_s2t_loss  # noqa: E402
 
 ROWS, TOKENS = 4, 5
 ADVANTAGES = [1.5, 0.5, -1.0, 2.0]
