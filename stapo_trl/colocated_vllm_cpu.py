@@ -32,7 +32,8 @@ and `colocated_vllm_on_cpu` adapts each of them for every `GRPOTrainer` (so ever
 
 Everything else is TRL's own code: generation, sampling parameters, the importance-sampling correction, server mode
 (left untouched), the gathering of ZeRO-3 or FSDP shards. The TRL and vLLM internals this relies on are checked by the
-seams in `stapo_trl.trl_seams` (the ``colocated vLLM on CPU`` entries).
+seams in `stapo_trl.trl_boundary.drift_checks` (the ``colocated vLLM on CPU`` entries); the TRL module globals it
+replaces are in `stapo_trl.trl_boundary.patches`.
 
 Nothing changes at import. Inside ``with colocated_vllm_on_cpu():`` TRL's GRPO module builds
 `CPUColocatedVLLMGeneration` instead of its ``VLLMGeneration``; on leaving, the name is put back, and trainers built
@@ -42,6 +43,7 @@ inside keep their adapted engine. `stapo-trl train` enters it when a recipe asks
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import inspect
 import logging
@@ -52,7 +54,8 @@ from dataclasses import dataclass
 import torch
 
 from .errors import UsageError
-from .trl_seams import iter_vllm_weights
+from .trl_boundary.hooks import iter_vllm_weights
+from .trl_boundary.patches import grpo_vllm_generation, torch_threads_kept_from_vllm, vllm_engine_options
 
 logger = logging.getLogger(__name__)
 
@@ -122,23 +125,6 @@ def _check_supported(arguments: dict) -> None:
 
 
 @contextlib.contextmanager
-def _engine_options(**options) -> Iterator[None]:
-    """Add keyword arguments to the ``LLM(...)`` call TRL's `VLLMGeneration` makes while the block runs."""
-    import trl.generation.vllm_generation as trl_vllm_generation
-
-    original = trl_vllm_generation.LLM
-
-    def build_llm(*args, **kwargs):
-        return original(*args, **{**kwargs, **options})
-
-    trl_vllm_generation.LLM = build_llm
-    try:
-        yield
-    finally:
-        trl_vllm_generation.LLM = original
-
-
-@contextlib.contextmanager
 def torch_threads(count: int) -> Iterator[None]:
     """Run the block with ``count`` torch threads, then go back to the thread count before it."""
     before = torch.get_num_threads()
@@ -147,18 +133,6 @@ def torch_threads(count: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
-
-
-@contextlib.contextmanager
-def _trainer_threads_kept() -> Iterator[None]:
-    """Give back torch's thread count and ``torch.set_num_threads`` after vLLM's CPU worker took them."""
-    threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
-    try:
-        yield
-    finally:
-        torch.set_num_threads = set_num_threads
-        if torch.get_num_threads() != threads:
-            torch.set_num_threads(threads)
 
 
 def refresh_tied_kernels(model: torch.nn.Module) -> list[str]:
@@ -218,7 +192,7 @@ def _make_generation_class():
             if not os.environ.get(KV_CACHE_ENVIRONMENT_VARIABLE):
                 options["kv_cache_memory_bytes"] = self.cpu_settings.kv_cache_gib * 2**30
             logger.info("Colocated vLLM on the CPU: %s, %s", options, self.kv_cache_description())
-            with _engine_options(**options), _trainer_threads_kept():
+            with vllm_engine_options(**options), torch_threads_kept_from_vllm():
                 super().__init__(*args, **kwargs)
 
         def kv_cache_description(self) -> str:
@@ -273,20 +247,12 @@ def colocated_vllm_on_cpu(
             trainer = STAPOTrainer(model, reward_funcs, args=STAPOConfig(..., use_vllm=True, vllm_mode="colocate"))
         trainer.train()
     """
-    import functools
-
-    import trl.trainer.grpo_trainer as trl_grpo_trainer
-
     require_vllm_cpu()
     settings = CPUEngineSettings(
         kv_cache_gib=kv_cache_gib, dtype=dtype, enforce_eager=enforce_eager, generation_threads=generation_threads
     )
-    original = trl_grpo_trainer.VLLMGeneration
-    trl_grpo_trainer.VLLMGeneration = functools.partial(generation_class(), cpu_settings=settings)
-    try:
+    with grpo_vllm_generation(functools.partial(generation_class(), cpu_settings=settings)):
         yield settings
-    finally:
-        trl_grpo_trainer.VLLMGeneration = original
 
 
 def needs_cpu_adapter(use_vllm: bool, vllm_mode: str, device_type: str) -> bool:

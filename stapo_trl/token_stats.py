@@ -311,7 +311,7 @@ class TokenStatistics:
             return self._forward(model, batch)
 
     def _forward(self, model, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        from .trl_seams import disable_gradient_checkpointing, maybe_gather_lm_head_ctx
+        from .trl_boundary.hooks import disable_gradient_checkpointing, maybe_gather_lm_head_ctx
 
         prompt_ids, completion_ids = batch["prompt_ids"], batch["completion_ids"]
         completion_mask = batch["completion_mask"]

@@ -51,7 +51,7 @@ from .resume import EpochSeededSampler, resolve_resume_checkpoint
 from .rewards import resolve_reward_funcs
 from .token_rules import RuleCall, StepContext, apply_token_rules, get_token_rule, spurious_token_candidates
 from .token_stats import TokenStatistics
-from .trl_seams import GRPOSeams, disable_gradient_checkpointing, get_config_model_id
+from .trl_boundary.hooks import HookedGRPOTrainer, disable_gradient_checkpointing, get_config_model_id
 from .user_code import reward_function_error, warn_about_infinite_rewards
 
 logger = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ def _check_prompt_column(dataset, environment_factory=None) -> None:
         )
 
 
-class STAPOTrainer(GRPOSeams):
+class STAPOTrainer(HookedGRPOTrainer):
     """Spurious-Token-Aware Policy Optimization: GRPO/DAPO with the S2T mask (STAPO, Algorithm 1).
 
     Takes every argument of [`~trl.GRPOTrainer`]; `args` should be a [`STAPOConfig`] (a `GRPOConfig` is converted,

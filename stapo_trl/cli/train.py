@@ -296,7 +296,7 @@ def name_base_model(trainer, model_name_or_path: str) -> str:
     from peft import PeftModel
 
     from ..gguf import hub_source
-    from ..trl_seams import set_model_name_or_path
+    from ..trl_boundary.hooks import set_model_name_or_path
 
     name = hub_source(model_name_or_path) or model_name_or_path
     model = trainer.accelerator.unwrap_model(trainer.model)
@@ -326,7 +326,7 @@ def save_final_model(trainer, output_dir: Path, base_model: str | None = None) -
     into the live PEFT config: PEFT looks a Hub id up on the Hub at every save."""
     import shutil
 
-    from ..trl_seams import save_model_without_push
+    from ..trl_boundary.hooks import save_model_without_push
 
     staging = output_dir / FINAL_STAGING_DIR
     if trainer.accelerator.is_main_process and staging.exists():

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from ..fused_stats.blocked import DEFAULT_BLOCK_ROWS, DEFAULT_KEEP_LOGITS_BYTES, CPULogProbEntropy, cpu_logprob_entropy
+from ..trl_boundary.patches import fused_head_op, install_fused_head_op
 from .op import FusedHeadOp
 
 _restore: Callable[[], None] | None = None
@@ -43,8 +44,6 @@ def apply_cpu_lm_head(
             many bytes, they are kept for the backward, which then skips recomputing the projection. 0 always
             recomputes.
     """
-    from ..trl_seams import fused_head_op, install_fused_head_op
-
     global _restore, _settings
     revert_cpu_lm_head()
     settings = {"block_rows": block_rows, "keep_logits_bytes": keep_logits_bytes}

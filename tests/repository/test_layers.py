@@ -20,7 +20,7 @@ LAYERS = (
         (
             "config",
             "trainer",
-            "trl_seams",
+            "trl_boundary",
             "token_stats",
             "gradient_probe",
             "user_code",

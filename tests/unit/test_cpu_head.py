@@ -13,7 +13,6 @@ from tiny import build_char_tokenizer, build_tiny_qwen3
 from trl.kernels import ChunkedLogProbFunction
 from trl.trainer.utils import add_fused_lm_head
 
-from stapo_trl import trl_seams
 from stapo_trl.cpu_head import (
     CPULogProbEntropy,
     FusedHeadOp,
@@ -23,6 +22,8 @@ from stapo_trl.cpu_head import (
     is_cpu_lm_head_applied,
     revert_cpu_lm_head,
 )
+from stapo_trl.trl_boundary.drift_checks import SEAMS
+from stapo_trl.trl_boundary.patches import install_fused_head_op
 
 TRL_VOCAB_TILE = 32
 """TRL's vocabulary tile in these tests: several tiles over the 101-entry vocabulary, the last one partial."""
@@ -234,7 +235,7 @@ def test_the_cpu_head_scores_only_labelled_positions():
             rows.append(hidden.shape[0])
             return super().apply(hidden, *args)
 
-    restore = trl_seams.install_fused_head_op(Counting(ChunkedLogProbFunction))
+    restore = install_fused_head_op(Counting(ChunkedLogProbFunction))
     try:
         model(input_ids=input_ids, labels=labels, fused_lm_head=True)
     finally:
@@ -285,7 +286,7 @@ def test_the_kernel_is_an_autograd_function():
 
 
 def test_the_seam_check_fails_when_trl_stops_compacting(monkeypatch):
-    seam = next(seam for seam in trl_seams.SEAMS if seam.name == "install_fused_head_op")
+    seam = next(seam for seam in SEAMS if seam.name == "install_fused_head_op")
     assert seam.check() == []
     real_getsource = inspect.getsource
 
@@ -302,7 +303,7 @@ def test_the_seam_check_fails_when_trl_stops_compacting(monkeypatch):
 
 
 def test_the_seam_check_fails_when_the_op_signature_changes(monkeypatch):
-    seam = next(seam for seam in trl_seams.SEAMS if seam.name == "install_fused_head_op")
+    seam = next(seam for seam in SEAMS if seam.name == "install_fused_head_op")
 
     def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size):
         return None
