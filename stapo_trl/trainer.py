@@ -27,6 +27,7 @@ from accelerate.utils import is_peft_model
 from transformers import TrainingArguments
 
 from .config import STAPOConfig
+from .cpu.runtime import attach_to_cpu_runtime
 from .diagnostics.token_dump import SilencedTokenDump, StepTokens
 from .distributed import all_reduce_sum
 from .fused_stats.generation import unrecordable_decoding
@@ -134,6 +135,9 @@ class STAPOTrainer(HookedGRPOTrainer):
     `output_dir/silenced_tokens.jsonl`, bounded and sampled (see [`~stapo_trl.diagnostics.SilencedTokenDump`]). The
     model card ([`create_model_card`], written by TRL on checkpoint saves and `push_to_hub`) adds the method, its
     thresholds, the final token-rule statistics, evaluation results and the recipe to TRL's card.
+
+    Built inside `stapo_trl.cpu.cpu_runtime`, it attaches the runtime's frozen-layer replay to its model (the CPU LM
+    head and colocated vLLM on the CPU need no trainer: the block turns them on).
     """
 
     card_name = "STAPO"
@@ -205,6 +209,7 @@ class STAPOTrainer(HookedGRPOTrainer):
             if args.dump_silenced_tokens and running
             else None
         )
+        attach_to_cpu_runtime(self)
 
     # ------------------------------------------------------------------ statistics
     def per_token_logps_and_entropies(

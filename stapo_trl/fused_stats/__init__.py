@@ -7,7 +7,7 @@ fp64 inputs), with the temperature applied to the logits as in sampling.
 name             what                                                             where it is the default
 ===============  ===============================================================  ==================================
 ``liger``        Liger's ``LigerFusedLinearScaledCrossEntropyFunction``           CUDA, when liger-kernel is installed
-``torch``        the CPU head's blocked op, logits never kept (:mod:`.blocked`)   everywhere else (CPU)
+``torch``        the CPU head's blocked op, logits never kept (:mod:`stapo_trl.cpu.logprob_entropy`) everywhere else (CPU)
 ``trl_chunked``  TRL's ``ChunkedLogProbFunction`` (its fused head's kernel)        never chosen by ``auto``
 ``naive``        full logits through autograd, for reference only                 never chosen by ``auto``
 ===============  ===============================================================  ==================================
@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import torch
 
-from .blocked import blocked_logprob_entropy
+from ..cpu.logprob_entropy import blocked_logprob_entropy
 from .liger import is_liger_available, liger_logprob_entropy, liger_unavailable
 from .reference import naive_logprob_entropy
 from .trl_kernel import trl_logprob_entropy

@@ -407,7 +407,7 @@ SEAMS: tuple[Seam, ...] = (
         "entropy, log_sum_sq_probs, mean_logits, is_top1); it passes only the labelled positions when "
         "trl.trainer.utils._use_triton(device) is true, and every position (labels clamped to 0) otherwise.",
         "Replacing both module names swaps the op under every fused head and lets the CPU score only labelled "
-        "positions (stapo_trl.cpu_head).",
+        "positions (stapo_trl.cpu.lm_head).",
         _check_fused_head,
     ),
     Seam(
@@ -419,7 +419,7 @@ SEAMS: tuple[Seam, ...] = (
         "Putting a module that returns recorded hidden states in place of the first frozen layer, and pass-through "
         "modules in place of the other frozen ones, skips them in the loss pass; at generate()'s first forward the "
         "same swap runs them once per distinct prompt and copies their cache entries to the repeats "
-        "(stapo_trl.frozen_prefix).",
+        "(stapo_trl.cpu.frozen_layer_replay).",
         _check_decoder_loop,
     ),
     Seam(

@@ -1,4 +1,4 @@
-"""The CPU LM head (`stapo_trl.cpu_head`) gives TRL's fused-head results: log-probabilities, entropies and gradients
+"""The CPU LM head (`stapo_trl.cpu.lm_head`) gives TRL's fused-head results: log-probabilities, entropies and gradients
 match TRL's own `ChunkedLogProbFunction` torch fallback to float tolerance, through the op and through a model patched
 by `add_fused_lm_head`; it is opt-in and can be turned off."""
 
@@ -13,7 +13,7 @@ from tiny import build_char_tokenizer, build_tiny_qwen3
 from trl.kernels import ChunkedLogProbFunction
 from trl.trainer.utils import add_fused_lm_head
 
-from stapo_trl.cpu_head import (
+from stapo_trl.cpu.lm_head import (
     CPULogProbEntropy,
     FusedHeadOp,
     apply_cpu_lm_head,
@@ -248,7 +248,7 @@ def test_the_cpu_head_scores_only_labelled_positions():
 
 def test_importing_stapo_trl_patches_nothing():
     code = (
-        "import stapo_trl, stapo_trl.cpu_head, stapo_trl.trainer, stapo_trl.cli.train\n"
+        "import stapo_trl, stapo_trl.cpu.lm_head, stapo_trl.cpu.runtime, stapo_trl.trainer, stapo_trl.cli.train\n"
         "import trl.trainer.utils as u\n"
         "from trl.kernels import ChunkedLogProbFunction\n"
         "assert u._ChunkedLogProbFunction is ChunkedLogProbFunction, u._ChunkedLogProbFunction\n"

@@ -1,4 +1,4 @@
-"""Frozen-layer replay (`stapo_trl.frozen_prefix`): the loss pass over generated sequences reuses the hidden states
+"""Frozen-layer replay (`stapo_trl.cpu.frozen_layer_replay`): the loss pass over generated sequences reuses the hidden states
 `generate()` computed in the frozen bottom layers, and gives the log-probabilities and gradients of the full forward to
 float tolerance; it steps aside whenever the recording does not cover the call."""
 
@@ -10,7 +10,7 @@ from transformers import GenerationConfig
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
-from stapo_trl.frozen_prefix import FrozenPrefixReplay, replay_blockers, replay_frozen_prefix
+from stapo_trl.cpu.frozen_layer_replay import FrozenPrefixReplay, replay_blockers, replay_frozen_prefix
 from stapo_trl.trl_boundary.hooks import decoder_layers
 
 LORA_ON_LAST_LAYER = {
