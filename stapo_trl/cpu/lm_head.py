@@ -12,8 +12,9 @@ runs `CPULogProbEntropy` for CPU tensors in fp32 or fp64 outside autocast, when 
 are asked for; everything else (GPUs, autocast, the head's other outputs ``log_sum_sq_probs``, ``mean_logits`` and
 ``is_top1``, a DeepSpeed ZeRO-3 partitioned head) goes to TRL's own op unchanged.
 
-Importing stapo_trl changes nothing. `stapo_trl.cpu.cpu_runtime` turns the CPU head on for trainers on the CPU (so
-``stapo-trl train`` does, whatever the method; ``cpu_lm_head: false`` turns it off). On its own::
+Importing stapo_trl changes nothing. `stapo_trl.cpu.cpu_runtime` turns the CPU head on for its block when the trainer's
+arguments train on the CPU (so ``stapo-trl train`` does, whatever the method; ``cpu_lm_head: false`` turns it off).
+On its own::
 
     from stapo_trl.cpu.lm_head import apply_cpu_lm_head, revert_cpu_lm_head, cpu_lm_head
 
