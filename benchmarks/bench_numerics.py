@@ -24,7 +24,7 @@ from peak_rss import peak_growth_mib, reset_peak_rss
 from provenance import provenance
 
 BF16_SHAPE = {"tokens": 16384, "hidden": 256, "vocab": 32000, "row": 256}
-BF16_BACKENDS = ["torch", "liger", "trl_chunked"]
+BF16_BACKENDS = ["torch", "liger", "trl_fused_head"]
 MEMORY_SHAPES = [{"hidden": 64, "vocab": 8192}, {"hidden": 256, "vocab": 32000}]
 MEMORY_RUNS = [("naive", 4096), ("torch", 4096), ("torch", 32768), ("torch", 131072)]
 
@@ -51,7 +51,7 @@ def degenerate_rows() -> list[dict]:
         weight = weight.to(dtype)
         bias = None if bias is None else torch.tensor(bias)
         results = {}
-        for backend in ["naive", "torch", "trl_chunked", "liger"]:
+        for backend in ["naive", "torch", "trl_fused_head", "liger"]:
             if backend == "liger" and bias is not None:
                 results[backend] = "no bias support"
                 continue

@@ -22,7 +22,7 @@ SHAPES = [
     {"name": "design", "tokens": 4096, "hidden": 256, "vocab": 32000},
     {"name": "smollm2", "tokens": 4096, "hidden": 576, "vocab": 49152},
 ]
-METHODS = ["naive", "torch", "liger", "trl_chunked"]
+METHODS = ["naive", "torch", "liger", "trl_fused_head"]
 
 
 def measure(method: str, tokens: int, hidden: int, vocab: int, repeats: int) -> dict:

@@ -180,9 +180,12 @@ def install_timers(clock: Clock) -> None:
     GRPOTrainer.compute_loss = compute_loss
 
     try:
-        from stapo_trl.frozen_prefix import FrozenPrefixReplay
+        from stapo_trl.cpu.frozen_layer_replay import FrozenPrefixReplay
     except ImportError:  # an earlier stapo-trl, profiled with --recipe and its own PYTHONPATH
-        return
+        try:
+            from stapo_trl.frozen_prefix import FrozenPrefixReplay  # where trees before issue 36 kept it
+        except ImportError:
+            return
     original_detach = FrozenPrefixReplay.detach
 
     def detach(self):
@@ -325,10 +328,13 @@ def main() -> None:
     args = parser.parse_args()
 
     try:
-        from stapo_trl.cli.cpu_environment import set_cpu_environment
-    except ImportError:  # an earlier stapo-trl, which set no environment variables
-        pass
-    else:
+        from stapo_trl.cpu.environment import set_cpu_environment
+    except ImportError:
+        try:
+            from stapo_trl.cli.cpu_environment import set_cpu_environment  # where trees before issue 36 kept it
+        except ImportError:  # an earlier stapo-trl, which set no environment variables
+            set_cpu_environment = None
+    if set_cpu_environment is not None:
         set_cpu_environment()
     clock = Clock()
     install_timers(clock)

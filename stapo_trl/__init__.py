@@ -15,6 +15,7 @@ from .version import __version__ as __version__
 _LAZY = {
     "STAPOConfig": ".config",
     "STAPOTrainer": ".trainer",
+    "cpu_runtime": ".cpu",
     "token_logprob_entropy": ".fused_stats",
     "linear_quantiles": ".token_rules",
     "logit_grad_sq_norm_lower_bound": ".token_rules",
@@ -23,6 +24,7 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from .config import STAPOConfig
+    from .cpu import cpu_runtime
     from .fused_stats import token_logprob_entropy
     from .token_rules import linear_quantiles, logit_grad_sq_norm_lower_bound, spurious_token_mask
     from .trainer import STAPOTrainer
@@ -37,6 +39,7 @@ def __getattr__(name: str):
 __all__ = [
     "STAPOConfig",
     "STAPOTrainer",
+    "cpu_runtime",
     "linear_quantiles",
     "logit_grad_sq_norm_lower_bound",
     "spurious_token_mask",

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from .diagnostics.token_dump_config import TokenDumpConfigMixin
+from .fused_stats import TOKEN_STATS_BACKENDS, backend_unavailable
 from .gradient_probe import GradientProbeConfigMixin
 from .token_rules import TOKEN_RULES, active_rule_names, rule_config_mixins, shadow_rule_names, switched_rules
-from .token_stats import TOKEN_STATS_BACKENDS, TOKEN_STATS_SOURCES, check_token_stats_backend
+from .token_stats import TOKEN_STATS_SOURCES
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 """The loss aggregations of TRL 1.16's `GRPOTrainer`."""
@@ -40,9 +41,9 @@ class STAPOConfig(*rule_config_mixins(), TokenDumpConfigMixin, GradientProbeConf
             generation feeds one optimizer step) or `"loss"` (the policy being optimized in each step, as in the
             paper).
         token_stats_backend (`str`, *optional*, defaults to `"auto"`):
-            How a statistics pass computes `p` and `H`: `"model_head"` (the whole model, its own LM head included,
-            through TRL's fused head), `"torch"` (our blocked op), `"liger"` (Liger's fused linear cross-entropy) or
-            `"auto"`.
+            How a statistics pass computes `p` and `H`: `"trl_fused_head"` (the whole model, its own LM head included,
+            through TRL's fused head), `"torch"` (stapo-trl's blocked op), `"liger"` (Liger's fused linear
+            cross-entropy) or `"auto"`; the vocabulary of `stapo_trl.fused_stats`.
 
         > Your own token rules, and rules in shadow
 
@@ -97,13 +98,13 @@ class STAPOConfig(*rule_config_mixins(), TokenDumpConfigMixin, GradientProbeConf
     token_stats_backend: str = field(
         default="auto",
         metadata={
-            "help": "How a statistics pass computes log p and entropy without [N, V] logits. 'model_head': the whole "
-            "model, its own LM head included, through TRL's fused head (supports every model TRL supports). 'torch': "
-            "the backbone, then our blocked torch op on the completion positions only. 'liger': the backbone, then "
-            "Liger's fused linear cross-entropy (needs `pip install -e '.[liger]'` in the stapo-trl clone). 'auto': 'liger' on CUDA "
-            "when installed, otherwise 'torch', and 'model_head' for models the direct ops do not cover "
-            "(vision-language, logit soft-capping or scaling) and under FSDP or DeepSpeed ZeRO-3. 'trl', the earlier "
-            "name of 'model_head', still works with a FutureWarning.",
+            "help": "How a statistics pass computes log p and entropy without [N, V] logits. 'trl_fused_head': the "
+            "whole model, its own LM head included, through TRL's fused head (supports every model TRL supports). "
+            "'torch': the backbone, then stapo-trl's blocked torch op on the completion positions only. 'liger': the "
+            "backbone, then Liger's fused linear cross-entropy (needs `pip install -e '.[liger]'` in the stapo-trl "
+            "clone). 'auto': 'liger' on CUDA when installed, otherwise 'torch', and 'trl_fused_head' for models the "
+            "other two do not cover (vision-language, logit soft-capping or scaling) and under FSDP or DeepSpeed "
+            "ZeRO-3.",
             "choices": list(TOKEN_STATS_BACKENDS),
         },
     )
@@ -143,7 +144,15 @@ class STAPOConfig(*rule_config_mixins(), TokenDumpConfigMixin, GradientProbeConf
             raise ValueError(
                 f"token_stats_source must be one of {TOKEN_STATS_SOURCES}, got {self.token_stats_source!r}."
             )
-        check_token_stats_backend(self.token_stats_backend)
+        if self.token_stats_backend not in TOKEN_STATS_BACKENDS:
+            raise ValueError(
+                f"token_stats_backend must be one of {TOKEN_STATS_BACKENDS}, got {self.token_stats_backend!r}."
+            )
+        problem = backend_unavailable(self.token_stats_backend)
+        if problem is not None:
+            raise ValueError(
+                f"token_stats_backend={self.token_stats_backend!r}: {problem}. Or set token_stats_backend='auto'."
+            )
         self._validate_token_rules()
         self._validate_rule_fields()
         self.validate_dump_fields()

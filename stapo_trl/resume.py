@@ -126,7 +126,7 @@ class EpochSeededSampler(Sampler):
         self.sampler = sampler
 
     def set_epoch(self, epoch: int) -> None:
-        from .trl_seams import reseed_repeat_sampler
+        from .trl_boundary.hooks import reseed_repeat_sampler
 
         reseed_repeat_sampler(self.sampler, epoch)
 

@@ -12,15 +12,14 @@ For each training generation the statistics come from the first of these that ap
    untouched, when ``token_stats_source="generation"`` or a rule's controller needs the generating policy's entropy.
 4. ``"deferred"``: none yet; with ``token_stats_source="loss"`` the pass runs when each optimizer step starts.
 
-The backend vocabulary of ``token_stats_backend`` and its resolver live here too. The ``"model_head"`` backend runs
-the whole model, its own LM head included, through TRL's fused head (the ``model_head_pass`` the trainer hands in);
-the others run the backbone and hand its hidden states and the LM head to
-:func:`stapo_trl.fused_stats.token_logprob_entropy`.
+A statistics pass runs the backend ``token_stats_backend`` names (the vocabulary and its resolver are
+:mod:`stapo_trl.fused_stats`'s): ``"trl_fused_head"`` runs the whole model, its own LM head included, through TRL's
+fused head (the ``model_head_pass`` the trainer hands in); the others run the backbone and hand its hidden states and
+the LM head to :func:`stapo_trl.fused_stats.token_logprob_entropy`.
 """
 
 from __future__ import annotations
 
-import logging
 import random
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
@@ -29,16 +28,11 @@ from typing import Any
 
 import torch
 
-from .fused_stats import backend_unavailable, resolve_backend, token_logprob_entropy
+from .fused_stats import TRL_FUSED_HEAD, resolve_backend, token_logprob_entropy
 from .fused_stats.generation import GenerationStatsRecorder
 from .names import ENTROPIES_KEY, LOG_PROBS_KEY
 
-logger = logging.getLogger(__name__)
-
 TOKEN_STATS_SOURCES = ("generation", "loss")
-DIRECT_BACKENDS = ("torch", "liger")
-"""The `stapo_trl.fused_stats` backends a statistics pass may be asked for by name."""
-TOKEN_STATS_BACKENDS = ("auto", "model_head", *DIRECT_BACKENDS)
 
 ORIGIN_TRL_PASS = "trl_pass"
 ORIGIN_GENERATE = "generate"
@@ -65,16 +59,7 @@ LOGIT_TRANSFORM_ATTRIBUTES = (
     "lm_head_multiplier",
     "logits_scaling",
 )
-"""Config attributes with which TRL's fused head rescales or soft-caps logits; the direct backends do neither."""
-
-
-def check_token_stats_backend(name: str) -> None:
-    """Raise a ValueError, saying what to change, for a ``token_stats_backend`` that is unknown or not installed."""
-    if name not in TOKEN_STATS_BACKENDS:
-        raise ValueError(f"token_stats_backend must be one of {TOKEN_STATS_BACKENDS}, got {name!r}.")
-    problem = backend_unavailable(name)
-    if problem is not None:
-        raise ValueError(f"token_stats_backend={name!r}: {problem}. Or set token_stats_backend='auto'.")
+"""Config attributes with which TRL's fused head rescales or soft-caps logits; the other backends do neither."""
 
 
 def policy_parts(model: torch.nn.Module, accelerator) -> tuple[Any, Any, torch.nn.Module]:
@@ -101,37 +86,6 @@ def sharding(is_fsdp_enabled: bool) -> str | None:
     if is_deepspeed_zero3_enabled():
         return "DeepSpeed ZeRO-3"
     return None
-
-
-def resolve_token_stats_backend(
-    requested: str, base_model, lm_head: torch.nn.Module, *, vision_language: bool, sharded_by: str | None, device
-) -> str:
-    """The backend for ``requested``: ``"auto"`` picks TRL's fused head where the direct backends do not cover the
-    model (logit transforms, vision-language inputs, a sharded head); an explicit direct backend on such a model is
-    refused, or warned about under sharding."""
-    if requested == "model_head":
-        return "model_head"
-    blockers = logit_transforms(base_model)
-    if vision_language:
-        blockers.append("vision-language inputs")
-    if blockers:
-        if requested == "auto":
-            return "model_head"
-        raise ValueError(
-            f"token_stats_backend={requested!r} computes statistics from the backbone's hidden states and the LM "
-            f"head alone, which does not cover this model ({', '.join(blockers)}). Use token_stats_backend='model_head' "
-            "(the model's own TRL fused head) or 'auto'."
-        )
-    if sharded_by is not None:
-        if requested == "auto":
-            return "model_head"
-        logger.warning(
-            "token_stats_backend=%r under %s gathers the LM head outside the model's forward; this path is not "
-            "covered by stapo-trl's tests. token_stats_backend='model_head' (what 'auto' picks here) is.",
-            requested,
-            sharded_by,
-        )
-    return resolve_backend(requested, device, has_bias=lm_head.bias is not None)
 
 
 @contextmanager
@@ -180,7 +134,7 @@ class TokenStatistics:
         chunk_size: sequences per forward of the statistics pass (``per_device_train_batch_size``).
         get_model: returns the model as the trainer holds it now (wrapping may change when training starts).
         accelerator: the trainer's accelerator (unwrapping, autocast, device).
-        model_head_pass: TRL's per-token pass, used by the ``"model_head"`` backend.
+        model_head_pass: TRL's per-token pass, used by the ``"trl_fused_head"`` backend.
         gradient_checkpointing_kwargs: switched off during the statistics pass.
         vision_language, fsdp: facts about the model that decide what ``"auto"`` resolves to.
         generation_statistics_required: compute p and H at generation time even when ``source="loss"`` (a rule's
@@ -213,13 +167,14 @@ class TokenStatistics:
         self.sharded_by = sharding(fsdp)
         base, _, lm_head = self.policy_parts()
         self.logit_transforms = logit_transforms(base)
-        self.backend = resolve_token_stats_backend(
+        not_covered = self.logit_transforms + (["vision-language inputs"] if vision_language else [])
+        self.backend = resolve_backend(
             backend,
-            base,
-            lm_head,
-            vision_language=vision_language,
+            accelerator.device,
+            has_bias=lm_head.bias is not None,
+            not_covered=not_covered,
             sharded_by=self.sharded_by,
-            device=accelerator.device,
+            option="token_stats_backend",
         )
         self.origin: str | None = None
         """Where the last training generation's statistics came from: ``"trl_pass"``, ``"generate"``,
@@ -311,7 +266,7 @@ class TokenStatistics:
             return self._forward(model, batch)
 
     def _forward(self, model, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        from .trl_seams import disable_gradient_checkpointing, maybe_gather_lm_head_ctx
+        from .trl_boundary.hooks import disable_gradient_checkpointing, maybe_gather_lm_head_ctx
 
         prompt_ids, completion_ids = batch["prompt_ids"], batch["completion_ids"]
         completion_mask = batch["completion_mask"]
@@ -321,7 +276,7 @@ class TokenStatistics:
         chunk = self.chunk_size
 
         with disable_gradient_checkpointing(model, self._gradient_checkpointing_kwargs):
-            if self.backend == "model_head":
+            if self.backend == TRL_FUSED_HEAD:
                 multimodal = {key: batch[key] for key in MULTIMODAL_KEYS if batch.get(key) is not None}
                 log_probs, entropies, _ = self._model_head_pass(
                     model,

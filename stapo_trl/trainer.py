@@ -26,6 +26,7 @@ from accelerate.utils import is_peft_model
 from transformers import TrainingArguments
 
 from .config import STAPOConfig
+from .cpu.runtime import attach_to_cpu_runtime
 from .diagnostics.token_dump import SilencedTokenDump, StepTokens
 from .distributed import all_reduce_sum
 from .fused_stats.generation import unrecordable_decoding
@@ -50,7 +51,7 @@ from .resume import EpochSeededSampler, resolve_resume_checkpoint
 from .rewards import resolve_reward_funcs
 from .token_rules import RuleCall, StepContext, apply_token_rules, get_token_rule
 from .token_stats import TokenStatistics
-from .trl_seams import GRPOSeams, disable_gradient_checkpointing, get_config_model_id
+from .trl_boundary.hooks import HookedGRPOTrainer, disable_gradient_checkpointing, get_config_model_id
 from .user_code import reward_function_error, warn_about_infinite_rewards
 
 logger = logging.getLogger(__name__)
@@ -98,7 +99,7 @@ def _check_prompt_column(dataset, environment_factory=None) -> None:
         )
 
 
-class STAPOTrainer(GRPOSeams):
+class STAPOTrainer(HookedGRPOTrainer):
     """Spurious-Token-Aware Policy Optimization: GRPO/DAPO with the S2T mask (STAPO, Algorithm 1).
 
     Takes every argument of [`~trl.GRPOTrainer`]; `args` should be a [`STAPOConfig`] (a `GRPOConfig` is converted,
@@ -133,6 +134,9 @@ class STAPOTrainer(GRPOSeams):
     `output_dir/silenced_tokens.jsonl`, bounded and sampled (see [`~stapo_trl.diagnostics.SilencedTokenDump`]). The
     model card ([`create_model_card`], written by TRL on checkpoint saves and `push_to_hub`) adds the method, its
     thresholds, the final token-rule statistics, evaluation results and the recipe to TRL's card.
+
+    Built inside `stapo_trl.cpu.cpu_runtime`, it attaches the runtime's frozen-layer replay to its model (the CPU LM
+    head and colocated vLLM on the CPU need no trainer: the block turns them on).
     """
 
     card_name = "STAPO"
@@ -197,6 +201,7 @@ class STAPOTrainer(GRPOSeams):
             if args.dump_silenced_tokens and running
             else None
         )
+        attach_to_cpu_runtime(self)
 
     # ------------------------------------------------------------------ statistics
     def per_token_logps_and_entropies(

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from .errors import UserCodeError
-from .trl_seams import TRL_REWARD_COUNT_MESSAGE
+from .trl_boundary.hooks import TRL_REWARD_COUNT_MESSAGE
 
 logger = logging.getLogger(__name__)
 

@@ -131,7 +131,7 @@ def kernel_functions(environment: dict) -> dict:
 
     return {
         "trl_fused": (
-            BACKENDS["trl_chunked"],
+            BACKENDS["trl_fused_head"],
             f"TRL ChunkedLogProbFunction: {environment['trl_path']}",
             "forward and backward (the loss)",
         ),

@@ -46,7 +46,7 @@ def _versions() -> str:
 
 def _run(command: str, argv: list[str]) -> int:
     if command == "train":
-        from .cpu_environment import set_cpu_environment
+        from ..cpu.environment import set_cpu_environment
 
         set_cpu_environment()
         from .train import train_command

@@ -51,13 +51,13 @@ class TrainScriptArguments:
             `layers_to_transform`). The backward pass then stops at the first adapted layer, which makes a step
             cheaper; on the CPU quickstart, the last 8 of 30 layers cut a step by about a fifth.
         cpu_lm_head (`bool`, *optional*, defaults to `True`):
-            On the CPU, run TRL's fused LM head with stapo-trl's CPU path (`stapo_trl.cpu_head`), for every method:
+            On the CPU, run TRL's fused LM head with stapo-trl's CPU path (`stapo_trl.cpu.lm_head`), for every method:
             only the labelled positions are scored, at close to the cost of the head's GEMMs, with the same results
             to float tolerance. `false` keeps TRL's own torch fallback. Has no effect on GPUs.
         replay_frozen_layers (`bool`, *optional*, defaults to `True`):
             On the CPU, let the loss pass reuse the hidden states that `generate()` computed in the frozen bottom
             layers (those below the first layer with trainable parameters, with LoRA on the last layers only) instead
-            of running them again (`stapo_trl.frozen_prefix`). Same results up to float rounding. `false` runs every
+            of running them again (`stapo_trl.cpu.frozen_layer_replay`). Same results up to float rounding. `false` runs every
             layer. Has no effect on GPUs.
         reward_funcs (`list[str]`, *optional*, defaults to `["boxed"]`):
             Reward functions, by registered name (`dapo`, `boxed`, `math_verify`, `think_format`) or dotted path.

@@ -312,7 +312,7 @@ def name_base_model(trainer, model_name_or_path: str) -> str:
     from peft import PeftModel
 
     from ..gguf import hub_source
-    from ..trl_seams import set_model_name_or_path
+    from ..trl_boundary.hooks import set_model_name_or_path
 
     name = hub_source(model_name_or_path) or model_name_or_path
     model = trainer.accelerator.unwrap_model(trainer.model)
@@ -320,14 +320,6 @@ def name_base_model(trainer, model_name_or_path: str) -> str:
         model = model.get_base_model()
     set_model_name_or_path(model.config, name)
     return name
-
-
-def policy_model(trainer):
-    """The transformers model under the trainer's wrappers (DDP, PEFT): the one whose generate() TRL calls."""
-    from peft import PeftModel
-
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    return model.get_base_model() if isinstance(model, PeftModel) else model
 
 
 FINAL_STAGING_DIR = ".final-model-staging"
@@ -342,7 +334,7 @@ def save_final_model(trainer, output_dir: Path, base_model: str | None = None) -
     into the live PEFT config: PEFT looks a Hub id up on the Hub at every save."""
     import shutil
 
-    from ..trl_seams import save_model_without_push
+    from ..trl_boundary.hooks import save_model_without_push
 
     staging = output_dir / FINAL_STAGING_DIR
     if trainer.accelerator.is_main_process and staging.exists():
@@ -420,50 +412,36 @@ def silenced_examples(dump_path: Path, count: int = 3) -> list[str]:
     return [silenced_token_line(record, context=40, code=False) for record in records]
 
 
-def colocated_vllm_engine(training):
-    """The context in which the trainer is built: `colocated_vllm_on_cpu` when the run uses colocated vLLM on the CPU
-    (for every method, so GRPO and STAPO runs build the same engine), else nothing."""
-    import contextlib
-
-    from ..colocated_vllm_cpu import colocated_vllm_on_cpu, needs_cpu_adapter
-
-    if needs_cpu_adapter(training.use_vllm, training.vllm_mode, training.device.type):
-        return colocated_vllm_on_cpu()
-    return contextlib.nullcontext()
-
-
 def run_training(request: TrainRequest) -> RunSummary:
-    """Load, train, save (with TRL's model card), push if asked, and summarize.
+    """Load, train, save (with TRL's model card), push if asked, and summarize, inside `stapo_trl.cpu.cpu_runtime`,
+    whatever the method: on the CPU, TRL's fused LM head runs stapo-trl's CPU path (``cpu_lm_head: false`` turns it
+    off), the loss pass reuses the frozen layers' hidden states from generation (``replay_frozen_layers: false`` turns
+    it off), and colocated vLLM runs on vLLM's CPU backend. vLLM's presence is checked first, so that a missing vLLM
+    is reported as such before the runtime asks for its CPU build."""
+    # Imported here, not at the top: the runtime imports TRL's trainer (and vLLM where installed), which `--help` and
+    # `--dry_run` do not need.
+    from ..cpu.runtime import cpu_runtime
+    from .preflight import check_vllm
 
-    On the CPU, TRL's fused LM head runs stapo-trl's CPU path (`stapo_trl.cpu_head`; ``cpu_lm_head: false`` turns it
-    off), and the loss pass reuses the frozen layers' hidden states from generation (`stapo_trl.frozen_prefix`;
-    ``replay_frozen_layers: false`` turns it off), whatever the method."""
-    from contextlib import ExitStack
-
-    from accelerate import PartialState
-
-    from ..cpu_head import cpu_lm_head
-
-    with ExitStack() as cpu_paths:
-        if request.script.cpu_lm_head and PartialState().device.type == "cpu":
-            cpu_paths.enter_context(cpu_lm_head())
-        return train_and_summarize(request, cpu_paths)
+    check_vllm(request.training.use_vllm)
+    script = request.script
+    with cpu_runtime(request.training, lm_head=script.cpu_lm_head, replay_frozen_layers=script.replay_frozen_layers):
+        return train_and_summarize(request)
 
 
-def train_and_summarize(request: TrainRequest, cpu_paths) -> RunSummary:
+def train_and_summarize(request: TrainRequest) -> RunSummary:
     from accelerate import PartialState
     from transformers import ProgressCallback
     from trl import get_peft_config, get_quantization_config
 
     from ..callbacks import MetricsFileCallback, StepSummaryProgressCallback, StopAtCheckpointOnSignal
-    from ..colocated_vllm_cpu import needs_cpu_adapter, require_vllm_cpu
     from ..diagnostics.report import plot_training_curves
     from ..evaluation import greedy_accuracy
     from ..resume import resolve_resume_checkpoint
     from ..rewards import get_reward_func
     from ..trainer import STAPOTrainer
     from .model_checks import load_checked_tokenizer_and_config
-    from .preflight import OutputDirLock, check_output_dir, check_vllm
+    from .preflight import OutputDirLock, check_output_dir
 
     started = time.perf_counter()
     script, training, model_args = request.script, request.training, request.model
@@ -472,9 +450,6 @@ def train_and_summarize(request: TrainRequest, cpu_paths) -> RunSummary:
     quiet_known_warnings(state)
     if not model_args.model_name_or_path:
         raise RecipeError("No model: set model_name_or_path in the recipe or on the command line.")
-    check_vllm(training.use_vllm)
-    if needs_cpu_adapter(training.use_vllm, training.vllm_mode, training.device.type):
-        require_vllm_cpu()
     lock = OutputDirLock(training.output_dir) if state.is_main_process else None
     if state.is_main_process:
         note = check_output_dir(training.output_dir, training.resume_from_checkpoint, script.overwrite_output_dir)
@@ -521,21 +496,16 @@ def train_and_summarize(request: TrainRequest, cpu_paths) -> RunSummary:
         "dtype": model_args.dtype,
     }
     training.model_init_kwargs = {**model_init_kwargs, **(training.model_init_kwargs or {})}
-    with colocated_vllm_engine(training):
-        trainer = STAPOTrainer(
-            model=model_path,
-            reward_funcs=reward_funcs,
-            args=training,
-            train_dataset=train_dataset,
-            processing_class=tokenizer,
-            peft_config=peft_config,
-            quantization_config=get_quantization_config(model_args),
-        )
+    trainer = STAPOTrainer(
+        model=model_path,
+        reward_funcs=reward_funcs,
+        args=training,
+        train_dataset=train_dataset,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        quantization_config=get_quantization_config(model_args),
+    )
     base_model = name_base_model(trainer, model_args.model_name_or_path)
-    if script.replay_frozen_layers and state.device.type == "cpu":
-        from ..frozen_prefix import replay_frozen_prefix
-
-        cpu_paths.enter_context(replay_frozen_prefix(policy_model(trainer)))
     trainer.add_callback(MetricsFileCallback(Path(training.output_dir) / METRICS_FILE))
     if not training.disable_tqdm and trainer.pop_callback(ProgressCallback) is not None:
         trainer.add_callback(StepSummaryProgressCallback)

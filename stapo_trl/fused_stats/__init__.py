@@ -1,37 +1,51 @@
-"""Fused statistics backends: per-token log p and entropy from hidden states and the LM-head weight.
+"""Fused statistics backends: per-token log p and entropy from hidden states and the LM-head weight, and the one
+vocabulary of backend names, with its resolver, that `token_logprob_entropy` and `STAPOConfig.token_stats_backend`
+share.
 
 None of the training backends materializes ``[N, V]`` logits. All are differentiable and return fp32 (or fp64 for
 fp64 inputs), with the temperature applied to the logits as in sampling.
 
-===============  ===============================================================  ==================================
-name             what                                                             where it is the default
-===============  ===============================================================  ==================================
-``liger``        Liger's ``LigerFusedLinearScaledCrossEntropyFunction``           CUDA, when liger-kernel is installed
-``torch``        the CPU head's blocked op, logits never kept (:mod:`.blocked`)   everywhere else (CPU)
-``trl_chunked``  TRL's ``ChunkedLogProbFunction`` (its fused head's kernel)        never chosen by ``auto``
-``naive``        full logits through autograd, for reference only                 never chosen by ``auto``
-===============  ===============================================================  ==================================
+==================  ==========================================================================  =======================
+name                what                                                                        ``auto`` picks it
+==================  ==========================================================================  =======================
+``trl_fused_head``  TRL's fused LM head kernel, ``ChunkedLogProbFunction``. In `STAPOTrainer`,  for models the others
+                    the whole model runs through its own fused head (logit soft-capping and     do not cover, and under
+                    scaling, vision-language inputs and a sharded head included); here, the     FSDP or ZeRO-3
+                    kernel runs on the hidden states and weight you pass
+``torch``           stapo-trl's blocked op, logits never kept (:mod:`stapo_trl.cpu.logprob_     everywhere else (CPU)
+                    entropy`, the op of the CPU LM head)
+``liger``           Liger's ``LigerFusedLinearScaledCrossEntropyFunction``                      CUDA, with liger-kernel
+``naive``           full ``[N, V]`` logits through autograd: a reference for tests and          never
+                    benchmarks, not a ``token_stats_backend``
+==================  ==========================================================================  =======================
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
 
 import torch
 
-from .blocked import blocked_logprob_entropy
+from ..cpu.logprob_entropy import blocked_logprob_entropy
 from .liger import is_liger_available, liger_logprob_entropy, liger_unavailable
 from .reference import naive_logprob_entropy
 from .trl_kernel import trl_logprob_entropy
 
+logger = logging.getLogger(__name__)
+
 BackendFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
+TRL_FUSED_HEAD = "trl_fused_head"
 BACKENDS: dict[str, BackendFn] = {
+    TRL_FUSED_HEAD: trl_logprob_entropy,
     "torch": blocked_logprob_entropy,
     "liger": liger_logprob_entropy,
-    "trl_chunked": trl_logprob_entropy,
     "naive": naive_logprob_entropy,
 }
+"""Every backend by name, with the function `token_logprob_entropy` runs for it."""
+TOKEN_STATS_BACKENDS = ("auto", *(name for name in BACKENDS if name != "naive"))
+"""The names `STAPOConfig.token_stats_backend` takes: ``"auto"`` and every backend but the reference."""
 
 
 def backend_unavailable(name: str) -> str | None:
@@ -39,17 +53,51 @@ def backend_unavailable(name: str) -> str | None:
     return liger_unavailable() if name == "liger" else None
 
 
-def resolve_backend(name: str, device: torch.device | str, *, has_bias: bool = False) -> str:
-    """Resolve ``"auto"`` to a concrete backend name and check that the requested one can run."""
-    device = torch.device(device)
-    if name == "auto":
-        if device.type == "cuda" and is_liger_available() and not has_bias:
-            return "liger"
-        return "torch"
-    if name not in BACKENDS:
+def resolve_backend(
+    name: str,
+    device: torch.device | str,
+    *,
+    has_bias: bool = False,
+    not_covered: Sequence[str] = (),
+    sharded_by: str | None = None,
+    option: str = "backend",
+) -> str:
+    """The backend ``name`` stands for, checked: ``"auto"`` resolved, an unknown name or a missing install refused.
+
+    Args:
+        device: where the statistics are computed; ``"auto"`` picks ``liger`` on CUDA when it is installed and the
+            head has no bias, else ``torch``.
+        not_covered: why the hidden states and LM-head weight alone do not give the model's logits (a logit
+            transform, vision-language inputs). Then ``"auto"`` picks ``trl_fused_head``, the model's own head, and
+            another explicit backend is refused.
+        sharded_by: what may shard the LM head outside the model's forward (FSDP, ZeRO-3). Then ``"auto"`` picks
+            ``trl_fused_head``, and another explicit backend runs with a warning.
+        option: how messages name the setting (``token_stats_backend`` in `STAPOConfig`).
+    """
+    if name != "auto" and name not in BACKENDS:
         raise ValueError(
             f"Unknown statistics backend {name!r}; choose one of 'auto', {', '.join(map(repr, BACKENDS))}."
         )
+    if name == TRL_FUSED_HEAD or (name == "auto" and (not_covered or sharded_by is not None)):
+        return TRL_FUSED_HEAD
+    if not_covered:
+        raise ValueError(
+            f"{option}={name!r} computes statistics from the backbone's hidden states and the LM head alone, which "
+            f"does not cover this model ({', '.join(not_covered)}). Use {option}={TRL_FUSED_HEAD!r} (the model's own "
+            "TRL fused head) or 'auto'."
+        )
+    if sharded_by is not None:
+        logger.warning(
+            "%s=%r under %s gathers the LM head outside the model's forward; this path is not covered by stapo-trl's "
+            "tests. %s=%r (what 'auto' picks here) is.",
+            option,
+            name,
+            sharded_by,
+            option,
+            TRL_FUSED_HEAD,
+        )
+    if name == "auto":
+        return "liger" if torch.device(device).type == "cuda" and is_liger_available() and not has_bias else "torch"
     problem = backend_unavailable(name)
     if problem is not None:
         raise ImportError(problem[0].upper() + problem[1:] + ".")
@@ -74,7 +122,7 @@ def token_logprob_entropy(
         targets: ``[...]`` token ids; positions equal to ``ignore_index`` are skipped and return 0.
         bias: optional ``[V]`` LM-head bias.
         temperature: the sampling temperature the logits are divided by.
-        backend: ``"auto"``, ``"torch"``, ``"liger"``, ``"trl_chunked"`` or ``"naive"``.
+        backend: ``"auto"`` or a name of `BACKENDS` (see the module docstring).
 
     Returns:
         Two tensors shaped like ``targets``: natural-log probabilities and entropies in nats.
@@ -103,6 +151,8 @@ def token_logprob_entropy(
 
 __all__ = [
     "BACKENDS",
+    "TOKEN_STATS_BACKENDS",
+    "TRL_FUSED_HEAD",
     "backend_unavailable",
     "blocked_logprob_entropy",
     "is_liger_available",

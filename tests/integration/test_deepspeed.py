@@ -85,7 +85,7 @@ def test_stapo_trains_under_deepspeed_zero_on_cpu_and_logs_the_mask(runs, stage,
         assert rank["deepspeed_accelerator"] == "cpu"
         assert rank["comm_backend"] == "gloo"
         assert rank["world_size"] == num_processes
-        assert rank["token_stats_backend"] == ("model_head" if stage == 3 else "torch")
+        assert rank["token_stats_backend"] == ("trl_fused_head" if stage == 3 else "torch")
 
         logs = training_logs(rank)
         assert len(logs) == MAX_STEPS

@@ -280,10 +280,10 @@ def test_direct_backends_agree_with_the_models_own_fused_head(tmp_path, backend)
     tokenizer = build_char_tokenizer()
     model = build_tiny_qwen3(tokenizer)
     head_trainer = tiny_trainer(
-        STAPOTrainer, tiny_config(STAPOConfig, tmp_path, token_stats_backend="model_head"), model=model
+        STAPOTrainer, tiny_config(STAPOConfig, tmp_path, token_stats_backend="trl_fused_head"), model=model
     )
     direct = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path, token_stats_backend=backend), model=model)
-    assert (head_trainer.token_stats.backend, direct.token_stats.backend) == ("model_head", backend)
+    assert (head_trainer.token_stats.backend, direct.token_stats.backend) == ("trl_fused_head", backend)
     head_trainer.model.train()
     batch = head_trainer._generate_and_score_completions([{"prompt": f"{i}+1="} for i in range(8)])
     completion = batch["completion_mask"].bool()
@@ -300,15 +300,15 @@ def test_models_with_logit_soft_capping_use_the_models_own_head(tmp_path):
     model = build_tiny_qwen3(tokenizer)
     model.config.final_logit_softcapping = 30.0
     trainer = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path), model=model)
-    assert trainer.token_stats.backend == "model_head"
-    with pytest.raises(ValueError, match="final_logit_softcapping.*Use token_stats_backend='model_head'"):
+    assert trainer.token_stats.backend == "trl_fused_head"
+    with pytest.raises(ValueError, match="final_logit_softcapping.*Use token_stats_backend='trl_fused_head'"):
         tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path, token_stats_backend="torch"), model=model)
 
 
 def test_sharded_training_uses_the_models_own_head_by_default(tmp_path, monkeypatch):
     monkeypatch.setattr("stapo_trl.token_stats.sharding", lambda fsdp: "DeepSpeed ZeRO-3")
     trainer = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path))
-    assert trainer.token_stats.backend == "model_head"
+    assert trainer.token_stats.backend == "trl_fused_head"
 
 
 def test_a_grpo_config_is_converted_keeping_its_values(tmp_path, caplog):

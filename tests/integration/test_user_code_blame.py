@@ -61,7 +61,7 @@ def test_an_error_outside_the_reward_functions_is_left_as_it_is(tmp_path, monkey
     def broken(*args, **kwargs):
         raise RuntimeError("not the user's doing")
 
-    monkeypatch.setattr("stapo_trl.trl_seams.GRPOTrainer._calculate_rewards", broken)
+    monkeypatch.setattr("stapo_trl.trl_boundary.hooks.GRPOTrainer._calculate_rewards", broken)
     with pytest.raises(RuntimeError, match="not the user's doing"):
         trainer.train()
 

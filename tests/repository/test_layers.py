@@ -1,5 +1,6 @@
-"""The package's layers point one way: data <- rewards <- token rules and statistics <- trainer <- CLI, with
-evaluation and diagnostics beside the trainer. A module imports only from its own layer or the layers below.
+"""The package's layers point one way: TRL boundary <- CPU runtime <- data <- rewards <- token rules and statistics
+<- trainer <- CLI, with evaluation and diagnostics beside the trainer. A module imports only from its own layer or the
+layers below.
 """
 
 import ast
@@ -12,6 +13,8 @@ ROOT = "stapo_trl"
 
 LAYERS = (
     ("foundation", ("errors", "files", "jsonl", "names", "version", "distributed", "gguf", "model_paths")),
+    ("TRL boundary", ("trl_boundary",)),
+    ("CPU runtime", ("cpu",)),
     ("data", ("data",)),
     ("rewards", ("rewards",)),
     ("token rules and statistics", ("token_rules", "fused_stats")),
@@ -20,13 +23,9 @@ LAYERS = (
         (
             "config",
             "trainer",
-            "trl_seams",
             "token_stats",
             "gradient_probe",
             "user_code",
-            "colocated_vllm_cpu",
-            "cpu_head",
-            "frozen_prefix",
             "resume",
             "callbacks",
             "methods",

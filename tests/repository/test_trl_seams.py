@@ -1,5 +1,5 @@
-"""The seam to TRL's internals (`stapo_trl.trl_seams`): each seam fits the installed TRL, each check can fail, and no
-other module of the package names a TRL or transformers private.
+"""The TRL boundary's drift checks (`stapo_trl.trl_boundary.drift_checks`): each seam fits the installed TRL, each
+check can fail, and no module outside `stapo_trl.trl_boundary` names a TRL or transformers private.
 """
 
 import ast
@@ -11,11 +11,12 @@ import transformers
 import trl
 from trl import GRPOTrainer
 
-from stapo_trl import trl_seams
-from stapo_trl.trl_seams import SEAMS, TESTED_TRL
+import stapo_trl
+from stapo_trl import trl_boundary
+from stapo_trl.trl_boundary.drift_checks import SEAMS, TESTED_TRL
 
-PACKAGE = Path(trl_seams.__file__).parent
-SEAM_MODULE = Path(trl_seams.__file__)
+PACKAGE = Path(stapo_trl.__file__).parent
+BOUNDARY = Path(trl_boundary.__file__).parent
 TRANSFORMERS_MODULES = (
     "trainer.py",
     "trainer_callback.py",
@@ -142,12 +143,13 @@ def foreign_private_names() -> set[str]:
 
 
 def _foreign_bases(tree: ast.Module) -> set[str]:
-    """Names a module imports from TRL, transformers, accelerate or peft (or the seam), so classes built on them."""
+    """Names a module imports from TRL, transformers, accelerate or peft (or the TRL boundary), so classes built on
+    them."""
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module:
             root = node.module.split(".")[0]
-            if root in FOREIGN_PACKAGES or node.module.endswith("trl_seams"):
+            if root in FOREIGN_PACKAGES or "trl_boundary" in node.module.split("."):
                 names |= {alias.asname or alias.name for alias in node.names}
     return names
 
@@ -208,11 +210,11 @@ def private_touches(path: Path, foreign: set[str]) -> list[str]:
     return found
 
 
-def test_no_trl_or_transformers_private_name_outside_the_seam():
-    files = sorted(path for path in PACKAGE.rglob("*.py") if path != SEAM_MODULE)
+def test_no_trl_or_transformers_private_name_outside_the_boundary():
+    files = sorted(path for path in PACKAGE.rglob("*.py") if BOUNDARY not in path.parents)
     foreign = foreign_private_names() - _own_private_names(files)
     touches = [touch for path in files for touch in private_touches(path, foreign)]
-    assert touches == [], "TRL/transformers privates outside stapo_trl/trl_seams.py: " + ", ".join(touches)
+    assert touches == [], "TRL/transformers privates outside stapo_trl/trl_boundary/: " + ", ".join(touches)
 
 
 def test_the_scan_finds_a_private_touch(tmp_path):

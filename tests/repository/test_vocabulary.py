@@ -1,5 +1,6 @@
 """One word per concept (see `stapo_trl.names`): tokens a rule removed are *silenced*, the S2T criterion is *spurious*,
-and the statistics backends do not take the library's name. 0.1.0 was never released, so no retired spelling
+the statistics backends do not take the library's name, and TRL's fused-head kernel has one backend name,
+``trl_fused_head``. 0.1.0 was never released, so no retired spelling
 survives anywhere, not even in a deprecation shim."""
 
 import re
@@ -19,6 +20,7 @@ RETIRED = {
     "the word 'masked' for removed tokens": r"\b(un)?masked\b",
     "a retired metric or summary name": r"masked_(fraction|tokens|steps|grad_sq_share)|num_masked",
     "the backend name 'trl'": r"""(backend|method)["']?\s*[=:]\s*["']trl["']|`"?trl"?` backend|backend `"?trl"?`""",
+    "a retired name of TRL's fused-head backend": r"""[`'"](model_head|trl_chunked)[`'"]""",
 }
 
 
@@ -52,3 +54,16 @@ def test_the_scan_finds_each_retired_spelling(tmp_path):
         "the backend name 'trl'",
         "the backend name 'trl'",
     ]
+
+
+def test_the_scan_finds_the_retired_names_of_trls_fused_head_backend(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        'token_stats_backend="model_head"\n'
+        "| `trl_chunked` (`ChunkedLogProbFunction`) | 6.63 s |\n"
+        '{"method": "trl_chunked"}\n'
+        "model_head_pass=self.per_token_logps_and_entropies, backend: trl_fused_head\n"
+    )
+    assert [line.split(": ")[1] for line in retired_spellings([doc], tmp_path)] == [
+        "a retired name of TRL's fused-head backend"
+    ] * 3

@@ -1,4 +1,4 @@
-"""The CPU adapter for TRL's colocated vLLM (`stapo_trl.colocated_vllm_cpu`): when it applies, what it refuses, and
+"""The CPU adapter for TRL's colocated vLLM (`stapo_trl.cpu.colocated_vllm`): when it applies, what it refuses, and
 that it changes nothing outside its block. The tests that build an engine and train are in
 tests/integration/test_vllm_colocate.py."""
 
@@ -12,7 +12,7 @@ import trl.trainer.grpo_trainer as trl_grpo_trainer
 from tiny import tiny_config, tiny_trainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
-from stapo_trl.colocated_vllm_cpu import CPUEngineSettings, VLLMOnCPUError, colocated_vllm_on_cpu, needs_cpu_adapter
+from stapo_trl.cpu.colocated_vllm import CPUEngineSettings, VLLMOnCPUError, colocated_vllm_on_cpu, needs_cpu_adapter
 from stapo_trl.errors import UsageError
 
 VLLM_INSTALLED = importlib.util.find_spec("vllm") is not None
@@ -21,7 +21,7 @@ NEEDS_VLLM = "vLLM is not installed; this test runs in the vLLM environment of .
 
 def test_importing_stapo_trl_leaves_trls_vllm_generation_alone():
     import stapo_trl  # noqa: F401
-    import stapo_trl.colocated_vllm_cpu  # noqa: F401
+    import stapo_trl.cpu.colocated_vllm  # noqa: F401
 
     assert trl_grpo_trainer.VLLMGeneration is trl_vllm_generation.VLLMGeneration
 

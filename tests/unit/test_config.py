@@ -275,7 +275,7 @@ def test_the_dump_in_a_run_without_token_rules_warns_that_it_records_nothing():
         make_config(dump_silenced_tokens=True, use_s2t_mask=False)
 
 
-def test_the_backend_is_called_model_head_not_trl():
+def test_the_backend_is_called_trl_fused_head_not_trl():
     with pytest.raises(ValueError, match="token_stats_backend must be one of"):
         make_config(token_stats_backend="trl")
 

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stapo_trl.cli.cpu_environment import CPU_ENVIRONMENT, SWITCH, set_cpu_environment
+from stapo_trl.cpu.environment import CPU_ENVIRONMENT, SWITCH, set_cpu_environment
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "recipes" / "quickstart" / "smollm2-135m-cpu.yaml"
 

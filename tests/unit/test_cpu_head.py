@@ -1,4 +1,4 @@
-"""The CPU LM head (`stapo_trl.cpu_head`) gives TRL's fused-head results: log-probabilities, entropies and gradients
+"""The CPU LM head (`stapo_trl.cpu.lm_head`) gives TRL's fused-head results: log-probabilities, entropies and gradients
 match TRL's own `ChunkedLogProbFunction` torch fallback to float tolerance, through the op and through a model patched
 by `add_fused_lm_head`; it is opt-in and can be turned off."""
 
@@ -13,8 +13,7 @@ from tiny import build_char_tokenizer, build_tiny_qwen3
 from trl.kernels import ChunkedLogProbFunction
 from trl.trainer.utils import add_fused_lm_head
 
-from stapo_trl import trl_seams
-from stapo_trl.cpu_head import (
+from stapo_trl.cpu.lm_head import (
     CPULogProbEntropy,
     FusedHeadOp,
     apply_cpu_lm_head,
@@ -23,6 +22,8 @@ from stapo_trl.cpu_head import (
     is_cpu_lm_head_applied,
     revert_cpu_lm_head,
 )
+from stapo_trl.trl_boundary.drift_checks import SEAMS
+from stapo_trl.trl_boundary.patches import install_fused_head_op
 
 TRL_VOCAB_TILE = 32
 """TRL's vocabulary tile in these tests: several tiles over the 101-entry vocabulary, the last one partial."""
@@ -234,7 +235,7 @@ def test_the_cpu_head_scores_only_labelled_positions():
             rows.append(hidden.shape[0])
             return super().apply(hidden, *args)
 
-    restore = trl_seams.install_fused_head_op(Counting(ChunkedLogProbFunction))
+    restore = install_fused_head_op(Counting(ChunkedLogProbFunction))
     try:
         model(input_ids=input_ids, labels=labels, fused_lm_head=True)
     finally:
@@ -247,7 +248,7 @@ def test_the_cpu_head_scores_only_labelled_positions():
 
 def test_importing_stapo_trl_patches_nothing():
     code = (
-        "import stapo_trl, stapo_trl.cpu_head, stapo_trl.trainer, stapo_trl.cli.train\n"
+        "import stapo_trl, stapo_trl.cpu.lm_head, stapo_trl.cpu.runtime, stapo_trl.trainer, stapo_trl.cli.train\n"
         "import trl.trainer.utils as u\n"
         "from trl.kernels import ChunkedLogProbFunction\n"
         "assert u._ChunkedLogProbFunction is ChunkedLogProbFunction, u._ChunkedLogProbFunction\n"
@@ -285,7 +286,7 @@ def test_the_kernel_is_an_autograd_function():
 
 
 def test_the_seam_check_fails_when_trl_stops_compacting(monkeypatch):
-    seam = next(seam for seam in trl_seams.SEAMS if seam.name == "install_fused_head_op")
+    seam = next(seam for seam in SEAMS if seam.name == "install_fused_head_op")
     assert seam.check() == []
     real_getsource = inspect.getsource
 
@@ -302,7 +303,7 @@ def test_the_seam_check_fails_when_trl_stops_compacting(monkeypatch):
 
 
 def test_the_seam_check_fails_when_the_op_signature_changes(monkeypatch):
-    seam = next(seam for seam in trl_seams.SEAMS if seam.name == "install_fused_head_op")
+    seam = next(seam for seam in SEAMS if seam.name == "install_fused_head_op")
 
     def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size):
         return None

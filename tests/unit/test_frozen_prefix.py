@@ -1,4 +1,4 @@
-"""Frozen-layer replay (`stapo_trl.frozen_prefix`): the loss pass over generated sequences reuses the hidden states
+"""Frozen-layer replay (`stapo_trl.cpu.frozen_layer_replay`): the loss pass over generated sequences reuses the hidden states
 `generate()` computed in the frozen bottom layers, and gives the log-probabilities and gradients of the full forward to
 float tolerance; it steps aside whenever the recording does not cover the call."""
 
@@ -10,8 +10,8 @@ from transformers import GenerationConfig
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
-from stapo_trl import trl_seams
-from stapo_trl.frozen_prefix import FrozenPrefixReplay, replay_blockers, replay_frozen_prefix
+from stapo_trl.cpu.frozen_layer_replay import FrozenPrefixReplay, replay_blockers, replay_frozen_prefix
+from stapo_trl.trl_boundary.hooks import decoder_layers
 
 LORA_ON_LAST_LAYER = {
     "r": 4,
@@ -181,7 +181,7 @@ def test_detach_puts_trls_forward_and_the_class_generate_back():
     with replay_frozen_prefix(base):
         assert vars(base)["forward"] is not forward and "generate" in vars(base)
     assert vars(base)["forward"] is forward and "generate" not in vars(base)
-    layers, problems = trl_seams.decoder_layers(base)
+    layers, problems = decoder_layers(base)
     assert problems == [] and all(type(layer).__name__ == "Qwen3DecoderLayer" for layer in layers)
 
 

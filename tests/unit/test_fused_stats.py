@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from stapo_trl import token_logprob_entropy
+from stapo_trl.cpu.logprob_entropy import CPULogProbEntropy, blocked_logprob_entropy
 from stapo_trl.fused_stats import BACKENDS, naive_logprob_entropy, resolve_backend
 from stapo_trl.fused_stats import liger as liger_module
-from stapo_trl.fused_stats.blocked import CPULogProbEntropy, blocked_logprob_entropy
 
-TRAINING_BACKENDS = ["torch", "liger", "trl_chunked"]
+TRAINING_BACKENDS = ["torch", "liger", "trl_fused_head"]
 
 
 def make_problem(num_tokens=37, hidden=16, vocab=101, seed=0, scale=2.0):
@@ -150,7 +150,7 @@ def test_missing_liger_gives_an_install_hint(monkeypatch):
         liger_module.liger_logprob_entropy(torch.zeros(1, 2), torch.zeros(3, 2), torch.zeros(1, dtype=torch.long))
 
 
-def test_the_backend_is_called_trl_chunked_not_trl():
+def test_the_backend_is_called_trl_fused_head_not_trl():
     with pytest.raises(ValueError, match="Unknown statistics backend 'trl'"):
         resolve_backend("trl", "cpu")
 

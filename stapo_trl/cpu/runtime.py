@@ -1,0 +1,121 @@
+"""`cpu_runtime`: the one entry to stapo-trl's CPU speed-ups, for `stapo-trl train` and for your own script alike."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+from accelerate.utils import is_peft_model
+
+from .colocated_vllm import CPUEngineSettings, colocated_vllm_on_cpu, needs_cpu_adapter
+from .environment import SWITCH, cpu_environment_not_in_effect
+from .frozen_layer_replay import FrozenPrefixReplay, replay_frozen_prefix
+from .lm_head import cpu_lm_head
+
+logger = logging.getLogger(__name__)
+
+_ACTIVE: ContextVar[CPURuntime | None] = ContextVar("stapo_trl_cpu_runtime", default=None)
+
+
+@dataclass
+class CPURuntime:
+    """What `cpu_runtime` turned on for its block."""
+
+    on_cpu: bool
+    """Whether the arguments train on the CPU; when not, nothing else is on."""
+    lm_head: bool = False
+    """The CPU LM head is on (`stapo_trl.cpu.lm_head`)."""
+    colocated_vllm: CPUEngineSettings | None = None
+    """The settings of colocated vLLM on vLLM's CPU backend, when the arguments ask for colocated vLLM."""
+    replay_frozen_layers: bool = False
+    """Trainers attached in the block get the shared prefill and frozen-layer replay (where their model allows)."""
+    environment_not_in_effect: dict[str, str] = field(default_factory=dict)
+    """The CPU environment defaults (`stapo_trl.cpu.environment`) missing from this process's environment."""
+    replays: dict[int, FrozenPrefixReplay | None] = field(default_factory=dict)
+    """The frozen-layer replay of each attached trainer, by ``id(trainer)``; None where the model does not allow it."""
+    _stack: ExitStack = field(default_factory=ExitStack, repr=False)
+
+    def attach(self, trainer) -> FrozenPrefixReplay | None:
+        """Turn on what needs the built trainer: the frozen-layer replay on its policy model (the transformers model
+        under its DDP and PEFT wrappers), until the block ends. `STAPOTrainer` calls this when it is built inside the
+        block; call it yourself for another TRL trainer. Attaching a trainer twice returns its first replay."""
+        if not self.replay_frozen_layers:
+            return None
+        if id(trainer) not in self.replays:
+            model = trainer.accelerator.unwrap_model(trainer.model)
+            policy = model.get_base_model() if is_peft_model(model) else model
+            self.replays[id(trainer)] = self._stack.enter_context(replay_frozen_prefix(policy))
+        return self.replays[id(trainer)]
+
+
+def active_cpu_runtime() -> CPURuntime | None:
+    """The innermost `cpu_runtime` block this code runs in, or None."""
+    return _ACTIVE.get()
+
+
+def attach_to_cpu_runtime(trainer) -> FrozenPrefixReplay | None:
+    """`CPURuntime.attach` of the active `cpu_runtime`, when there is one; None otherwise."""
+    runtime = active_cpu_runtime()
+    return None if runtime is None else runtime.attach(trainer)
+
+
+@contextmanager
+def cpu_runtime(args: Any, *, lm_head: bool = True, replay_frozen_layers: bool = True) -> Iterator[CPURuntime]:
+    """Turn on stapo-trl's CPU speed-ups for the trainers built and trained inside the block::
+
+        with cpu_runtime(args):
+            trainer = STAPOTrainer(model=..., reward_funcs=..., args=args, train_dataset=...)
+            trainer.train()
+
+    `stapo-trl train` runs every method through this block (``run_training``), so a script that builds its
+    `STAPOTrainer` inside it gets the same code paths. ``args`` are the trainer's arguments (a `STAPOConfig` or
+    `GRPOConfig`); pass the ones the trainer gets. When ``args.device`` is not the CPU, the block changes nothing.
+    On the CPU:
+
+    - **CPU LM head** (`stapo_trl.cpu.lm_head`; ``lm_head=False`` leaves it off): TRL's fused LM head scores only the
+      labelled positions, with stapo-trl's blocked op. Process-wide, from entering the block to leaving it.
+    - **Colocated vLLM on vLLM's CPU backend** (`stapo_trl.cpu.colocated_vllm`), when ``args`` ask for
+      ``use_vllm=True`` with ``vllm_mode="colocate"``. TRL builds its engine in ``GRPOTrainer.__init__``, so the
+      trainer must be built inside the block; trainers built there keep their adapted engine after it. Entering the
+      block refuses at once when the installed vLLM is missing or is not the CPU build.
+    - **Shared prefill and frozen-layer replay** (`stapo_trl.cpu.frozen_layer_replay`; ``replay_frozen_layers=False``
+      leaves it off). It needs the built model: a `STAPOTrainer` built inside the block attaches it at the end of its
+      ``__init__`` (for another TRL trainer, call `CPURuntime.attach`). It lasts until the block ends, and stays off,
+      with a log line saying why, on a model it does not fit (no frozen bottom layer, dropout in the frozen layers,
+      gradient checkpointing, several processes).
+    - **torch's environment** (`stapo_trl.cpu.environment`: ``OMP_WAIT_POLICY=PASSIVE``, ``THP_MEM_ALLOC_ENABLE=1``).
+      These take effect only when set before torch loads, and by the time a script has its ``args`` torch is loaded.
+      So the block sets none of them: it logs one warning naming the defaults missing from the environment and how
+      to set them (`CPURuntime.environment_not_in_effect` lists them). `stapo-trl train` sets them before it imports
+      torch, so there none is missing. Neither changes torch's thread count.
+
+    Yields the `CPURuntime` that says what is on.
+    """
+    runtime = CPURuntime(on_cpu=args.device.type == "cpu")
+    with runtime._stack:
+        if runtime.on_cpu:
+            runtime.environment_not_in_effect = cpu_environment_not_in_effect()
+            if runtime.environment_not_in_effect:
+                settings = " ".join(f"{name}={value}" for name, value in runtime.environment_not_in_effect.items())
+                logger.warning(
+                    "CPU training runs without %s: torch reads these only when it loads. Set them in the shell, or "
+                    "call stapo_trl.cpu.environment.set_cpu_environment() before anything imports torch (%s=0 "
+                    "silences this).",
+                    settings,
+                    SWITCH,
+                )
+            if lm_head:
+                runtime._stack.enter_context(cpu_lm_head())
+                runtime.lm_head = True
+            if needs_cpu_adapter(args.use_vllm, args.vllm_mode, "cpu"):
+                runtime.colocated_vllm = runtime._stack.enter_context(colocated_vllm_on_cpu())
+            runtime.replay_frozen_layers = replay_frozen_layers
+        token = _ACTIVE.set(runtime)
+        try:
+            yield runtime
+        finally:
+            _ACTIVE.reset(token)
