@@ -13,7 +13,7 @@ from pathlib import Path
 
 from transformers import ProgressCallback, TrainerCallback
 
-from .files import append_text, write_text_atomically
+from .storage import append_text, read_json_lines, write_text_atomically
 from .names import METRICS_FILE
 from .token_rules import TOKEN_RULES
 
@@ -51,7 +51,6 @@ class MetricsFileCallback(TrainerCallback):
 
     def _keep_steps_up_to(self, step: int) -> None:
         """Rewrite the file with the records of steps up to ``step`` only, through a temporary file and a rename."""
-        from .jsonl import read_json_lines
 
         kept = [record for record in read_json_lines(self.path) if record.get("step", 0) <= step]
         write_text_atomically(self.path, "".join(json.dumps(record) + "\n" for record in kept))

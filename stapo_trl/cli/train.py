@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..files import write_text_atomically
+from ..storage import write_text_atomically
 from ..names import (
     HELDOUT_RESULTS_FILE,
     METRICS_FILE,
@@ -737,7 +737,7 @@ def user_code_failure(request: TrainRequest, error: BaseException) -> str:
 def train_command(argv: list[str]) -> int:
     from ..callbacks import EXIT_CODES
     from ..errors import UserCodeError
-    from ..files import storage_problem
+    from ..storage import storage_problem
     from .help import HELP_ALL_FLAG, short_help
     from .plan import format_plan
     from .preflight import VLLM_MISSING, vllm_installed

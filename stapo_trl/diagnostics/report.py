@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from ..files import read_json_file
-from ..jsonl import read_json_lines
+from ..storage import read_json_file, read_json_lines
 from ..names import (
     METRICS_FILE,
     SHADOW_PREFIX,

@@ -22,8 +22,7 @@ from typing import Any
 
 import torch
 
-from ..files import append_text, read_json_file, write_text_atomically
-from ..jsonl import read_json_lines
+from ..storage import append_text, read_json_file, read_json_lines, write_text_atomically
 from ..names import SILENCED_TOKENS_FILE, SILENCED_TOKENS_STATS_FILE
 
 LOG10_P_RANGE = (-10.0, 0.0)

@@ -11,7 +11,7 @@ PACKAGE = Path(stapo_trl.__file__).parent
 ROOT = "stapo_trl"
 
 LAYERS = (
-    ("foundation", ("errors", "files", "jsonl", "names", "version", "distributed", "gguf", "model_paths")),
+    ("foundation", ("errors", "storage", "names", "version", "distributed", "gguf", "model_paths")),
     ("data", ("data",)),
     ("rewards", ("rewards",)),
     ("token rules and statistics", ("token_rules", "fused_stats")),

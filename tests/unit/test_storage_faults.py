@@ -14,7 +14,7 @@ import pytest
 import yaml
 from tiny import save_tiny_chat_model
 
-from stapo_trl.files import DamagedFileError, naming, read_json_file, storage_problem, write_text_atomically
+from stapo_trl.storage import DamagedFileError, naming, read_json_file, storage_problem, write_text_atomically
 
 REPO = Path(__file__).resolve().parents[2]
 
