@@ -13,8 +13,8 @@ from pathlib import Path
 
 from transformers import ProgressCallback, TrainerCallback
 
-from .storage import append_text, read_json_lines, write_text_atomically
 from .names import METRICS_FILE
+from .storage import append_text, read_json_lines, write_text_atomically
 from .token_rules import TOKEN_RULES
 
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..storage import write_text_atomically
 from ..names import (
     HELDOUT_RESULTS_FILE,
     METRICS_FILE,
@@ -22,6 +21,7 @@ from ..names import (
     TRAINER_STATE_FILE,
     TRAINING_CURVES_FILE,
 )
+from ..storage import write_text_atomically
 from .recipe import RecipeError, TrainRequest, is_launched, parse_train_args
 
 logger = logging.getLogger("stapo_trl")

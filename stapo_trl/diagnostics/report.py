@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from ..storage import read_json_file, read_json_lines
 from ..names import (
     METRICS_FILE,
     SHADOW_PREFIX,
@@ -27,6 +26,7 @@ from ..names import (
     TRAINER_STATE_FILE,
 )
 from ..resume import last_complete_checkpoint
+from ..storage import read_json_file, read_json_lines
 from ..token_rules import TOKEN_RULES, TokenRuleSpec
 from .plotting import (
     DensityPanel,

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from ..storage import append_text, read_json_file, read_json_lines, write_text_atomically
 from ..names import SILENCED_TOKENS_FILE, SILENCED_TOKENS_STATS_FILE
+from ..storage import append_text, read_json_file, read_json_lines, write_text_atomically
 
 LOG10_P_RANGE = (-10.0, 0.0)
 ENTROPY_RANGE = (0.0, 12.0)
