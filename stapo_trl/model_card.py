@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,20 +24,9 @@ import yaml
 
 from .diagnostics.trends import is_training_record, run_trends
 from .names import EVAL_SUMMARY_FILE, RUN_SUMMARY_FILE, TRAINER_STATE_FILE
+from .paper import PAPER_ID, PAPER_TITLE, PAPER_URL, STAPO_CITATION
+from .results_table import markdown_table, summary_rows
 from .token_rules import get_token_rule
-
-PAPER_TITLE = "STAPO: Stabilizing Reinforcement Learning for LLMs by Silencing Rare Spurious Tokens"
-PAPER_ID = "2602.15620"
-PAPER_URL = f"https://arxiv.org/abs/{PAPER_ID}"
-STAPO_CITATION = textwrap.dedent("""\
-    @article{liu2026stapo,
-        title        = {{STAPO: Stabilizing Reinforcement Learning for LLMs by Silencing Rare Spurious Tokens}},
-        author       = {Shiqi Liu and Zeyu He and Guojian Zhan and Letian Tao and Zhilong Zheng and Jiang Wu and Yinuo Wang and Yang Guan and Kehua Sheng and Bo Zhang and Keqiang Li and Jingliang Duan and Shengbo Eben Li},
-        year         = 2026,
-        eprint       = {arXiv:2602.15620},
-        doi          = {10.48550/arXiv.2602.15620},
-        url          = {https://arxiv.org/abs/2602.15620},
-    }""")
 
 RECIPE_FILE = "recipe.yaml"
 """Written into the output dir by `stapo-trl train`: the recipe as given, headed by the command line."""
@@ -316,8 +304,6 @@ def read_run_summary(output_dir: str | Path) -> dict[str, Any]:
 def evaluation_section(output_dir: str | Path, run_summary: dict[str, Any]) -> list[str]:
     """The held-out accuracy of `stapo-trl train` (from its ``run_summary``) and the tables of any `stapo-trl eval`
     summaries in ``output_dir``; empty if none."""
-    from .evaluation.table import markdown_table, summary_rows
-
     output_dir = Path(output_dir)
     lines: list[str] = []
     before, after = run_summary.get("accuracy_before"), run_summary.get("accuracy_after")

@@ -31,7 +31,6 @@ from .diagnostics.token_dump import SilencedTokenDump, StepTokens
 from .distributed import all_reduce_sum
 from .fused_stats.generation import unrecordable_decoding
 from .gradient_probe import GradientProbe, probe_metric
-from .model_card import PAPER_ID, PAPER_TITLE, STAPO_CITATION
 from .names import (
     ADVANTAGES_BEFORE_RULES_KEY,
     ENTROPIES_KEY,
@@ -47,6 +46,7 @@ from .names import (
     rule_metric,
     shadow_metric,
 )
+from .paper import PAPER_ID, PAPER_TITLE, STAPO_CITATION
 from .resume import EpochSeededSampler, resolve_resume_checkpoint
 from .rewards import resolve_reward_funcs
 from .token_rules import RuleCall, StepContext, apply_token_rules, get_token_rule, spurious_token_candidates

@@ -16,13 +16,13 @@ from tiny import tiny_config, tiny_trainer
 from stapo_trl import STAPOConfig, STAPOTrainer
 from stapo_trl.model_card import (
     RECIPE_FILE,
-    STAPO_CITATION,
     card_sections,
     check_model_card,
     method_section,
     refresh_model_card,
     statistics_section,
 )
+from stapo_trl.paper import STAPO_CITATION
 
 TINY = {"prob_threshold": 0.2, "temperature": 1.0}
 
