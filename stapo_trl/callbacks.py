@@ -14,8 +14,8 @@ from pathlib import Path
 from transformers import ProgressCallback, TrainerCallback
 
 from .names import METRICS_FILE
+from .run_record import step_line_parts
 from .storage import append_text, read_json_lines, write_text_atomically
-from .token_rules import TOKEN_RULES
 
 
 def _clean(value):
@@ -64,15 +64,14 @@ class MetricsFileCallback(TrainerCallback):
 
 
 def step_summary(logs: dict, step: int, max_steps: int) -> str:
-    """One line for one logged training step: reward, entropy, what each token rule logged (its spec's
-    `step_line`), length and loss."""
+    """One line for one logged training step: reward, entropy, what each token rule logged (in its own words,
+    `RulePresentation.step`), length and loss."""
     parts = [f"step {step}/{max_steps}"]
     if "reward" in logs:
         parts.append(f"reward {logs['reward']:+.3f}")
     if "entropy" in logs:
         parts.append(f"entropy {logs['entropy']:.3f}")
-    for spec in sorted(TOKEN_RULES.values(), key=lambda spec: spec.order):
-        parts += spec.step_line(logs)
+    parts += step_line_parts(logs)
     if "completions/mean_length" in logs:
         parts.append(f"len {logs['completions/mean_length']:.0f}")
     if "loss" in logs:

@@ -32,6 +32,7 @@ LAYERS = (
             "methods",
             "paper",
             "results_table",
+            "run_record",
             "model_card",
             "evaluation",
             "diagnostics",
