@@ -25,13 +25,13 @@ from typing import Any
 
 from .diagnostics.token_dump import silenced_token_line, spread
 from .diagnostics.trends import Trend, finite_series, is_finite_number, run_trends, training_records
+from .gradient_probe import PROBE_METRIC_PREFIX
 from .names import RUN_SUMMARY_FILE, SHADOW_PREFIX
 from .storage import read_json_file, write_text_atomically
 from .token_rules import LAST, MEAN, MEDIAN, STEPS_ABOVE_ZERO, SUM, TokenRuleSpec, registered_rules
 
 OPTIMIZATION_METRICS = ("grad_norm", "completions/mean_length", "clip_ratio/region_mean")
 """TRL's statistics of the updates that the record summarises, beside every ``gradient_probe/*`` statistic."""
-PROBE_PREFIX = "gradient_probe/"
 
 HELDOUT_METRICS = {
     "accuracy": "eval_heldout_accuracy",
@@ -169,7 +169,7 @@ def rule_summary(spec: TokenRuleSpec, steps: list[dict[str, Any]], prefix: str =
 
 def optimization_statistics(steps: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Mean, median, max and logged steps of each of `OPTIMIZATION_METRICS` and ``gradient_probe/*`` in the log."""
-    probed = sorted({key for entry in steps for key in entry if key.startswith(PROBE_PREFIX)})
+    probed = sorted({key for entry in steps for key in entry if key.startswith(f"{PROBE_METRIC_PREFIX}/")})
     found = {}
     for key in (*OPTIMIZATION_METRICS, *probed):
         _, values = finite_series(steps, key)

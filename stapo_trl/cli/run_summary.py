@@ -45,7 +45,7 @@ def write_heldout_results(output_dir: Path, heldout, results: dict) -> Path:
 
 def record_finished_run(
     log_history: list[dict[str, Any]],
-    output_dir: Path,
+    output_dir: str,
     *,
     plot_label: str,
     plot_title: str,
@@ -59,6 +59,7 @@ def record_finished_run(
     and return the record. ``given`` holds what only `stapo-trl train` knows (`build_run_record`'s); ``started`` is
     the run's start (`time.perf_counter`), for its total time. File names are relative to ``output_dir``:
     run_summary.json is pushed to the Hub with the model."""
+    directory = Path(output_dir)
     from ..diagnostics.report_figures import plot_training_curves  # loads transformers (through .resume)
 
     files = {
@@ -67,25 +68,25 @@ def record_finished_run(
         "log": f"{TRAINER_STATE_FILE} (log_history; {METRICS_FILE} is its live copy)",
     }
     if log_history:
-        plot_training_curves(log_history, output_dir / TRAINING_CURVES_FILE, label=plot_label, title=plot_title)
+        plot_training_curves(log_history, directory / TRAINING_CURVES_FILE, label=plot_label, title=plot_title)
         files["plot"] = TRAINING_CURVES_FILE
     silenced_tokens = dump_stats = None
     if dump_silenced_tokens:
         files["silenced tokens"] = SILENCED_TOKENS_FILE
-        silenced_tokens, dump_stats = read_dump(output_dir)
+        silenced_tokens, dump_stats = read_dump(directory)
     if heldout_results:
-        files["held-out results"] = write_heldout_results(output_dir, heldout, heldout_results).name
+        files["held-out results"] = write_heldout_results(directory, heldout, heldout_results).name
     files["summary"] = RUN_SUMMARY_FILE
     record = build_run_record(
         log_history,
         silenced_tokens=silenced_tokens,
         dump_stats=dump_stats,
         files=files,
-        output_dir=str(output_dir),
+        output_dir=output_dir,
         seconds_total=time.perf_counter() - started,
         **given,
     )
-    write_run_record(record, output_dir)
+    write_run_record(record, directory)
     return record
 
 

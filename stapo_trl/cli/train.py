@@ -443,7 +443,7 @@ def train_and_summarize(request: TrainRequest, cpu_paths) -> RunRecord | None:
     if trainer.accelerator.is_main_process:
         record = record_finished_run(
             trainer.state.log_history,
-            output_dir,
+            str(training.output_dir),
             plot_label=f"{script.method}, seed {training.seed}",
             plot_title=f"{script.method} on {plot_model_name(base_model, model_args.model_name_or_path)}",
             heldout=heldout,

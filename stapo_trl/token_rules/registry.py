@@ -15,9 +15,10 @@ config field that switches it on and the dataclass mixin holding its fields, how
 optimizer step, its optional stateful controller (saved with checkpoints), and how it describes itself to the model
 card, the end-of-run summary, the console line, ``train -h`` and the report (as data: its metrics and their
 meanings, units and run summaries, and the words it is shown with). The trainer, the config, the methods,
-the card and the CLI iterate over the registry and never name a rule. Adding a rule is one module in this package
-that defines its function and spec and calls :func:`register_token_rule_spec`; the package imports every module in
-it, so nothing else changes.
+the run record, the card and the CLI iterate over the registry and never name a rule. Adding a rule is one module in
+this package that defines its function and spec and calls :func:`register_token_rule_spec`; the package imports every
+module in it, so no other module changes (its metric table goes into docs/diagnostics.md, which a test compares with
+the spec's ``metrics``).
 
 Rules import nothing from TRL, so verl or a hand-written loop can call them, or :func:`apply_token_rules`, directly.
 A plain function registered with :func:`register_token_rule` gets a minimal spec: it is listed in the config's

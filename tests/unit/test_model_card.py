@@ -117,7 +117,7 @@ def test_the_card_summarizes_the_final_s2t_statistics_from_the_log(trained):
     card = card_of(trainer, output_dir)
     assert f"S2T silenced {silenced} tokens of {candidates} candidates; mean silenced fraction {fraction:.4%}" in card
     # The trends: the same sentences as the end-of-run summary and `stapo-trl report`
-    # (tests/unit/test_trends_agree.py).
+    # (tests/unit/test_run_record_agrees.py).
     assert "- mean token entropy (nats) " in card and "(first quarter of steps) ->" in card
 
 
