@@ -27,17 +27,18 @@ from ..gguf import gguf_checkpoint, hub_source, is_gguf_reference
 from ..model_paths import local_model_problem
 from ..names import METRICS_FILE, RECIPE_FILE
 from ..rewards import get_reward_func
-from ..run_record import HELDOUT_METRICS, RunRecord
+from ..run_record import RunRecord
 from ..storage import storage_problem, write_text_atomically
+from .heldout import heldout_metrics, log_at_train_begin, log_metrics
 from .help import HELP_ALL_FLAG, short_help
 from .model_checks import load_checked_tokenizer_and_config
 from .plan import format_plan
 from .recipe import RecipeError, TrainRequest, is_launched, make_train_parser, parse_train_args
 from .run_summary import DATASET_DESCRIPTIONS, console_summary, plot_model_name, record_finished_run
 
-# Imported where they are used, so that `stapo-trl train -h` and `--dry_run` load none of them: transformers, TRL and
-# PEFT (with `stapo_trl.trainer`, `.trl_seams`, `.callbacks`, `.resume` and `.preflight`, which import them), the
-# evaluation package, and the CPU paths.
+# Imported where they are used: transformers, TRL and PEFT (and `stapo_trl.trainer`, `.trl_seams`, `.callbacks`,
+# `.resume` and `.preflight`, which import them), the evaluation package and the CPU paths, so that `stapo-trl train
+# -h` loads none of them and `--dry_run` no more than TRL's argument parser needs.
 
 logger = logging.getLogger("stapo_trl")
 
@@ -475,32 +476,6 @@ def train_and_summarize(request: TrainRequest, cpu_paths) -> RunRecord | None:
     if lock is not None:
         lock.release()
     return record
-
-
-def heldout_metrics(result: dict[str, Any]) -> dict[str, float]:
-    """The held-out greedy evaluation as transformers names evaluation metrics (``eval_*``, `HELDOUT_METRICS`), for the
-    log history and the ``report_to`` trackers; the run's record reads them back."""
-    return {metric: result[name] for name, metric in HELDOUT_METRICS.items() if result.get(name) is not None}
-
-
-def log_metrics(trainer, metrics: dict[str, float]) -> None:
-    """Log ``metrics`` at the trainer's current step through transformers' `Trainer.log`: into the log history and
-    the ``report_to`` trackers, without TRL's averaging of its own training metrics."""
-    from transformers import Trainer
-
-    Trainer.log(trainer, dict(metrics))
-
-
-def log_at_train_begin(trainer, metrics: dict[str, float]):
-    """A callback that logs ``metrics`` at step 0 of a fresh run (a resumed run starts later and logs nothing)."""
-    from transformers import TrainerCallback
-
-    class LogAtTrainBegin(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kwargs):
-            if state.global_step == 0:
-                log_metrics(trainer, metrics)
-
-    return LogAtTrainBegin()
 
 
 class TrainingInterrupted(Exception):
