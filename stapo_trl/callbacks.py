@@ -13,9 +13,9 @@ from pathlib import Path
 
 from transformers import ProgressCallback, TrainerCallback
 
-from .files import append_text, write_text_atomically
 from .names import METRICS_FILE
-from .token_rules import TOKEN_RULES
+from .run_record import step_line_parts
+from .storage import append_text, read_json_lines, write_text_atomically
 
 
 def _clean(value):
@@ -51,7 +51,6 @@ class MetricsFileCallback(TrainerCallback):
 
     def _keep_steps_up_to(self, step: int) -> None:
         """Rewrite the file with the records of steps up to ``step`` only, through a temporary file and a rename."""
-        from .jsonl import read_json_lines
 
         kept = [record for record in read_json_lines(self.path) if record.get("step", 0) <= step]
         write_text_atomically(self.path, "".join(json.dumps(record) + "\n" for record in kept))
@@ -65,15 +64,14 @@ class MetricsFileCallback(TrainerCallback):
 
 
 def step_summary(logs: dict, step: int, max_steps: int) -> str:
-    """One line for one logged training step: reward, entropy, what each token rule logged (its spec's
-    `step_line`), length and loss."""
+    """One line for one logged training step: reward, entropy, what each token rule logged (in its own words,
+    `RulePresentation.step`), length and loss."""
     parts = [f"step {step}/{max_steps}"]
     if "reward" in logs:
         parts.append(f"reward {logs['reward']:+.3f}")
     if "entropy" in logs:
         parts.append(f"entropy {logs['entropy']:.3f}")
-    for spec in sorted(TOKEN_RULES.values(), key=lambda spec: spec.order):
-        parts += spec.step_line(logs)
+    parts += step_line_parts(logs)
     if "completions/mean_length" in logs:
         parts.append(f"len {logs['completions/mean_length']:.0f}")
     if "loss" in logs:

@@ -16,32 +16,23 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import textwrap
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
+from huggingface_hub import ModelCard, ModelCardData, try_to_load_from_cache
 
-from .diagnostics.trends import is_training_record, run_trends
-from .names import EVAL_SUMMARY_FILE, RUN_SUMMARY_FILE, TRAINER_STATE_FILE
+from .methods import describe_token_rule, infer_method, method_preset, method_title
+from .names import EVAL_SUMMARY_FILE, RECIPE_FILE, TRAINER_STATE_FILE
+from .paper import PAPER_ID, PAPER_TITLE, PAPER_URL, STAPO_CITATION
+from .results_table import markdown_table, summary_rows
+from .run_record import RunRecord, build_run_record, fill_first, read_run_record, trend_sentences
 from .token_rules import get_token_rule
+from .version import __version__
 
-PAPER_TITLE = "STAPO: Stabilizing Reinforcement Learning for LLMs by Silencing Rare Spurious Tokens"
-PAPER_ID = "2602.15620"
-PAPER_URL = f"https://arxiv.org/abs/{PAPER_ID}"
-STAPO_CITATION = textwrap.dedent("""\
-    @article{liu2026stapo,
-        title        = {{STAPO: Stabilizing Reinforcement Learning for LLMs by Silencing Rare Spurious Tokens}},
-        author       = {Shiqi Liu and Zeyu He and Guojian Zhan and Letian Tao and Zhilong Zheng and Jiang Wu and Yinuo Wang and Yang Guan and Kehua Sheng and Bo Zhang and Keqiang Li and Jingliang Duan and Shengbo Eben Li},
-        year         = 2026,
-        eprint       = {arXiv:2602.15620},
-        doi          = {10.48550/arXiv.2602.15620},
-        url          = {https://arxiv.org/abs/2602.15620},
-    }""")
-
-RECIPE_FILE = "recipe.yaml"
-"""Written into the output dir by `stapo-trl train`: the recipe as given, headed by the command line."""
 TRL_TRAINING_HEADING = "## Training procedure"
 TRL_CITATIONS_HEADING = "## Citations"
 """The sections of TRL's card that the rebuilt card keeps as TRL rendered them."""
@@ -123,8 +114,6 @@ def base_model_license(base_model: str | None) -> str | None:
         return None
     if base_model in KNOWN_LICENSES:
         return KNOWN_LICENSES[base_model]
-    from huggingface_hub import ModelCard, try_to_load_from_cache
-
     candidates = [Path(base_model) / "README.md"]
     try:
         cached = try_to_load_from_cache(base_model, "README.md")
@@ -145,8 +134,6 @@ def base_model_license(base_model: str | None) -> str | None:
 
 def card_metadata(facts: CardFacts):
     """The card's metadata as a `ModelCardData`."""
-    from huggingface_hub import ModelCardData
-
     tags = ["generated_from_trainer", *facts.tags]
     if facts.adapter:
         tags = [*tags, *([facts.adapter_type.lower()] if facts.adapter_type else []), "transformers"]
@@ -225,9 +212,6 @@ print(output["generated_text"])"""
 
 def method_section(config: Any) -> list[str]:
     """The method, with a link to the paper, and a table of the thresholds and loss settings that define it."""
-    from .methods import describe_token_rule, infer_method, method_preset, method_title
-    from .version import __version__
-
     method = infer_method(config)
     title = method_title(config)
     lines = [
@@ -243,7 +227,12 @@ def method_section(config: Any) -> list[str]:
         "| setting | value |",
         "|---|---|",
     ]
-    rows = [row for name in config.active_token_rules for row in get_token_rule(name).card_settings(config)]
+    rows = [
+        (setting.field, setting.meaning)
+        for name in config.active_token_rules
+        for setting in get_token_rule(name).presentation.settings
+        if setting.applies(config)
+    ]
     if rows:
         rows.append(("token_stats_source", "policy that supplies p and H"))
     rows += SETTINGS
@@ -275,18 +264,22 @@ def base_weights_section(facts: CardFacts) -> list[str]:
     return lines
 
 
-def statistics_section(config: Any, history: list[dict[str, Any]]) -> list[str]:
-    """The logged steps' trends (reward and entropy, with their uncertainty) and the token rules' statistics."""
-    steps = [record for record in history if is_training_record(record) and "step" in record]
+def statistics_section(config: Any, record: RunRecord) -> list[str]:
+    """The record's trends (reward and entropy, with their uncertainty) and the statistics of the token rules the
+    config applies, in each rule's words (`RulePresentation.card`)."""
     lines = ["### Token-rule statistics and trends", ""]
-    if not steps:
+    if not record.logged_steps:
         return lines + ["No training steps were logged when this card was written."]
-    lines.append(f"Over {len(steps)} logged steps (the last is step {steps[-1]['step']}):")
+    lines.append(f"Over {record.logged_steps} logged steps (the last is step {record.last_logged_step}):")
     lines.append("")
-    lines += [f"- {trend.sentence()}." for trend in run_trends(steps).values()]
+    lines += [f"- {sentence}." for sentence in trend_sentences(record)]
     rules = config.active_token_rules
     for name in rules:
-        lines += get_token_rule(name).card_statistics(steps)
+        summary = {**record.token_rules.get(name, {}), "steps": record.logged_steps}
+        for alternatives in get_token_rule(name).presentation.card:
+            bullet = fill_first(alternatives, summary)
+            if bullet is not None:
+                lines.append(f"- {bullet}")
     if not rules:
         lines.append("- No token rule was on in this run.")
     return lines
@@ -307,20 +300,12 @@ def find_eval_summaries(output_dir: str | Path) -> list[Path]:
     return found
 
 
-def read_run_summary(output_dir: str | Path) -> dict[str, Any]:
-    """The `run_summary.json` that `stapo-trl train` wrote in ``output_dir``, or ``{}`` for a run without one."""
-    path = Path(output_dir) / RUN_SUMMARY_FILE
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def evaluation_section(output_dir: str | Path, run_summary: dict[str, Any]) -> list[str]:
-    """The held-out accuracy of `stapo-trl train` (from its ``run_summary``) and the tables of any `stapo-trl eval`
-    summaries in ``output_dir``; empty if none."""
-    from .evaluation.table import markdown_table, summary_rows
-
+def evaluation_section(output_dir: str | Path, record: RunRecord) -> list[str]:
+    """The record's held-out accuracy (which `stapo-trl train` logs) and the tables of any `stapo-trl eval` summaries
+    in ``output_dir``; empty if none."""
     output_dir = Path(output_dir)
     lines: list[str] = []
-    before, after = run_summary.get("accuracy_before"), run_summary.get("accuracy_after")
+    before, after = record.accuracy_before, record.accuracy_after
     if before and after:
         lines += [
             f"- Held-out greedy accuracy ({after['total']} problems): {before['accuracy']:.3f} ± "
@@ -384,14 +369,13 @@ def shorten_local_paths(text: str) -> tuple[str, int]:
     return shortened, len(ABSOLUTE_PATH.findall(text))
 
 
-def stapo_sections(config: Any, history: list[dict[str, Any]], output_dir: str | Path, facts: CardFacts) -> str:
+def stapo_sections(config: Any, record: RunRecord, output_dir: str | Path, facts: CardFacts) -> str:
     """The "STAPO training details" section and its subsections, as Markdown."""
-    run_summary = read_run_summary(output_dir)
     parts = [
         method_section(config),
         base_weights_section(facts),
-        statistics_section(config, history),
-        evaluation_section(output_dir, run_summary),
+        statistics_section(config, record),
+        evaluation_section(output_dir, record),
         recipe_section(config, output_dir),
     ]
     return "\n\n".join("\n".join(part) for part in parts if part)
@@ -412,10 +396,6 @@ def card_sections(text: str) -> dict[str, str]:
 
 
 def _framework_versions(adapter: bool) -> list[str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    from .version import __version__
-
     lines = [f"- stapo-trl: {__version__}"]
     if adapter:
         with contextlib.suppress(PackageNotFoundError):
@@ -450,18 +430,14 @@ TEMPLATE = """---
 
 def build_model_card(
     config: Any,
-    history: list[dict[str, Any]],
+    record: RunRecord,
     output_dir: str | Path,
     facts: CardFacts,
     trl_card_text: str,
 ):
     """The whole card as a `huggingface_hub.ModelCard`: our metadata, intro and quick start, TRL's training
     procedure (with stapo-trl's and PEFT's versions added to its framework versions) and citations, and the STAPO
-    sections."""
-    from huggingface_hub import ModelCard
-
-    from .methods import method_title
-
+    sections, which render the run's ``record`` (`stapo_trl.run_record`)."""
     trl_sections = card_sections(trl_card_text)
     training = trl_sections.get(TRL_TRAINING_HEADING, TRL_TRAINING_HEADING)
     training = "\n".join([training, *(line for line in _framework_versions(facts.adapter) if line not in training)])
@@ -476,18 +452,16 @@ def build_model_card(
         intro="\n".join(intro_section(facts, method_title(config))),
         quick_start="\n".join(quick_start_section(facts)),
         training_procedure=training,
-        stapo_sections=stapo_sections(config, history, output_dir, facts),
+        stapo_sections=stapo_sections(config, record, output_dir, facts),
         citations=citations,
     )
 
 
 def facts_from_card(card_path: str | Path, config: Any, output_dir: str | Path) -> CardFacts:
     """The `CardFacts` of a card already written (by `STAPOTrainer`), for rewriting it from the files on disk."""
-    from huggingface_hub import ModelCard
-
     data = ModelCard.load(card_path).data.to_dict()
-    summary = read_run_summary(output_dir)
-    source = summary.get("model_source")
+    written = read_run_record(output_dir) or RunRecord()
+    source = written.model_source
     datasets = data.get("datasets") or []
     generated = {"generated_from_trainer", "lora", "transformers"}  # added again by card_metadata
     return CardFacts(
@@ -500,7 +474,7 @@ def facts_from_card(card_path: str | Path, config: Any, output_dir: str | Path) 
         dataset=datasets[0] if datasets else None,
         tags=[tag for tag in data.get("tags") or [] if tag not in generated and not tag.startswith("base_model:")],
         gguf_source=source if isinstance(source, str) and source.lower().endswith(".gguf") else None,
-        dataset_description=summary.get("dataset_description"),
+        dataset_description=written.dataset_description,
         license=data.get("license"),
     )
 
@@ -513,8 +487,6 @@ def refresh_model_card(output_dir: str | Path) -> Path:
     (``training_args.bin``) and the log history (``trainer_state.json``, written by `stapo-trl train` and by
     ``trainer.save_state()``). The metadata, and TRL's training procedure and citations, are kept as they are.
     """
-    import torch
-
     output_dir = Path(output_dir)
     card, args, state = (output_dir / name for name in ("README.md", "training_args.bin", TRAINER_STATE_FILE))
     missing = [path.name for path in (card, args) if not path.is_file()]
@@ -526,7 +498,7 @@ def refresh_model_card(output_dir: str | Path) -> Path:
     config = torch.load(args, weights_only=False)
     history = json.loads(state.read_text()).get("log_history", []) if state.is_file() else []
     facts = facts_from_card(card, config, output_dir)
-    built = build_model_card(config, history, output_dir, facts, card.read_text(encoding="utf-8"))
+    built = build_model_card(config, build_run_record(history), output_dir, facts, card.read_text(encoding="utf-8"))
     built.save(card)
     return card
 
@@ -541,8 +513,6 @@ def check_model_card(card_path: str | Path) -> list[str]:
     a missing ``license``, ``library_name``, ``pipeline_tag`` or ``tags``, a ``base_model`` or dataset that is not a
     Hub repo id, and absolute local paths anywhere in the card. An empty list means none was found. (The Hub's own
     validator, ``ModelCard.validate``, is a Hub service and needs a connection.)"""
-    from huggingface_hub import ModelCard
-
     problems = []
     try:
         card = ModelCard.load(card_path)

@@ -34,6 +34,8 @@ SILENCED_TOKENS_FILE = "silenced_tokens.jsonl"
 """The silenced-token dump: sampled silenced tokens with their context, p, H and advantage."""
 SILENCED_TOKENS_STATS_FILE = "silenced_tokens_stats.json"
 """The dump's counts per step and its histogram of every loss token over (log p, H)."""
+RECIPE_FILE = "recipe.yaml"
+"""Written into the output dir by `stapo-trl train`: the recipe as given, headed by the command line."""
 TRAINER_STATE_FILE = "trainer_state.json"
 """transformers' trainer state, the last file a checkpoint save writes."""
 

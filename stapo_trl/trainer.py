@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from accelerate.utils import is_peft_model
+from huggingface_hub import ModelCard
 from transformers import TrainingArguments
 
 from .config import STAPOConfig
@@ -31,7 +32,8 @@ from .diagnostics.token_dump import SilencedTokenDump, StepTokens
 from .distributed import all_reduce_sum
 from .fused_stats.generation import unrecordable_decoding
 from .gradient_probe import GradientProbe, probe_metric
-from .model_card import PAPER_ID, PAPER_TITLE, STAPO_CITATION
+from .methods import infer_method
+from .model_card import CardFacts, base_model_license, build_model_card, portable_location
 from .names import (
     ADVANTAGES_BEFORE_RULES_KEY,
     ENTROPIES_KEY,
@@ -47,9 +49,11 @@ from .names import (
     rule_metric,
     shadow_metric,
 )
+from .paper import PAPER_ID, PAPER_TITLE, STAPO_CITATION
 from .resume import EpochSeededSampler, resolve_resume_checkpoint
 from .rewards import resolve_reward_funcs
-from .token_rules import RuleCall, StepContext, apply_token_rules, get_token_rule
+from .run_record import RunRecord, build_run_record, read_run_record
+from .token_rules import RuleCall, StepContext, apply_token_rules, candidates_below, get_token_rule
 from .token_stats import TokenStatistics
 from .trl_boundary.hooks import HookedGRPOTrainer, disable_gradient_checkpointing, get_config_model_id
 from .user_code import reward_function_error, warn_about_infinite_rewards
@@ -175,9 +179,15 @@ class STAPOTrainer(HookedGRPOTrainer):
                 fsdp=self.is_fsdp_enabled,
                 generation_statistics_required=any(spec.needs_generation_statistics for spec in running),
             )
-        pools = [pool for pool in (spec.candidate_pool(args) for spec in running) if pool is not None]
+        probability_bound = next(
+            (bound for spec in running if (bound := spec.probability_bound(args)) is not None), None
+        )
         self.gradient_probe = (
-            GradientProbe(args.gradient_probe_steps, seed=args.seed, candidate_mask=pools[0] if pools else None)
+            GradientProbe(
+                args.gradient_probe_steps,
+                seed=args.seed,
+                candidate_mask=candidates_below(probability_bound) if probability_bound is not None else None,
+            )
             if args.gradient_probe_steps
             else None
         )
@@ -186,7 +196,6 @@ class STAPOTrainer(HookedGRPOTrainer):
                 "gradient_probe_steps backpropagates outside TRL's training step, which DeepSpeed and FSDP do not "
                 "support here. Measure the gradient share in a run without them, or set gradient_probe_steps: 0."
             )
-        bounds = [spec.report.probability_bound_field for spec in running if spec.report is not None]
         self.token_dump = (
             SilencedTokenDump(
                 args.output_dir,
@@ -195,7 +204,7 @@ class STAPOTrainer(HookedGRPOTrainer):
                 max_tokens=args.dump_max_tokens,
                 context_tokens=args.dump_context_tokens,
                 seed=args.seed,
-                probability_bound=getattr(args, bounds[0]) if bounds and bounds[0] else None,
+                probability_bound=probability_bound,
                 is_main_process=self.accelerator.is_main_process,
             )
             if args.dump_silenced_tokens and running
@@ -455,14 +464,9 @@ class STAPOTrainer(HookedGRPOTrainer):
         """The model card, by the Hub's conventions (see `stapo_trl.model_card`): TRL writes its card, which is then
         rebuilt with `huggingface_hub`'s `ModelCardData` and `ModelCard`, keeping TRL's training procedure (tracker
         links, framework versions) and citations, and adding the STAPO sections: the method and its thresholds, the
-        base weights, the token-rule statistics and trends, the evaluation results found in ``output_dir``
-        (``run_summary.json``, ``*/summary.json`` of `stapo-trl eval`) and the recipe. TRL calls this on every
-        checkpoint save and on `push_to_hub`."""
-        from huggingface_hub import ModelCard
-
-        from .methods import infer_method
-        from .model_card import CardFacts, base_model_license, build_model_card, portable_location, read_run_summary
-
+        base weights, the run's record (`stapo_trl.run_record`, built from the log history: the token-rule statistics,
+        the trends and the held-out accuracy), the evaluation results found in ``output_dir`` (``*/summary.json`` of
+        `stapo-trl eval`) and the recipe. TRL calls this on every checkpoint save and on `push_to_hub`."""
         tags = [tags] if isinstance(tags, str) else list(tags or [])
         method = infer_method(self.args)
         if method not in tags:
@@ -473,8 +477,8 @@ class STAPOTrainer(HookedGRPOTrainer):
             return
         trl_card = ModelCard.load(card)
         trl_data = trl_card.data.to_dict()
-        run_summary = read_run_summary(self.args.output_dir)
-        source = run_summary.get("model_source")
+        written = read_run_record(self.args.output_dir) or RunRecord()  # the model `stapo-trl train` was given
+        source = written.model_source
         facts = CardFacts(
             model_name=model_name or trl_data.get("model_name") or Path(self.args.output_dir).name,
             location=portable_location(self.args.output_dir, self.hub_model_id),
@@ -485,10 +489,11 @@ class STAPOTrainer(HookedGRPOTrainer):
             dataset=dataset_name,
             tags=[tag for tag in trl_data.get("tags") or [] if tag != "generated_from_trainer"],
             gguf_source=source if isinstance(source, str) and source.lower().endswith(".gguf") else None,
-            dataset_description=run_summary.get("dataset_description"),
+            dataset_description=written.dataset_description,
             license=base_model_license(trl_data.get("base_model") or get_config_model_id(self.model.config)),
         )
-        built = build_model_card(self.args, self.state.log_history, self.args.output_dir, facts, trl_card.text)
+        record = build_run_record(self.state.log_history)
+        built = build_model_card(self.args, record, self.args.output_dir, facts, trl_card.text)
         built.save(card)
 
     # ------------------------------------------------------------------ checkpoints

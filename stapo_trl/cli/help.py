@@ -87,12 +87,17 @@ GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ),
 )
 """(group title, ((option, one-line description), ...)). Each token rule adds its own group (its spec's
-``help_title`` and ``help_options``) after "data and rewards". A test checks that every option exists."""
+``presentation.help_title`` and ``presentation.help_options``) after "data and rewards". A test checks that every
+option exists."""
 
 
 def option_groups() -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
     """The groups of ``train -h``: the fixed ones, with each token rule's group after "data and rewards"."""
-    rules = tuple((spec.help_title, spec.help_options) for spec in switched_rules() if spec.help_title)
+    rules = tuple(
+        (spec.presentation.help_title, spec.presentation.help_options)
+        for spec in switched_rules()
+        if spec.presentation.help_title
+    )
     split = next(index for index, (title, _) in enumerate(GROUPS) if title == "data and rewards") + 1
     return GROUPS[:split] + rules + GROUPS[split:]
 

@@ -42,21 +42,16 @@ def default_output_dir(run_dirs: list[str]) -> Path:
 
 
 def report_command(argv: list[str]) -> int:
-    from ..diagnostics.report import ReportError, write_report
-
     args = _parser().parse_args(argv)
+    # After the arguments, so that `stapo-trl report -h` loads no torch.
+    from ..diagnostics.report import ReportError, console_lines, write_report
+
     if args.top_tokens < 1:
         raise ReportError(f"--top_tokens is {args.top_tokens}; it must be at least 1.")
     output_dir = Path(args.output_dir) if args.output_dir else default_output_dir(args.run_dirs)
     report = write_report(args.run_dirs, output_dir, labels=args.labels, html=args.html, top_tokens=args.top_tokens)
-    from ..diagnostics.report import heldout_cell, trend_sentences
-
-    for summary in report.summaries:
-        print(f"{summary['label']}: {summary['steps']} steps")
-        for line in [*trend_sentences(summary), *summary.get("rule_lines", [])]:
-            print(f"  {line}")
-        if summary.get("heldout"):
-            print(f"  held-out greedy accuracy: {heldout_cell(summary['heldout'])}")
+    for run in report.runs:
+        print("\n".join(console_lines(run)))
     for note in report.notes:
         print(f"note: {note}")
     print(f"report: {report.markdown}")

@@ -5,24 +5,40 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
+import shutil
 import signal
 import sys
+import threading
 import time
+import traceback
+import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..files import write_text_atomically
-from ..names import (
-    HELDOUT_RESULTS_FILE,
-    METRICS_FILE,
-    RUN_SUMMARY_FILE,
-    SILENCED_TOKENS_FILE,
-    TRAINER_STATE_FILE,
-    TRAINING_CURVES_FILE,
-)
-from .recipe import RecipeError, TrainRequest, is_launched, parse_train_args
+from accelerate import PartialState
+
+from ..data import load_dapo_math
+from ..data.arithmetic import ARITHMETIC, load_arithmetic
+from ..data.selection import drop_long_prompts, random_subset, split_heldout
+from ..errors import UserCodeError
+from ..gguf import gguf_checkpoint, hub_source, is_gguf_reference
+from ..model_paths import local_model_problem
+from ..names import METRICS_FILE, RECIPE_FILE
+from ..rewards import get_reward_func
+from ..run_record import RunRecord
+from ..storage import storage_problem, write_text_atomically
+from .heldout import heldout_metrics, log_at_train_begin, log_metrics
+from .help import HELP_ALL_FLAG, short_help
+from .model_checks import load_checked_tokenizer_and_config
+from .plan import format_plan
+from .recipe import RecipeError, TrainRequest, is_launched, make_train_parser, parse_train_args
+from .run_summary import DATASET_DESCRIPTIONS, console_summary, plot_model_name, record_finished_run
+
+# Imported where they are used: transformers, TRL and PEFT (and `stapo_trl.trainer`, `.trl_boundary`, `.callbacks`,
+# `.resume` and `.preflight`, which import them), the evaluation package and the CPU paths, so that `stapo-trl train
+# -h` loads none of them and `--dry_run` no more than TRL's argument parser needs.
 
 logger = logging.getLogger("stapo_trl")
 
@@ -77,8 +93,6 @@ def rendezvous_note():
     ``STAPO_TRL_RENDEZVOUS_NOTE_SECONDS`` overrides it), print once which distributed variables make this process
     wait for others. Variables left in a shell from an earlier torchrun otherwise make a one-process run wait forever
     without a word."""
-    import threading
-
     world_size = os.environ.get("WORLD_SIZE", "1")
     if world_size in ("", "1"):
         yield
@@ -139,8 +153,6 @@ def quiet_known_warnings(state) -> None:
     """Silence, at their source, the warnings every `stapo-trl train` run would print that say nothing about the
     user's recipe: DeepSpeed's "Setting accelerator to CPU" line on a one-process CPU run (by telling DeepSpeed the
     accelerator, ``DS_ACCELERATOR=cpu``, unless it is already set), and `KNOWN_WARNINGS`."""
-    import warnings
-
     for message, category in KNOWN_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category)
     if state.num_processes == 1 and state.device.type == "cpu":
@@ -152,11 +164,6 @@ def resolve_model_path(name: str) -> str:
 
     A local path that does not exist, or a directory that holds no saved model, is a `RecipeError`; Hub ids are left to
     `from_pretrained`."""
-    from accelerate import PartialState
-
-    from ..gguf import gguf_checkpoint, is_gguf_reference
-    from ..model_paths import local_model_problem
-
     if is_gguf_reference(name):
         try:
             with PartialState().main_process_first():
@@ -179,10 +186,6 @@ def resolve_model_path(name: str) -> str:
 
 def load_datasets(script: Any, tokenizer, seed: int):
     """(train, held-out or None) as the recipe asks, with overlong prompts dropped."""
-    from ..data import load_dapo_math
-    from ..data.arithmetic import ARITHMETIC, load_arithmetic
-    from ..data.selection import drop_long_prompts, random_subset, split_heldout
-
     heldout = None
     if script.dataset_name == ARITHMETIC:
         options = {
@@ -232,86 +235,12 @@ def last_layers(model_path: str, count: int, revision: str | None, trust_remote_
     return list(range(total - count, total))
 
 
-@dataclass
-class RunSummary:
-    """What `stapo-trl train` prints at the end and writes to `run_summary.json`."""
-
-    method: str
-    model: str
-    steps: int
-    seconds_total: float
-    seconds_training: float
-    base_model: str | None = None
-    """The model that saved adapters and the card name as their base: a Hub id where one is known."""
-    model_source: str | None = None
-    """``model_name_or_path`` as given (a GGUF file's reference, not its conversion in this machine's cache)."""
-    reward_first: float | None = None
-    reward_last: float | None = None
-    trends: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Each trended metric's quarter means, least-squares slope per step and its standard error, and the verdict
-    (`stapo_trl.diagnostics.trends`): the same sentences as the model card and `stapo-trl report`."""
-    dataset_description: str | None = None
-    """What the model was trained on, for the model card, when the dataset is not a Hub dataset."""
-    token_rules: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Each token rule's end-of-run summary (its spec's `summarize`), by rule name."""
-    silenced_examples: list[str] = field(default_factory=list)
-    accuracy_before: dict | None = None
-    accuracy_after: dict | None = None
-    files: dict[str, str] = field(default_factory=dict)
-    """The files the run wrote, relative to ``output_dir``."""
-    output_dir: str = "."
-
-    def trend_sentences(self) -> list[str]:
-        from ..diagnostics.trends import TREND_METRICS, Trend
-
-        labels = dict(TREND_METRICS)
-        found = []
-        for key, values in self.trends.items():
-            trend = Trend(
-                labels.get(key, key),
-                values["steps"],
-                values["first_quarter"],
-                values["last_quarter"],
-                values["slope"],
-                values["slope_standard_error"],
-            )
-            found.append(trend.sentence())
-        return found
-
-    def lines(self) -> list[str]:
-        lines = [f"stapo-trl train: {self.method} on {self.model}, {self.steps} optimizer steps"]
-        if self.accuracy_before and self.accuracy_after:
-            before, after = self.accuracy_before, self.accuracy_after
-            lines.append(
-                f"  held-out greedy accuracy: {before['accuracy']:.3f} -> {after['accuracy']:.3f} "
-                f"(± {after['standard_error']:.3f} standard error, {after['total']} problems)"
-            )
-            if before.get("format_rate") is not None and after.get("format_rate") is not None:
-                lines.append(f"  answer format rate:       {before['format_rate']:.2f} -> {after['format_rate']:.2f}")
-        for trend in self.trend_sentences():
-            lines.append(f"  {trend}")
-        from ..token_rules import get_token_rule
-
-        for name, summary in self.token_rules.items():
-            lines += [f"  {line}" for line in get_token_rule(name).summary_lines(summary, self.steps)]
-        if self.silenced_examples:
-            lines.append("  silenced tokens in context ([[token]]; p and H under the training temperature):")
-            lines += [f"    {example}" for example in self.silenced_examples]
-        lines.append(
-            f"  time:                     {self.seconds_total:.0f} s in all, {self.seconds_training:.0f} s training"
-        )
-        lines.append(f"  {'output_dir:':<25} {self.output_dir}")
-        lines += [f"  {label + ':':<25} {path}" for label, path in self.files.items() if label != "checkpoint"]
-        return lines
-
-
 def name_base_model(trainer, model_name_or_path: str) -> str:
     """The base model as it resolves on another machine: the Hub id of a known GGUF file, otherwise
     ``model_name_or_path`` as given (never the GGUF's conversion in this machine's cache). TRL's model card reads it
     from the model's config, so it is set there; `save_final_model` writes it into the saved adapter's config."""
     from peft import PeftModel
 
-    from ..gguf import hub_source
     from ..trl_boundary.hooks import set_model_name_or_path
 
     name = hub_source(model_name_or_path) or model_name_or_path
@@ -332,8 +261,6 @@ def save_final_model(trainer, output_dir: Path, base_model: str | None = None) -
 
     A saved adapter's ``base_model_name_or_path`` is set to ``base_model``. It is written into the file rather than
     into the live PEFT config: PEFT looks a Hub id up on the Hub at every save."""
-    import shutil
-
     from ..trl_boundary.hooks import save_model_without_push
 
     staging = output_dir / FINAL_STAGING_DIR
@@ -359,8 +286,6 @@ def save_final_model(trainer, output_dir: Path, base_model: str | None = None) -
 def write_recipe(request: TrainRequest, output_dir: Path) -> Path:
     """``output_dir/recipe.yaml``: the command line that started the run, then the recipe file as written. The model
     card embeds it."""
-    from ..model_card import RECIPE_FILE
-
     output_dir.mkdir(parents=True, exist_ok=True)
     command = " ".join(["stapo-trl train", *request.argv])
     lines = [f"# {command}"]
@@ -370,49 +295,7 @@ def write_recipe(request: TrainRequest, output_dir: Path) -> Path:
     return write_text_atomically(output_dir / RECIPE_FILE, "\n".join(lines) + "\n")
 
 
-def summarize_metrics(records: list[dict]) -> dict[str, Any]:
-    """The trends of reward and entropy over the training steps of the log (``trends``; the reward's quarter means
-    also as ``reward_first`` and ``reward_last``), and each token rule's summary of the run (under ``token_rules``,
-    by rule name, for the rules that logged anything)."""
-    from ..diagnostics.trends import is_training_record, run_trends
-    from ..token_rules import TOKEN_RULES
-
-    records = [record for record in records if is_training_record(record)]
-    summary: dict[str, Any] = {}
-    trends = run_trends(records)
-    if "reward" in trends:
-        summary["reward_first"], summary["reward_last"] = trends["reward"].first_quarter, trends["reward"].last_quarter
-    if trends:
-        summary["trends"] = {key: trend.to_dict() for key, trend in trends.items()}
-    rules = {name: spec.summarize(records) for name, spec in sorted(TOKEN_RULES.items(), key=lambda i: i[1].order)}
-    rules = {name: rule_summary for name, rule_summary in rules.items() if rule_summary}
-    if rules:
-        summary["token_rules"] = rules
-    return summary
-
-
-def write_heldout_results(output_dir: Path, heldout, results: dict) -> Path:
-    """``output_dir/heldout_results.jsonl``: each held-out problem with its greedy result before and after training,
-    for paired comparisons between runs. Written whole to a temporary file, then renamed into place."""
-    from ..evaluation.greedy import per_problem_records
-
-    records = per_problem_records(heldout, results)
-    return write_text_atomically(output_dir / HELDOUT_RESULTS_FILE, "".join(json.dumps(r) + "\n" for r in records))
-
-
-def silenced_examples(dump_path: Path, count: int = 3) -> list[str]:
-    """Up to `count` dumped silenced tokens, spread over the run (first, middle, last), as one line each."""
-    from ..diagnostics.report import read_silenced_tokens, silenced_token_line
-
-    if not dump_path.is_file():
-        return []
-    records = read_silenced_tokens(dump_path)
-    if len(records) > count:
-        records = [records[round(index * (len(records) - 1) / (count - 1))] for index in range(count)]
-    return [silenced_token_line(record, context=40, code=False) for record in records]
-
-
-def run_training(request: TrainRequest) -> RunSummary:
+def run_training(request: TrainRequest) -> RunRecord | None:
     """Load, train, save (with TRL's model card), push if asked, and summarize, inside `stapo_trl.cpu.cpu_runtime`,
     whatever the method: on the CPU, TRL's fused LM head runs stapo-trl's CPU path (``cpu_lm_head: false`` turns it
     off), the loss pass reuses the frozen layers' hidden states from generation (``replay_frozen_layers: false`` turns
@@ -429,18 +312,14 @@ def run_training(request: TrainRequest) -> RunSummary:
         return train_and_summarize(request)
 
 
-def train_and_summarize(request: TrainRequest) -> RunSummary:
-    from accelerate import PartialState
+def train_and_summarize(request: TrainRequest) -> RunRecord | None:
     from transformers import ProgressCallback
     from trl import get_peft_config, get_quantization_config
 
     from ..callbacks import MetricsFileCallback, StepSummaryProgressCallback, StopAtCheckpointOnSignal
-    from ..diagnostics.report import plot_training_curves
     from ..evaluation import greedy_accuracy
     from ..resume import resolve_resume_checkpoint
-    from ..rewards import get_reward_func
     from ..trainer import STAPOTrainer
-    from .model_checks import load_checked_tokenizer_and_config
     from .preflight import OutputDirLock, check_output_dir
 
     started = time.perf_counter()
@@ -547,45 +426,26 @@ def train_and_summarize(request: TrainRequest) -> RunSummary:
     save_final_model(trainer, output_dir, base_model)
     trainer.save_state()
 
-    summary = RunSummary(
-        method=script.method,
-        model=model_args.model_name_or_path,
-        base_model=base_model,
-        model_source=model_args.model_name_or_path,
-        steps=trainer.state.global_step,
-        seconds_total=0.0,
-        seconds_training=seconds_training,
-        accuracy_before=accuracy_before,
-        accuracy_after=accuracy_after,
-        output_dir=str(training.output_dir),
-    )
-    summary.dataset_description = DATASET_DESCRIPTIONS.get(script.dataset_name)
+    record = None
     if trainer.accelerator.is_main_process:
-        records = trainer.state.log_history
-        for key, value in summarize_metrics(records).items():
-            setattr(summary, key, value)
-        # Paths relative to output_dir: run_summary.json is pushed to the Hub with the model.
-        summary.files["checkpoint"] = "."
-        summary.files["model card"] = "README.md"
-        summary.files["log"] = f"{TRAINER_STATE_FILE} (log_history; {METRICS_FILE} is its live copy)"
-        if records:
-            plot_training_curves(
-                records,
-                output_dir / TRAINING_CURVES_FILE,
-                label=f"{script.method}, seed {training.seed}",
-                title=f"{script.method} on {plot_model_name(base_model, model_args.model_name_or_path)}",
-            )
-            summary.files["plot"] = TRAINING_CURVES_FILE
-        if training.dump_silenced_tokens:
-            summary.files["silenced tokens"] = SILENCED_TOKENS_FILE
-            summary.silenced_examples = silenced_examples(output_dir / SILENCED_TOKENS_FILE)
-        if heldout_results:
-            summary.files["held-out results"] = write_heldout_results(output_dir, heldout, heldout_results).name
-        summary.files["summary"] = RUN_SUMMARY_FILE
-        summary.seconds_total = time.perf_counter() - started
-        write_text_atomically(output_dir / RUN_SUMMARY_FILE, json.dumps(summary.__dict__, indent=2) + "\n")
+        record = record_finished_run(
+            trainer.state.log_history,
+            str(training.output_dir),
+            plot_label=f"{script.method}, seed {training.seed}",
+            plot_title=f"{script.method} on {plot_model_name(base_model, model_args.model_name_or_path)}",
+            heldout=heldout,
+            heldout_results=heldout_results,
+            dump_silenced_tokens=training.dump_silenced_tokens,
+            started=started,
+            method=script.method,
+            model=model_args.model_name_or_path,
+            base_model=base_model,
+            model_source=model_args.model_name_or_path,
+            dataset_description=DATASET_DESCRIPTIONS.get(script.dataset_name),
+            seconds_training=seconds_training,
+        )
 
-    # The card (TRL's, plus the STAPO sections) reads run_summary.json, so it is written after it.
+    # The card (TRL's, plus the STAPO sections) reads run_summary.json for the model it names, so it is written after it.
     # TRL's card links dataset_name to the Hub; local files and the built-in generator have no Hub page.
     is_hub_id = "/" in script.dataset_name and not Path(script.dataset_name).expanduser().exists()
     dataset_name = script.dataset_name if is_hub_id else None
@@ -595,61 +455,13 @@ def train_and_summarize(request: TrainRequest) -> RunSummary:
         trainer.push_to_hub(dataset_name=dataset_name)
         trainer.accelerator.print(f"Model pushed to the Hub: https://huggingface.co/{trainer.hub_model_id}")
     if trainer.accelerator.is_main_process:
-        print("\n".join(summary.lines()), flush=True)
+        print("\n".join(console_summary(record)), flush=True)
         print(f"See what the mask did: stapo-trl report {output_dir}", flush=True)
     if hasattr(trainer, "end"):
         trainer.end()
     if lock is not None:
         lock.release()
-    return summary
-
-
-DATASET_DESCRIPTIONS = {
-    "arithmetic": "arithmetic word problems generated by stapo-trl (`stapo_trl.data.arithmetic`)",
-    "sample": "the DAPO-Math-17K rows shipped with stapo-trl",
-}
-"""How the model card names the datasets that have no Hub page."""
-
-
-def plot_model_name(base_model: str | None, model_name_or_path: str) -> str:
-    """How a plot's title names the model: the Hub id, else the local directory's or file's name (never its path)."""
-    if base_model and not Path(base_model).expanduser().exists():
-        return base_model
-    return Path(model_name_or_path).name
-
-
-def heldout_metrics(result: dict[str, Any]) -> dict[str, float]:
-    """The held-out greedy evaluation as transformers names evaluation metrics (``eval_*``), for the log history and
-    the ``report_to`` trackers."""
-    metrics = {
-        "eval_heldout_accuracy": result["accuracy"],
-        "eval_heldout_accuracy_standard_error": result["standard_error"],
-        "eval_heldout_correct": result["correct"],
-        "eval_heldout_total": result["total"],
-    }
-    if result.get("format_rate") is not None:
-        metrics["eval_heldout_format_rate"] = result["format_rate"]
-    return metrics
-
-
-def log_metrics(trainer, metrics: dict[str, float]) -> None:
-    """Log ``metrics`` at the trainer's current step through transformers' `Trainer.log`: into the log history and
-    the ``report_to`` trackers, without TRL's averaging of its own training metrics."""
-    from transformers import Trainer
-
-    Trainer.log(trainer, dict(metrics))
-
-
-def log_at_train_begin(trainer, metrics: dict[str, float]):
-    """A callback that logs ``metrics`` at step 0 of a fresh run (a resumed run starts later and logs nothing)."""
-    from transformers import TrainerCallback
-
-    class LogAtTrainBegin(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kwargs):
-            if state.global_step == 0:
-                log_metrics(trainer, metrics)
-
-    return LogAtTrainBegin()
+    return record
 
 
 class TrainingInterrupted(Exception):
@@ -667,8 +479,6 @@ RESUME_FLAGS = ("--resume_from_checkpoint", "--overwrite_output_dir")
 
 def resume_command(request: TrainRequest) -> str:
     """The command that continues ``request``'s run from its newest complete checkpoint."""
-    import shlex
-
     kept, skip = [], False
     for token in request.argv:
         if skip:
@@ -711,8 +521,6 @@ def continue_hint(request: TrainRequest) -> str:
 def user_code_failure(request: TrainRequest, error: BaseException) -> str:
     """The report of an exception raised by the user's own code: its traceback (the user's frames), then which code
     it was, at which step, and how to continue."""
-    import traceback
-
     cause = error.__cause__ or error
     trace = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
     return (
@@ -721,21 +529,15 @@ def user_code_failure(request: TrainRequest, error: BaseException) -> str:
 
 
 def train_command(argv: list[str]) -> int:
-    from ..callbacks import EXIT_CODES
-    from ..errors import UserCodeError
-    from ..files import storage_problem
-    from .help import HELP_ALL_FLAG, short_help
-    from .plan import format_plan
-    from .preflight import VLLM_MISSING, vllm_installed
-
     if HELP_ALL_FLAG in argv:
-        from .recipe import make_train_parser
-
         make_train_parser().print_help()
         return 0
     if "-h" in argv or "--help" in argv:
         print(short_help())
         return 0
+    from ..callbacks import EXIT_CODES  # after the help: these load transformers and PEFT
+    from .preflight import VLLM_MISSING, vllm_installed
+
     with rendezvous_note():  # the training arguments set up torch.distributed from the environment
         request = parse_train_args(argv)
     if request.script.dry_run:

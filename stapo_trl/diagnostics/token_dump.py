@@ -22,9 +22,8 @@ from typing import Any
 
 import torch
 
-from ..files import append_text, read_json_file, write_text_atomically
-from ..jsonl import read_json_lines
 from ..names import SILENCED_TOKENS_FILE, SILENCED_TOKENS_STATS_FILE
+from ..storage import DamagedFileError, append_text, read_json_file, read_json_lines, write_text_atomically
 
 LOG10_P_RANGE = (-10.0, 0.0)
 ENTROPY_RANGE = (0.0, 12.0)
@@ -271,3 +270,51 @@ class SilencedTokenDump:
             )
             write_text_atomically(self.stats_path, json.dumps(self.stats) + "\n")
         return entry
+
+
+def read_dump(directory: str | os.PathLike) -> tuple[list[dict[str, Any]] | None, dict[str, Any] | None]:
+    """A run directory's dump: its records (``silenced_tokens.jsonl``) and its counts and density
+    (``silenced_tokens_stats.json``), each None when the file is absent. A last record cut off mid-write (what a killed
+    run leaves) is left out; any other damage raises a `DamagedFileError` that names the file."""
+    directory = Path(directory)
+    records_path, stats_path = directory / SILENCED_TOKENS_FILE, directory / SILENCED_TOKENS_STATS_FILE
+    stats = None
+    if stats_path.is_file():
+        stats = read_json_file(
+            stats_path,
+            "the silenced-token dump's counts and density",
+            "Point the report at a checkpoint-N/ of the run, whose copy was saved with it, or delete the file to "
+            "report without the dump's figures.",
+        )
+    records = None
+    if records_path.is_file():
+        try:
+            records = read_json_lines(records_path)
+        except ValueError as error:
+            raise DamagedFileError(str(error)) from None
+    return records, stats
+
+
+def visible_token(text: str) -> str:
+    """A token's text with its whitespace made visible, for axis labels and tables."""
+    shown = text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥")
+    return shown if shown else "∅"
+
+
+def silenced_token_line(record: dict[str, Any], context: int = 60, code: bool = True) -> str:
+    """One dumped silenced token in its context, with p, H and the response's advantage; as inline Markdown code
+    when `code`, else as plain text. Line breaks in the context show as ↵, the token's whitespace as ␣."""
+    before = record["context_before"][-context:].replace("`", "'").replace("\n", "↵")
+    after = record["context_after"][:context].replace("`", "'").replace("\n", "↵")
+    token = visible_token(record["token"]).replace("`", "'")
+    text = f"…{before}[[{token}]]{after}…"
+    return f"step {record['step']}, p {record['p']:.2g}, H {record['entropy']:.2f}, A {record['advantage']:+.2f}: " + (
+        f"`{text}`" if code else text
+    )
+
+
+def spread(records: list[dict[str, Any]], count: int) -> list[dict[str, Any]]:
+    """Up to ``count`` records spread evenly over the list (first and last included)."""
+    if len(records) <= count:
+        return list(records)
+    return [records[round(index * (len(records) - 1) / (count - 1))] for index in range(count)]

@@ -60,6 +60,7 @@ class Trend:
 
     def to_dict(self) -> dict:
         return {
+            "label": self.label,
             "first_quarter": self.first_quarter,
             "last_quarter": self.last_quarter,
             "slope": self.slope,
@@ -67,6 +68,17 @@ class Trend:
             "steps": self.steps,
             "verdict": self.verdict,
         }
+
+    @classmethod
+    def from_dict(cls, values: dict) -> Trend:
+        return cls(
+            values["label"],
+            values["steps"],
+            values["first_quarter"],
+            values["last_quarter"],
+            values["slope"],
+            values["slope_standard_error"],
+        )
 
 
 def trend(label: str, steps: list[int], values: list[float]) -> Trend | None:
@@ -91,13 +103,24 @@ def is_training_record(record: dict) -> bool:
     return "train_runtime" not in record and not any(key.startswith("eval_") for key in record)
 
 
+def training_records(records: list[dict]) -> list[dict]:
+    """The records of a log that are training steps: not evaluation records, not the end-of-training summary."""
+    return [record for record in records if is_training_record(record)]
+
+
+def is_finite_number(value) -> bool:
+    """Whether a logged value is a finite number: not None (TRL logs None for a window of NaN), not NaN or infinite,
+    not a bool."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def finite_series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
     """``(steps, values)`` of ``key`` over the training records, skipping records where it is missing or not finite.
     A record without a ``step`` counts as the step after the one before it."""
     points = []
     for index, record in enumerate(record for record in records if is_training_record(record)):
         value = record.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        if is_finite_number(value):
             points.append((record.get("step", index + 1), float(value)))
     return [step for step, _ in points], [value for _, value in points]
 

@@ -18,20 +18,17 @@ from .chart import chart_series, plot_results
 from .config import ALL_BENCHMARKS, EvalConfig, EvalConfigError
 from .grading import DEFAULT_GRADERS, Grade, Grader
 from .greedy import GreedyAccuracy, greedy_accuracy
-from .harness import EvalResult, evaluate
+from .harness import EvalResult, evaluate, load_summary
 from .models import ModelNotFoundError, ResolvedModel, resolve_model
-from .paper import PAPER_BENCHMARKS, PaperRow, paper_row
 from .records import ResumeMismatchError, SampleStore
 from .sampling import DEFAULT_MAX_NEW_TOKENS, SAMPLING_PRESETS, SamplingPreset
 from .scoring import BenchmarkScore, avg_at_k, avg_at_k_standard_error, pass_at_k, score_benchmark
-from .table import load_summary, markdown_table, summary_rows
 
 __all__ = [
     "ALL_BENCHMARKS",
     "BACKENDS",
     "DEFAULT_GRADERS",
     "DEFAULT_MAX_NEW_TOKENS",
-    "PAPER_BENCHMARKS",
     "SAMPLING_PRESETS",
     "BackendSpec",
     "BackendUnavailableError",
@@ -47,7 +44,6 @@ __all__ = [
     "Grader",
     "GreedyAccuracy",
     "ModelNotFoundError",
-    "PaperRow",
     "ResolvedModel",
     "ResumeMismatchError",
     "SampleStore",
@@ -62,11 +58,8 @@ __all__ = [
     "evaluate",
     "greedy_accuracy",
     "load_summary",
-    "markdown_table",
     "pass_at_k",
-    "paper_row",
     "plot_results",
     "resolve_model",
     "score_benchmark",
-    "summary_rows",
 ]

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from ..data.benchmarks import load_benchmark
+from ..paper import FULL_SIZES
+from ..results_table import markdown_table, summary_rows
 from .backends import (
     BackendSpec,
     DataParallelBackend,
@@ -31,11 +33,9 @@ from .chart import plot_results
 from .config import EvalConfig, EvalConfigError
 from .grading import Grader
 from .models import ModelNotFoundError, ResolvedModel, resolve_model
-from .paper import FULL_SIZES
 from .records import SampleStore
 from .sampling import sampling_label
 from .scoring import score_benchmark
-from .table import load_summary, markdown_table, summary_rows
 
 logger = logging.getLogger(__name__)
 
@@ -381,3 +381,13 @@ def _build_backend(config: EvalConfig, model: ResolvedModel, backend_name: str) 
         devices = config.tensor_parallel_size if backend_name == "vllm" else None
         return DataParallelBackend(spec, config.data_parallel_size, devices_per_rank=devices)
     return build_backend(spec)
+
+
+def load_summary(path: str | Path) -> dict[str, Any]:
+    """An evaluation summary, from an eval output directory or its summary.json."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        path = path / "summary.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"No evaluation summary at {path}; pass an eval output directory or its summary.json.")
+    return json.loads(path.read_text())

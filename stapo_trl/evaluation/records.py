@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from ..files import DamagedFileError, read_json_file, write_text_atomically
+from ..storage import DamagedFileError, read_json_file, write_text_atomically
 
 logger = logging.getLogger(__name__)
 

@@ -1,9 +1,11 @@
 """Token rules: pure tensor functions that decide which completion tokens feed the policy gradient, and how much,
 each registered with a spec that describes it to the rest of stapo-trl.
 
-- :mod:`.registry`: :class:`TokenRuleSpec`, :class:`TokenRuleResult`, :func:`register_token_rule_spec`,
-  :func:`register_token_rule` (for a plain function) and :func:`apply_token_rules`.
-- :mod:`.s2t`: the S2T spurious-token mask of STAPO, registered as ``"s2t"``.
+- :mod:`.registry`: :class:`TokenRuleSpec`, :class:`TokenRuleResult`, :class:`RuleMetric` (a statistic a rule
+  logs, its meaning, unit and run summaries), :func:`register_token_rule_spec`, :func:`register_token_rule` (for a
+  plain function) and :func:`apply_token_rules`.
+- :mod:`.s2t`, :mod:`.s2t_rule`: the S2T spurious-token mask of STAPO, and its fields and spec, registered as
+  ``"s2t"``.
 - :mod:`.stare`, :mod:`.stare_config`, :mod:`.stare_controller`, :mod:`.stare_rule`: STARE's surprisal-guided
   advantage weights, its configuration fields, its target-entropy gate, and its spec, registered as ``"stare"``.
 
@@ -16,12 +18,20 @@ import pkgutil
 
 from ..names import rule_metric, shadow_metric
 from .registry import (
+    LAST,
+    MEAN,
+    MEDIAN,
+    STEPS_ABOVE_ZERO,
+    SUM,
+    SUMMARY_KINDS,
     TOKEN_RULES,
     ComposedTokenRules,
     FunctionRuleSpec,
     RuleCall,
     RuleMethod,
-    RuleReport,
+    RuleMetric,
+    RulePresentation,
+    RuleSetting,
     StepContext,
     TokenRuleResult,
     TokenRuleSpec,
@@ -30,6 +40,7 @@ from .registry import (
     get_token_rule,
     register_token_rule,
     register_token_rule_spec,
+    registered_rules,
     rule_config_mixins,
     shadow_rule_names,
     switched_rules,
@@ -40,6 +51,7 @@ for _module in pkgutil.iter_modules(__path__):
 
 from .s2t import (  # noqa: E402
     ENTROPY_PERCENTILES,
+    candidates_below,
     linear_quantiles,
     logit_grad_sq_norm_lower_bound,
     spurious_token_candidates,
@@ -50,6 +62,12 @@ from .stare_config import STARE_SELECTION_POOLS, STAREConfigMixin  # noqa: E402
 from .stare_controller import GATE_MODES, STAREController  # noqa: E402
 
 __all__ = [
+    "LAST",
+    "MEAN",
+    "MEDIAN",
+    "STEPS_ABOVE_ZERO",
+    "SUM",
+    "SUMMARY_KINDS",
     "ENTROPY_PERCENTILES",
     "GATE_MODES",
     "STARE_SELECTION_POOLS",
@@ -59,7 +77,9 @@ __all__ = [
     "FunctionRuleSpec",
     "RuleCall",
     "RuleMethod",
-    "RuleReport",
+    "RuleMetric",
+    "RulePresentation",
+    "RuleSetting",
     "STAREConfigMixin",
     "STAREController",
     "STAREWeights",
@@ -68,11 +88,13 @@ __all__ = [
     "TokenRuleSpec",
     "active_rule_names",
     "apply_token_rules",
+    "candidates_below",
     "get_token_rule",
     "linear_quantiles",
     "logit_grad_sq_norm_lower_bound",
     "register_token_rule",
     "register_token_rule_spec",
+    "registered_rules",
     "rule_config_mixins",
     "rule_metric",
     "shadow_metric",

@@ -20,18 +20,18 @@ import torch
 
 from ..distributed import all_reduce_sum
 from .registry import (
+    MEAN,
+    SUM,
     RuleMethod,
+    RuleMetric,
+    RulePresentation,
+    RuleSetting,
     TokenRuleResult,
     TokenRuleSpec,
     register_token_rule_spec,
-    rule_metric,
     validate_token_inputs,
 )
 from .s2t import check_s2t_thresholds, spurious_token_mask
-
-RANDOM_NUM_SILENCED = rule_metric("random_silencing", "num_silenced")
-RANDOM_SILENCED_FRACTION = rule_metric("random_silencing", "silenced_fraction")
-RANDOM_OVERLAP = rule_metric("random_silencing", "num_also_spurious")
 
 
 def random_silencing_mask(
@@ -123,6 +123,35 @@ class RandomSilencingRule(TokenRuleSpec):
         "GRPO/DAPO with as many positive-advantage tokens silenced as S2T would silence, drawn uniformly at random, "
         "and the loss renormalized over the kept tokens: the control for STAPO",
     )
+    metrics = (
+        RuleMetric(
+            "num_silenced",
+            "tokens drawn and silenced: as many as S2T would have silenced in the step",
+            "tokens",
+            (("silenced_tokens", SUM),),
+        ),
+        RuleMetric(
+            "silenced_fraction",
+            "silenced tokens / loss tokens of the step",
+            "share of loss tokens",
+            (("silenced_fraction", MEAN),),
+        ),
+        RuleMetric("num_positive", "the positive-advantage loss tokens they were drawn from", "tokens"),
+        RuleMetric("num_tokens", "the loss tokens of the step", "tokens"),
+        RuleMetric(
+            "num_also_spurious", "drawn tokens that S2T would have silenced too", "tokens", (("also_spurious", SUM),)
+        ),
+    )
+    presentation = RulePresentation(
+        step=("random-silenced {silenced_fraction:.3%} ({num_silenced:d} tok)",),
+        summary_label="RANDOM silenced",
+        summary="{silenced_tokens} tokens ({silenced_fraction:.3%} of loss tokens), {also_spurious} of them spurious "
+        "by S2T",
+        settings=(
+            RuleSetting("prob_threshold", "S2T's tau_p, which sets how many tokens are drawn"),
+            RuleSetting("entropy_quantile", "S2T's q, which sets how many tokens are drawn"),
+        ),
+    )
 
     def apply(self, log_probs, entropies, advantages, loss_mask, **params) -> TokenRuleResult:
         silenced, stats = random_silencing_mask(log_probs, entropies, advantages, loss_mask, **params)
@@ -151,34 +180,6 @@ class RandomSilencingRule(TokenRuleSpec):
             f"RANDOM silencing on: as many positive-advantage tokens as S2T would silence at prob_threshold "
             f"{config.prob_threshold}, entropy_quantile {config.entropy_quantile}, drawn uniformly"
         )
-
-    def card_settings(self, config: Any) -> list[tuple[str, str]]:
-        return [
-            ("prob_threshold", "S2T's tau_p, which sets how many tokens are drawn"),
-            ("entropy_quantile", "S2T's q, which sets how many tokens are drawn"),
-        ]
-
-    def summarize(self, records: list[dict[str, Any]]) -> dict[str, Any]:
-        logged = [record for record in records if record.get(RANDOM_SILENCED_FRACTION) is not None]
-        if not logged:
-            return {}
-        return {
-            "silenced_tokens": int(sum(record.get(RANDOM_NUM_SILENCED, 0) for record in logged)),
-            "also_spurious": int(sum(record.get(RANDOM_OVERLAP, 0) for record in logged)),
-            "silenced_fraction": sum(record[RANDOM_SILENCED_FRACTION] for record in logged) / len(logged),
-        }
-
-    def summary_lines(self, summary: dict[str, Any], steps: int) -> list[str]:
-        return [
-            f"RANDOM silenced:          {summary['silenced_tokens']} tokens ({100 * summary['silenced_fraction']:.3f}% "
-            f"of loss tokens), {summary['also_spurious']} of them spurious by S2T"
-        ]
-
-    def step_line(self, logs: dict[str, Any]) -> list[str]:
-        if RANDOM_SILENCED_FRACTION not in logs:
-            return []
-        fraction, count = logs[RANDOM_SILENCED_FRACTION], int(logs.get(RANDOM_NUM_SILENCED, 0))
-        return [f"random-silenced {100 * fraction:.3f}% ({count} tok)"]
 
 
 register_token_rule_spec(RandomSilencingRule())

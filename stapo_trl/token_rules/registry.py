@@ -13,10 +13,12 @@ weight. Its pure tensor function is called as ``rule(log_probs, entropies, advan
 A :class:`TokenRuleSpec` wraps that function with everything the rest of stapo-trl needs to know about the rule: the
 config field that switches it on and the dataclass mixin holding its fields, how it builds its parameters for one
 optimizer step, its optional stateful controller (saved with checkpoints), and how it describes itself to the model
-card, the end-of-run summary, the console line, ``train -h`` and the report. The trainer, the config, the methods,
-the card and the CLI iterate over the registry and never name a rule. Adding a rule is one module in this package
-that defines its function and spec and calls :func:`register_token_rule_spec`; the package imports every module in
-it, so nothing else changes.
+card, the end-of-run summary, the console line, ``train -h`` and the report (as data: its metrics and their
+meanings, units and run summaries, and the words it is shown with). The trainer, the config, the methods,
+the run record, the card and the CLI iterate over the registry and never name a rule. Adding a rule is one module in
+this package that defines its function and spec and calls :func:`register_token_rule_spec`; the package imports every
+module in it, so no other module changes (its metric table goes into docs/diagnostics.md, which a test compares with
+the spec's ``metrics``).
 
 Rules import nothing from TRL, so verl or a hand-written loop can call them, or :func:`apply_token_rules`, directly.
 A plain function registered with :func:`register_token_rule` gets a minimal spec: it is listed in the config's
@@ -94,26 +96,79 @@ class RuleMethod:
     defaults: Mapping[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class RuleReport:
-    """What `stapo-trl report` draws for a rule besides its silenced fraction."""
+SUM, MEAN, MEDIAN, LAST, STEPS_ABOVE_ZERO = "sum", "mean", "median", "last", "steps above zero"
+SUMMARY_KINDS = (SUM, MEAN, MEDIAN, LAST, STEPS_ABOVE_ZERO)
+"""How a statistic is summarised over a run, from its finite values at the logged steps: their sum (a count of
+tokens, as a whole number), mean, median or last value, or how many of them are above zero."""
 
+
+@dataclass(frozen=True)
+class RuleMetric:
+    """A statistic a rule logs at every optimizer step, as ``<rule>/<statistic>``: what it means, its unit, and how a
+    run is summarised from it. The docs' metric glossary is this data (a test keeps them equal), and
+    `stapo_trl.run_record` builds the rule's run summary from ``summaries``, ``(key, kind)`` pairs: the summary holds
+    under ``key`` the ``kind`` (one of `SUMMARY_KINDS`) of the statistic over the run.
+
+    The report reads these summary keys when a rule has them: ``silenced_fraction`` and ``silenced_tokens`` (a rule
+    that drops tokens), ``candidates`` (the pool it drops them from) and ``threshold_median`` (its per-step
+    threshold)."""
+
+    statistic: str
+    meaning: str
+    unit: str
+    summaries: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self):
+        for key, kind in self.summaries:
+            if kind not in SUMMARY_KINDS:
+                raise ValueError(f"{self.statistic}: summary {key!r} is {kind!r}, not one of {SUMMARY_KINDS}.")
+
+
+@dataclass(frozen=True)
+class RuleSetting:
+    """A row of the model card's settings table: a config field the rule reads, and what it means. With ``when``
+    (``(field, value)``), the row is shown only in runs whose config has that value."""
+
+    field: str
+    meaning: str
+    when: tuple[str, Any] | None = None
+
+    def applies(self, config: Any) -> bool:
+        return self.when is None or getattr(config, self.when[0], None) == self.when[1]
+
+
+@dataclass(frozen=True)
+class RulePresentation:
+    """How people see a rule: the words the console, the report and the model card print for it, and its settings.
+
+    The wordings are `str.format` templates over the rule's statistics (a logged step's, for ``step``) or its run
+    summary (``summary`` and ``card``, with ``steps``, the logged steps); `stapo_trl.run_record.fill` fills them and
+    leaves out a template whose fields are not all finite numbers. Beside `str.format`'s specs, ``d`` truncates a
+    float count and ``on/off`` says "on" from 0.5 up."""
+
+    step: tuple[str, ...] = ()
+    """Parts of the console line of one logged step."""
+    summary_label: str = ""
+    summary: str = ""
+    """The end-of-run summary of `stapo-trl train` (``"<summary_label>: <summary>"``) and of `stapo-trl report`."""
+    card: tuple[str | tuple[str, ...], ...] = ()
+    """Bullets of the model card's statistics; a tuple holds alternatives, of which the first that fills is shown."""
+    settings: tuple[RuleSetting, ...] = ()
+    """Rows of the model card's settings table."""
+    help_title: str | None = None
+    help_options: tuple[tuple[str, str], ...] = ()
+    """Its group in ``stapo-trl train -h``: ``(field, one-line help)`` pairs."""
     threshold_statistic: str | None = None
-    """A per-step threshold the rule logs (S2T's ``entropy_threshold``), drawn as a line."""
+    """A per-step threshold the rule logs (S2T's ``entropy_threshold``), which `stapo-trl report` draws as a line."""
     threshold_title: str = ""
     threshold_name: str = "the threshold"
-    """How the threshold is called in notes: ``"no candidates, so no tau_h"``."""
-    candidates_statistic: str | None = None
-    """The count the silenced tokens are chosen from (S2T's ``num_candidates``)."""
+    """How the report's notes call the threshold: ``"no candidates, so no tau_h"``."""
     candidates_noun: str = "candidates"
-    probability_bound_field: str | None = None
-    """A config field bounding the probability of the tokens the rule silences (S2T's ``prob_threshold``): the p-H
-    density draws the region it spans."""
 
 
 class TokenRuleSpec:
     """One token rule and everything stapo-trl needs to know about it. Subclass it, set the class attributes and
-    override the methods whose defaults do not fit; see :mod:`stapo_trl.token_rules.s2t` for a complete example.
+    override the methods whose defaults do not fit; see :mod:`stapo_trl.token_rules.s2t_rule` for a complete example.
 
     Class attributes:
         name: the registered name; metrics are ``<name>/<statistic>``.
@@ -126,8 +181,8 @@ class TokenRuleSpec:
         reads_fields: fields of other rules' mixins that this rule reads (so they are not reported as ignored).
         needs_generation_statistics: the rule's controller reads the generating policy's entropy, so p and H are
             computed at generation time even when ``token_stats_source="loss"``.
-        report: what `stapo-trl report` draws for it.
-        help_title, help_options: its group in ``stapo-trl train -h``: ``(field, one-line help)`` pairs.
+        metrics: the statistics it logs, what they mean and how a run is summarised from them.
+        presentation: how the console, the report, the model card and ``train -h`` show it.
     """
 
     name: ClassVar[str] = ""
@@ -138,9 +193,8 @@ class TokenRuleSpec:
     method: ClassVar[RuleMethod | None] = None
     reads_fields: ClassVar[tuple[str, ...]] = ()
     needs_generation_statistics: ClassVar[bool] = False
-    report: ClassVar[RuleReport | None] = None
-    help_title: ClassVar[str | None] = None
-    help_options: ClassVar[tuple[tuple[str, str], ...]] = ()
+    metrics: ClassVar[tuple[RuleMetric, ...]] = ()
+    presentation: ClassVar[RulePresentation] = RulePresentation()
 
     # --- the rule itself
     def apply(
@@ -183,36 +237,15 @@ class TokenRuleSpec:
     def make_controller(self, config: Any) -> RuleController | None:
         return None
 
-    def candidate_pool(self, config: Any) -> Callable[..., torch.Tensor] | None:
-        """The tokens the rule picks its silenced ones from, as ``(log_probs, entropies, advantages, loss_mask) ->
-        bool [B, T]``, when it has such a pool: the gradient probe draws a count-matched baseline from it. None by
-        default."""
+    def probability_bound(self, config: Any) -> float | None:
+        """The probability below which the rule silences tokens of positive-advantage responses (S2T's ``tau_p``),
+        or None: the silenced-token dump records it for the report's p-H density, and the gradient probe draws its
+        candidate baseline below it."""
         return None
 
-    # --- how it describes itself
     def describe(self, config: Any) -> str:
         """One line for the model card, the dry-run plan and the method description."""
         return f"{self.name} (registered rule)"
-
-    def card_settings(self, config: Any) -> list[tuple[str, str]]:
-        """``(config field, meaning)`` rows of the model card's settings table."""
-        return []
-
-    def card_statistics(self, steps: list[dict[str, Any]]) -> list[str]:
-        """Markdown bullet lines about the rule over the logged steps, for the model card."""
-        return []
-
-    def summarize(self, records: list[dict[str, Any]]) -> dict[str, Any]:
-        """The end-of-run summary of the rule from the logged records (JSON-serializable), or ``{}``."""
-        return {}
-
-    def summary_lines(self, summary: dict[str, Any], steps: int) -> list[str]:
-        """Lines of the end-of-run console summary, from :meth:`summarize`'s result."""
-        return []
-
-    def step_line(self, logs: dict[str, Any]) -> list[str]:
-        """Parts of the one-line console summary of a logged step."""
-        return []
 
 
 class FunctionRuleSpec(TokenRuleSpec):
@@ -272,6 +305,11 @@ def get_token_rule(name: str) -> TokenRuleSpec:
             "@stapo_trl.token_rules.register_token_rule(name) before creating the config."
         )
     return TOKEN_RULES[name]
+
+
+def registered_rules() -> list[TokenRuleSpec]:
+    """Every registered rule, in the order rules apply."""
+    return sorted(TOKEN_RULES.values(), key=lambda spec: spec.order)
 
 
 def switched_rules() -> list[TokenRuleSpec]:

@@ -1,5 +1,5 @@
 """STARE as a registered token rule (``"stare"``): its spec, which builds the rule's parameters from
-`STAREConfigMixin` and the `STAREController`, and describes STARE to the card, the summary and the console."""
+`STAREConfigMixin` and the `STAREController`, and describes the statistics it logs."""
 
 from __future__ import annotations
 
@@ -7,15 +7,21 @@ from typing import Any
 
 import torch
 
-from .registry import RuleMethod, StepContext, TokenRuleResult, TokenRuleSpec, register_token_rule_spec, rule_metric
+from .registry import (
+    LAST,
+    MEAN,
+    RuleMethod,
+    RuleMetric,
+    RulePresentation,
+    RuleSetting,
+    StepContext,
+    TokenRuleResult,
+    TokenRuleSpec,
+    register_token_rule_spec,
+)
 from .stare import stare_token_weights
 from .stare_config import STAREConfigMixin
 from .stare_controller import STAREController
-
-STARE_GATE_ON = rule_metric("stare", "gate_on")
-STARE_POSITIVE_WEIGHT = rule_metric("stare", "positive_weight")
-STARE_NEGATIVE_WEIGHT = rule_metric("stare", "negative_weight")
-STARE_BATCH_ENTROPY = rule_metric("stare", "batch_entropy")
 
 
 class STARERule(TokenRuleSpec):
@@ -35,6 +41,53 @@ class STARERule(TokenRuleSpec):
         "by M, 0.9), without renormalizing",
     )
     needs_generation_statistics = True
+    metrics = (
+        RuleMetric(
+            "gate_on",
+            "1 while the gate is on (averaged over the steps of a logging window)",
+            "share of steps",
+            (("gate_on_fraction", MEAN),),
+        ),
+        RuleMetric("positive_weight", "W in force", "weight", (("final_positive_weight", LAST),)),
+        RuleMetric("negative_weight", "M in force", "weight", (("final_negative_weight", LAST),)),
+        RuleMetric("batch_entropy", "the generation batch's mean token entropy that drove the gate", "nats"),
+        RuleMetric(
+            "num_selected_positive",
+            "positive-advantage tokens selected, reported even while the gate is off",
+            "tokens",
+        ),
+        RuleMetric(
+            "num_selected_negative",
+            "negative-advantage tokens selected, reported even while the gate is off",
+            "tokens",
+        ),
+        RuleMetric("selected_positive_fraction", "positive-advantage tokens selected / valid tokens", "share"),
+        RuleMetric("selected_negative_fraction", "negative-advantage tokens selected / valid tokens", "share"),
+        RuleMetric("num_tokens", "the valid tokens", "tokens"),
+        RuleMetric("num_positive", "valid tokens of positive-advantage responses", "tokens"),
+        RuleMetric("num_negative", "valid tokens of negative-advantage responses", "tokens"),
+        RuleMetric("mean_weight", "the mean weight over valid tokens (1 while the gate is off)", "weight"),
+    )
+    presentation = RulePresentation(
+        step=("stare {gate_on:on/off} W {positive_weight:.3f}",),
+        summary_label="STARE gate on",
+        summary="{gate_on_fraction:.0%} of logged steps; final W {final_positive_weight:.3g}, M "
+        "{final_negative_weight:.3g}",
+        card=(
+            "STARE gate on in {gate_on_fraction:.0%} of logged steps; final W {final_positive_weight:.3g}, M "
+            "{final_negative_weight:.3g}.",
+        ),
+        settings=(
+            RuleSetting("stare_variant", "STARE variant"),
+            RuleSetting("stare_top_surprisal_share", "P: top surprisal share per sign"),
+            RuleSetting("stare_positive_weight", "W (start)"),
+            RuleSetting("stare_negative_weight", "M (start, C2)", when=("stare_variant", "C2")),
+            RuleSetting("stare_target_entropy", "gate target entropy (nats)"),
+            RuleSetting("stare_gate", "gate mode"),
+            RuleSetting("stare_adaptive", "adaptive W/M"),
+            RuleSetting("stare_selection_pool", "selection pool"),
+        ),
+    )
 
     def apply(self, log_probs, entropies, advantages, loss_mask, **params) -> TokenRuleResult:
         result = stare_token_weights(log_probs, advantages, loss_mask, **params)
@@ -99,51 +152,6 @@ class STARERule(TokenRuleSpec):
             f"STARE {config.stare_variant} on: top {config.stare_top_surprisal_share:g} surprisal share per "
             f"{config.stare_selection_pool.replace('_', ' ')}, {weights}, {gate}"
         )
-
-    def card_settings(self, config: Any) -> list[tuple[str, str]]:
-        rows = [
-            ("stare_variant", "STARE variant"),
-            ("stare_top_surprisal_share", "P: top surprisal share per sign"),
-            ("stare_positive_weight", "W (start)"),
-            ("stare_negative_weight", "M (start, C2)"),
-            ("stare_target_entropy", "gate target entropy (nats)"),
-            ("stare_gate", "gate mode"),
-            ("stare_adaptive", "adaptive W/M"),
-            ("stare_selection_pool", "selection pool"),
-        ]
-        return [row for row in rows if row[0] != "stare_negative_weight" or config.stare_variant == "C2"]
-
-    def card_statistics(self, steps: list[dict[str, Any]]) -> list[str]:
-        summary = self.summarize(steps)
-        if not summary:
-            return []
-        positive, negative = summary["final_weights"]
-        return [
-            f"- STARE gate on in {summary['gate_on_fraction']:.0%} of logged steps; final W {positive:.3g}, "
-            f"M {negative:.3g}."
-        ]
-
-    def summarize(self, records: list[dict[str, Any]]) -> dict[str, Any]:
-        gated = [record for record in records if record.get(STARE_GATE_ON) is not None]
-        if not gated:
-            return {}
-        return {
-            "gate_on_fraction": sum(record[STARE_GATE_ON] for record in gated) / len(gated),
-            "final_weights": [gated[-1].get(STARE_POSITIVE_WEIGHT), gated[-1].get(STARE_NEGATIVE_WEIGHT)],
-        }
-
-    def summary_lines(self, summary: dict[str, Any], steps: int) -> list[str]:
-        positive, negative = summary["final_weights"]
-        return [
-            f"STARE gate on:            {100 * summary['gate_on_fraction']:.0f}% of logged steps; final W "
-            f"{positive:.3g}, M {negative:.3g}"
-        ]
-
-    def step_line(self, logs: dict[str, Any]) -> list[str]:
-        if STARE_GATE_ON not in logs:
-            return []
-        gate = "on" if logs[STARE_GATE_ON] >= 0.5 else "off"
-        return [f"stare {gate} W {logs.get(STARE_POSITIVE_WEIGHT, float('nan')):.3f}"]
 
 
 register_token_rule_spec(STARERule())

@@ -12,7 +12,7 @@ PACKAGE = Path(stapo_trl.__file__).parent
 ROOT = "stapo_trl"
 
 LAYERS = (
-    ("foundation", ("errors", "files", "jsonl", "names", "version", "distributed", "gguf", "model_paths")),
+    ("foundation", ("errors", "storage", "names", "version", "distributed", "gguf", "model_paths")),
     ("TRL boundary", ("trl_boundary",)),
     ("CPU runtime", ("cpu",)),
     ("data", ("data",)),
@@ -29,6 +29,9 @@ LAYERS = (
             "resume",
             "callbacks",
             "methods",
+            "paper",
+            "results_table",
+            "run_record",
             "model_card",
             "evaluation",
             "diagnostics",
@@ -159,3 +162,80 @@ def test_a_second_plotting_module_is_reported(tmp_path):
     (package / "evaluation" / "chart.py").write_text("def draw():\n    import matplotlib.pyplot as plt\n")
     (package / "plots.py").write_text("from matplotlib.colors import LogNorm\n")
     assert matplotlib_importers(package) == ["stapo_trl.evaluation.chart", "stapo_trl.plots"]
+
+
+def import_graph(package_dir: Path = PACKAGE) -> dict[str, set[str]]:
+    """Each module of the package and the ``stapo_trl`` modules its code imports (function-level imports included)."""
+    return {module_name(path, package_dir): imported_modules(path, package_dir) for path in package_dir.rglob("*.py")}
+
+
+def reachable_modules(start: str, graph: dict[str, set[str]]) -> dict[str, str]:
+    """Every module that importing ``start`` can import, directly or through others, each with the module that imports
+    it on one path from ``start``. Importing ``a.b.c`` imports the packages ``a.b`` and ``a`` first."""
+
+    def with_packages(module: str) -> list[str]:
+        parts = module.split(".")
+        return [".".join(parts[:end]) for end in range(2, len(parts) + 1)]
+
+    assert start in graph, f"{start} is not a module of the package"
+    found, pending = {}, [start]
+    while pending:
+        importer = pending.pop()
+        for module in graph.get(importer, ()):
+            for name in with_packages(module):
+                if name not in found and name != start and name in graph:
+                    found[name] = importer
+                    pending.append(name)
+    return found
+
+
+PERIPHERY = (
+    "stapo_trl.evaluation",
+    "stapo_trl.cli",
+    "stapo_trl.diagnostics.report",
+    "stapo_trl.diagnostics.report_figures",
+    "stapo_trl.diagnostics.plotting",
+)
+"""What the trainer must not import, even through another module: the evaluation package, the command line, and the
+report and its figures (matplotlib). TRL calls the trainer's model card on every checkpoint save, so the card is in the
+trainer's reach too."""
+
+
+def periphery_reached_from(start: str, graph: dict[str, set[str]] | None = None) -> list[str]:
+    """The periphery modules that ``start`` imports, each as its import path (``a <- b <- start``)."""
+    found = reachable_modules(start, import_graph() if graph is None else graph)
+    paths = []
+    for module in sorted(found):
+        if any(module == root or module.startswith(f"{root}.") for root in PERIPHERY):
+            chain = [module]
+            while chain[-1] != start:
+                chain.append(found[chain[-1]])
+            paths.append(" <- ".join(chain))
+    return paths
+
+
+def test_the_trainer_and_its_model_card_import_no_periphery_even_indirectly():
+    assert periphery_reached_from("stapo_trl.trainer") == []
+
+
+def test_the_run_record_imports_neither_matplotlib_nor_the_evaluation_package():
+    assert periphery_reached_from("stapo_trl.run_record") == []
+
+
+def test_an_indirect_import_of_the_periphery_is_reported():
+    graph = {
+        "stapo_trl.trainer": {"stapo_trl.model_card"},
+        "stapo_trl.model_card": {"stapo_trl.evaluation.table"},
+        "stapo_trl.evaluation": {"stapo_trl.evaluation.chart"},
+        "stapo_trl.evaluation.table": set(),
+        "stapo_trl.evaluation.chart": {"stapo_trl.diagnostics.plotting"},
+        "stapo_trl.diagnostics": set(),
+        "stapo_trl.diagnostics.plotting": set(),
+    }
+    assert periphery_reached_from("stapo_trl.trainer", graph) == [
+        "stapo_trl.diagnostics.plotting <- stapo_trl.evaluation.chart <- stapo_trl.evaluation <- stapo_trl.model_card "
+        "<- stapo_trl.trainer",
+        "stapo_trl.evaluation <- stapo_trl.model_card <- stapo_trl.trainer",
+        "stapo_trl.evaluation.chart <- stapo_trl.evaluation <- stapo_trl.model_card <- stapo_trl.trainer",
+        "stapo_trl.evaluation.table <- stapo_trl.model_card <- stapo_trl.trainer",
+    ]

@@ -24,15 +24,14 @@ from stapo_trl.evaluation import (
     avg_at_k_standard_error,
     chart_series,
     evaluate,
-    markdown_table,
-    paper_row,
     pass_at_k,
     plot_results,
     resolve_model,
     score_benchmark,
-    summary_rows,
 )
 from stapo_trl.evaluation.models import parameter_size
+from stapo_trl.paper import paper_row
+from stapo_trl.results_table import markdown_table, summary_rows
 
 SAMPLE_SIZES = {"aime24": 3, "aime25": 3, "amc23": 4, "math500": 4, "minerva": 3, "olympiadbench": 4}
 

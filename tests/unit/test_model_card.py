@@ -15,14 +15,15 @@ from tiny import tiny_config, tiny_trainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
 from stapo_trl.model_card import (
-    RECIPE_FILE,
-    STAPO_CITATION,
     card_sections,
     check_model_card,
     method_section,
     refresh_model_card,
     statistics_section,
 )
+from stapo_trl.names import RECIPE_FILE
+from stapo_trl.paper import STAPO_CITATION
+from stapo_trl.run_record import build_run_record
 
 TINY = {"prob_threshold": 0.2, "temperature": 1.0}
 
@@ -116,7 +117,7 @@ def test_the_card_summarizes_the_final_s2t_statistics_from_the_log(trained):
     card = card_of(trainer, output_dir)
     assert f"S2T silenced {silenced} tokens of {candidates} candidates; mean silenced fraction {fraction:.4%}" in card
     # The trends: the same sentences as the end-of-run summary and `stapo-trl report`
-    # (tests/unit/test_trends_agree.py).
+    # (tests/unit/test_run_record_agrees.py).
     assert "- mean token entropy (nats) " in card and "(first quarter of steps) ->" in card
 
 
@@ -196,14 +197,15 @@ def test_the_card_describes_stare_and_plain_grpo_runs(tmp_path):
     assert "prob_threshold" not in text
     history = [{"step": 1, "loss": 0.0, "entropy": 0.5, "stare/gate_on": 1.0, "stare/positive_weight": 1.1}]
     history[0]["stare/negative_weight"] = 0.9
-    assert "- STARE gate on in 100% of logged steps; final W 1.1, M 0.9." in statistics_section(stare, history)
+    record = build_run_record(history)
+    assert "- STARE gate on in 100% of logged steps; final W 1.1, M 0.9." in statistics_section(stare, record)
 
     grpo = STAPOConfig(output_dir=str(tmp_path), use_cpu=True, use_s2t_mask=False)
     assert "Trained with **GRPO**" in "\n".join(method_section(grpo))
-    assert "- No token rule was on in this run." in statistics_section(grpo, history)
+    assert "- No token rule was on in this run." in statistics_section(grpo, record)
     no_candidates = [{"step": 1, "loss": 0.0, "s2t/silenced_fraction": 0.0, "s2t/entropy_threshold": math.nan}]
     assert "- tau_h: no step had a candidate token" in "\n".join(
-        statistics_section(STAPOConfig(output_dir=str(tmp_path), use_cpu=True), no_candidates)
+        statistics_section(STAPOConfig(output_dir=str(tmp_path), use_cpu=True), build_run_record(no_candidates))
     )
 
 

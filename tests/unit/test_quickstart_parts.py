@@ -13,11 +13,13 @@ from safetensors.torch import save_file
 from tiny import build_char_tokenizer, build_tiny_qwen3
 
 from stapo_trl.callbacks import MetricsFileCallback, StepSummaryProgressCallback, step_summary
-from stapo_trl.cli.train import RunSummary, silenced_examples, summarize_metrics
+from stapo_trl.cli.run_summary import console_summary
 from stapo_trl.data import ROW_FEATURES
 from stapo_trl.data.arithmetic import WORKED_EXAMPLES, arithmetic_problems, load_arithmetic
 from stapo_trl.data.selection import drop_long_prompts, random_subset, split_heldout
-from stapo_trl.diagnostics.report import plot_training_curves, read_metrics, training_curve_panels
+from stapo_trl.diagnostics.report_figures import plot_training_curves, training_curve_panels
+from stapo_trl.diagnostics.run_logs import read_metrics
+from stapo_trl.diagnostics.token_dump import read_dump
 from stapo_trl.evaluation import GreedyAccuracy, greedy_accuracy
 from stapo_trl.evaluation.greedy import MIN_SHARED_PREFIX_TOKENS, prompt_prefix_cache, shared_prefix_length
 from stapo_trl.gguf import (
@@ -28,6 +30,7 @@ from stapo_trl.gguf import (
     resolve_gguf,
 )
 from stapo_trl.rewards import get_reward_func
+from stapo_trl.run_record import build_run_record
 
 # --- arithmetic word problems --------------------------------------------------------------------------------------
 
@@ -329,11 +332,12 @@ def test_the_summary_compares_the_first_and_last_quarter_of_rewards():
     records = [
         {"reward": r, "s2t/silenced_fraction": 0.01, "s2t/num_silenced": 2.0} for r in (-1, -1, 0, 0, 0, 0, 1, 1)
     ]
-    summary = summarize_metrics(records)
-    assert (summary["reward_first"], summary["reward_last"]) == (-1.0, 1.0)
-    s2t = summary["token_rules"]["s2t"]
+    record = build_run_record(records)
+    assert (record.reward_first, record.reward_last) == (-1.0, 1.0)
+    s2t = record.token_rules["s2t"]
     assert s2t["silenced_tokens"] == 16 and s2t["silenced_fraction"] == pytest.approx(0.01)
-    assert summarize_metrics([]) == {}
+    empty = build_run_record([])
+    assert (empty.trends, empty.token_rules, empty.reward_first, empty.accuracy_before) == ({}, {}, None, None)
 
 
 def test_the_console_summary_counts_silenced_of_candidates_and_shows_three_tokens_in_context(tmp_path):
@@ -360,11 +364,11 @@ def test_the_console_summary_counts_silenced_of_candidates_and_shows_three_token
         )
         + '{"step": 3, "tok'  # a last line cut off mid-write, as a killed run leaves it
     )
-    summary = RunSummary(method="stapo", model="m", steps=3, seconds_total=1.0, seconds_training=1.0)
-    for key, value in summarize_metrics(records).items():
-        setattr(summary, key, value)
-    summary.silenced_examples = silenced_examples(dump)
-    lines = summary.lines()
+    silenced_tokens, _ = read_dump(tmp_path)
+    record = build_run_record(
+        records, silenced_tokens=silenced_tokens, method="stapo", model="m", seconds_total=1.0, seconds_training=1.0
+    )
+    lines = console_summary(record)
     assert "  S2T silenced:             3 of 6 candidate tokens, in 2 of 3 steps (0.100% of loss tokens)" in lines
     examples = lines[
         lines.index("  silenced tokens in context ([[token]]; p and H under the training temperature):") + 1 :
@@ -381,9 +385,9 @@ def test_a_stare_run_reports_its_gate_and_weights():
         {"reward": 0.0, "stare/gate_on": gate, "stare/positive_weight": w, "stare/negative_weight": 2.0 - w}
         for gate, w in ((0.0, 1.1), (1.0, 1.11), (1.0, 1.12), (1.0, 1.13))
     ]
-    summary = summarize_metrics(records)
-    assert summary["token_rules"]["stare"]["gate_on_fraction"] == 0.75
-    assert summary["token_rules"]["stare"]["final_weights"] == pytest.approx((1.13, 0.87))
-    assert set(summary["token_rules"]) == {"stare"}
+    stare = build_run_record(records).token_rules["stare"]
+    assert stare["gate_on_fraction"] == 0.75
+    assert (stare["final_positive_weight"], stare["final_negative_weight"]) == pytest.approx((1.13, 0.87))
+    assert set(build_run_record(records).token_rules) == {"stare"}
     line = step_summary({"reward": 0.5, "stare/gate_on": 1.0, "stare/positive_weight": 1.13}, 2, 4)
     assert line == "step 2/4 | reward +0.500 | stare on W 1.130"

@@ -13,23 +13,19 @@ from tiny import tiny_config, tiny_trainer
 from stapo_trl import STAPOConfig, STAPOTrainer
 from stapo_trl.cli import main
 from stapo_trl.diagnostics.plotting import draw_line_panel
-from stapo_trl.diagnostics.report import (
+from stapo_trl.diagnostics.report import rule_lines, write_report
+from stapo_trl.diagnostics.report_figures import (
     FIGURES,
-    ReportError,
     density_panel,
-    find_log_source,
     line_panel,
-    load_run,
     masking_panels,
-    summarize_run,
     token_bars,
     top_silenced_tokens,
-    trend_sentences,
-    visible_token,
-    write_report,
 )
-from stapo_trl.diagnostics.token_dump import DENSITY_BINS
+from stapo_trl.diagnostics.run_logs import ReportError, find_log_source, load_run
+from stapo_trl.diagnostics.token_dump import DENSITY_BINS, visible_token
 from stapo_trl.names import SILENCED_TOKENS_FILE, SILENCED_TOKENS_STATS_FILE
+from stapo_trl.run_record import trend_sentences
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -134,16 +130,18 @@ def test_a_run_dir_without_the_needed_logs_gets_a_clear_message(tmp_path, make, 
 
 
 # ------------------------------------------------------------------------------------------- the numbers
-def test_the_summary_of_a_run_is_computed_from_its_log(tmp_path):
-    summary = summarize_run(load_run(write_state(tmp_path / "run")))
-    assert summary["steps"] == 4
-    assert summary["entropy_first_quarter"] == 0.8 and summary["entropy_last_quarter"] == 0.4  # quarter = 1 step
-    assert summary["reward_first_quarter"] == -1.0 and summary["reward_last_quarter"] == 0.5
-    assert summary["silenced_fraction"] == pytest.approx((0.001 + 0.0 + 0.002 + 0.001) / 4)
-    assert (summary["silenced_tokens"], summary["candidates"]) == (4, 6)
-    assert summary["threshold_median"] == pytest.approx(0.5)  # median of 0.6, 0.4, 0.5; step 2 had no candidates
+def test_the_record_of_a_run_is_built_from_its_log(tmp_path):
+    record = load_run(write_state(tmp_path / "run")).record
+    assert record.steps == 4
+    entropy, reward = record.trends["entropy"], record.trends["reward"]
+    assert entropy["first_quarter"] == 0.8 and entropy["last_quarter"] == 0.4  # quarter = 1 step
+    assert reward["first_quarter"] == -1.0 and reward["last_quarter"] == 0.5
+    s2t = record.token_rules["s2t"]
+    assert s2t["silenced_fraction"] == pytest.approx((0.001 + 0.0 + 0.002 + 0.001) / 4)
+    assert (s2t["silenced_tokens"], s2t["candidates"]) == (4, 6)
+    assert s2t["threshold_median"] == pytest.approx(0.5)  # median of 0.6, 0.4, 0.5; step 2 had no candidates
     # Entropy 0.8, 0.7, 0.5, 0.4 at steps 1-4: slope -0.7 / 5 = -0.14, residual variance 0.002 / 2, s.e. sqrt(0.001 / 5).
-    assert trend_sentences(summary)[1] == (
+    assert trend_sentences(record)[1] == (
         "mean token entropy (nats) 0.800 (first quarter of steps) -> 0.400 (last quarter); "
         "slope -0.1400 ± 0.0141 per step over 4 steps: falls"
     )
@@ -171,8 +169,7 @@ def test_the_held_out_accuracy_comes_from_the_logs_evaluation_records_which_are_
     ]
     run = load_run(write_state(tmp_path / "run", history=history))
     assert [record["step"] for record in run.history] == [1, 2, 3, 4]  # read_history: training steps only
-    summary = summarize_run(run)
-    assert summary["heldout"]["before"]["accuracy"] == 0.25 and summary["heldout"]["after"]["accuracy"] == 0.5
+    assert run.record.accuracy_before["accuracy"] == 0.25 and run.record.accuracy_after["accuracy"] == 0.5
     markdown = write_report([tmp_path / "run"], tmp_path / "out").markdown.read_text()
     assert "| 0.250 ± 0.100 → 0.500 ± 0.100 |" in markdown
 
@@ -183,12 +180,12 @@ def test_a_rule_in_shadow_is_summarized_as_computed_not_applied(tmp_path):
         for record in HISTORY
         if "train_runtime" not in record
     ]
-    summary = summarize_run(load_run(write_state(tmp_path / "grpo", history=shadow)))
-    assert summary["rule_lines"] == [
+    record = load_run(write_state(tmp_path / "grpo", history=shadow)).record
+    assert rule_lines(record) == [
         "in shadow (computed, not applied): S2T silenced: 4 of 6 candidate tokens, in 3 of 4 steps (0.100% of loss "
         "tokens)"
     ]
-    assert "silenced_tokens" not in summary  # nothing was silenced: the rule was not applied
+    assert record.token_rules == {}  # nothing was silenced: the rule was not applied
 
 
 def test_the_top_silenced_tokens_are_counted_from_the_dump_and_shown_with_visible_whitespace(tmp_path):
@@ -197,7 +194,7 @@ def test_the_top_silenced_tokens_are_counted_from_the_dump_and_shown_with_visibl
     run = load_run(directory)
     assert top_silenced_tokens(run) == [(" the", 2), ("7", 1), ("\n", 1)]
     assert [visible_token(text) for text, _ in top_silenced_tokens(run)] == ["␣the", "7", "↵"]
-    assert summarize_run(run)["dump_written"] == 4 and summarize_run(run)["dump_dropped"] == 2
+    assert run.record.dump["written"] == 4 and run.record.dump["dropped"] == 2
 
 
 # ------------------------------------------------------------------------------------------- the figures' data
@@ -379,7 +376,9 @@ def test_a_real_training_run_with_the_dump_reports_end_to_end(tmp_path):
     trainer.train()
     trainer.save_state()
     report = write_report([tmp_path / "run"], tmp_path / "report")
-    (summary,) = report.summaries
+    (run,) = report.runs
     masked = [entry["s2t/num_silenced"] for entry in trainer.state.log_history if "loss" in entry]
-    assert summary["silenced_tokens"] == sum(masked) and summary["dump_silenced"] == sum(masked)
+    assert run.record.token_rules["s2t"]["silenced_tokens"] == sum(masked) and run.record.dump["silenced"] == sum(
+        masked
+    )
     assert set(report.figures) == set(FIGURES)

@@ -1,9 +1,24 @@
-"""The STAPO paper's Table 2 (arXiv 2602.15620, v1-v3): avg@32 on AIME24/25 and AMC23, avg@4 on the rest, for
-Qwen3 Base models trained on DAPO-Math-17K in veRL. Percentages, as printed in the paper."""
+"""The STAPO paper (arXiv 2602.15620): its title, identifier and citation, which the trainer's card metadata and the
+model card cite, and its Table 2 (v1-v3): avg@32 on AIME24/25 and AMC23, avg@4 on the rest, for Qwen3 Base models
+trained on DAPO-Math-17K in veRL, in percent as printed, which results tables print under ours."""
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
+
+PAPER_TITLE = "STAPO: Stabilizing Reinforcement Learning for LLMs by Silencing Rare Spurious Tokens"
+PAPER_ID = "2602.15620"
+PAPER_URL = f"https://arxiv.org/abs/{PAPER_ID}"
+STAPO_CITATION = textwrap.dedent("""\
+    @article{liu2026stapo,
+        title        = {{STAPO: Stabilizing Reinforcement Learning for LLMs by Silencing Rare Spurious Tokens}},
+        author       = {Shiqi Liu and Zeyu He and Guojian Zhan and Letian Tao and Zhilong Zheng and Jiang Wu and Yinuo Wang and Yang Guan and Kehua Sheng and Bo Zhang and Keqiang Li and Jingliang Duan and Shengbo Eben Li},
+        year         = 2026,
+        eprint       = {arXiv:2602.15620},
+        doi          = {10.48550/arXiv.2602.15620},
+        url          = {https://arxiv.org/abs/2602.15620},
+    }""")
 
 PAPER_BENCHMARKS = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench")
 PAPER_SOURCE = "STAPO paper, Table 2 (arXiv 2602.15620)"
@@ -57,7 +72,7 @@ class PaperRow:
 
     @property
     def label(self) -> str:
-        from ..methods import METHOD_TITLES
+        from .methods import METHOD_TITLES
 
         return f"paper: Qwen3-{self.size}-Base {METHOD_TITLES.get(self.method, self.method)}"
 
@@ -66,7 +81,7 @@ def paper_row(size: str | None, method: str | None, setting: str) -> PaperRow | 
     """The paper's row for a model size ("1.7B", "8B", "14B"), a method and a setting, or None if the paper has none."""
     if not size or not method:
         return None
-    from ..methods import method_preset
+    from .methods import method_preset
 
     try:
         method = method_preset(method).name

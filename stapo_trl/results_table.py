@@ -3,13 +3,11 @@ the average, with the paper's own row (clearly labelled) under ours when it has 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from ..data.benchmarks import BENCHMARKS
+from .data.benchmarks import BENCHMARKS
 from .paper import PAPER_BENCHMARKS, PAPER_SOURCE, paper_row
 
 COLUMN_TITLES = {
@@ -112,13 +110,3 @@ def markdown_table(rows: Sequence[TableRow]) -> str:
     if any(row.source == "paper" for row in rows):
         legend.append(f"Rows labelled `paper:` are copied from the {PAPER_SOURCE}, not measured here.")
     return "\n".join(lines + legend) + "\n"
-
-
-def load_summary(path: str | Path) -> dict[str, Any]:
-    """An evaluation summary, from an eval output directory or its summary.json."""
-    path = Path(path).expanduser()
-    if path.is_dir():
-        path = path / "summary.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"No evaluation summary at {path}; pass an eval output directory or its summary.json.")
-    return json.loads(path.read_text())

@@ -1,11 +1,13 @@
 """Writing and reading the files stapo-trl itself writes: whole files are written atomically (a temporary file, then a
-rename), every OS error names its file, a storage failure is explained (read-only, full, permissions), and a damaged
-file is named with what to do instead of failing with a bare ``JSONDecodeError``."""
+rename), every OS error names its file, a storage failure is explained (read-only, full, permissions), a damaged
+file is named with what to do instead of failing with a bare ``JSONDecodeError``, and a JSON-lines file that a killed
+run cut off mid-line is read up to its last whole record."""
 
 from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import re
 from collections.abc import Iterator
@@ -14,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UsageError
+
+logger = logging.getLogger(__name__)
 
 STORAGE_PROBLEMS = {
     errno.EROFS: "the filesystem is read-only",
@@ -67,6 +71,24 @@ def read_json_file(path: str | os.PathLike, what: str, remedy: str) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise DamagedFileError(f"{path} ({what}) is damaged: {error}. {remedy}") from None
+
+
+def read_json_lines(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file. A last line that is not valid JSON is what a kill mid-write leaves: it is
+    left out, with a warning. An invalid line anywhere else raises ``ValueError`` naming the file and the line."""
+    lines = [
+        (number, line) for number, line in enumerate(Path(path).read_text().splitlines(), start=1) if line.strip()
+    ]
+    records = []
+    for index, (number, line) in enumerate(lines):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            if index == len(lines) - 1:
+                logger.warning("%s: leaving out line %d, cut off mid-write (%s).", path, number, error)
+                break
+            raise ValueError(f"{path}, line {number}, is not a JSON record ({error}); the file is damaged.") from None
+    return records
 
 
 RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")

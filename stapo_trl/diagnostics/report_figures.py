@@ -1,0 +1,317 @@
+"""The figures of `stapo-trl report` and the training curves of `stapo-trl train`, as the data classes of
+:mod:`.plotting` (which draws them): what each panel shows of the runs' logs, with the counts its legends and notes
+take from the runs' records. Every figure draws all runs on shared axes, so that runs can be compared at a glance;
+the tests pin these."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from ..names import SHADOW_PREFIX
+from ..run_record import build_run_record
+from ..token_rules import TokenRuleSpec, get_token_rule
+from .plotting import (
+    DensityPanel,
+    LinePanel,
+    Series,
+    TokenBars,
+    plot_density_panels,
+    plot_line_panels,
+    plot_token_bars,
+    populated_density_limits,
+)
+from .run_logs import RunLogs
+from .token_dump import spread, visible_token
+from .trends import is_finite_number, training_records
+
+FIGURES = {
+    "entropy": "entropy.png",
+    "reward": "reward.png",
+    "masking": "masking.png",
+    "optimization": "optimization.png",
+    "token_density": "token_density.png",
+    "top_silenced_tokens": "top_silenced_tokens.png",
+}
+FIGURE_TITLES = {
+    "entropy": "Mean token entropy",
+    "reward": "Reward",
+    "masking": "Silenced fraction and the silencing threshold",
+    "optimization": "Gradient norm, completion length, clipping and the gradient probe",
+    "token_density": "Probability and entropy of positive-advantage tokens",
+    "top_silenced_tokens": "Top silenced tokens",
+}
+
+OPTIMIZATION_PANELS = (
+    ("grad_norm", "gradient norm before clipping", 0.0, 1.0),
+    ("completions/mean_length", "mean completion length (tokens)", 0.0, 1.0),
+    ("clip_ratio/region_mean", "share of tokens clipped (%)", 0.0, 100.0),
+    ("gradient_probe/silenced_grad_sq_share", "silenced tokens' share of |gradient|^2 (probe)", 0.0, 1.0),
+)
+"""(metric, title, lowest value the axis shows, scale) of ``optimization.png``: what the updates looked like."""
+TRAINING_CURVES = (
+    ("reward", "mean reward", None, 1.0),
+    ("entropy", "mean token entropy (nats)", 0.0, 1.0),
+)
+"""(metric, title, lowest value the axis shows, scale) of the first panels of ``training_curves.png``; then come the
+gradient norm and the silenced fraction of the run's silencing rule."""
+
+
+def silencing_view(run: RunLogs) -> tuple[TokenRuleSpec, str, dict[str, Any]] | None:
+    """What a run's figures show of silenced tokens: the spec of its silencing rule (`RunRecord.silencing_rule`), the
+    prefix of the metrics it logged, and its run summary; for a run whose rule ran in shadow only (GRPO with
+    ``shadow_token_rules: [s2t]``), what that rule would have silenced. None when no rule silenced tokens."""
+    record = run.record
+    for shadow, summaries in ((False, record.token_rules), (True, record.shadow_token_rules)):
+        name = record.silencing_rule(shadow=shadow)
+        if name is not None:
+            return get_token_rule(name), f"{SHADOW_PREFIX}/" if shadow else "", summaries[name]
+    return None
+
+
+def top_silenced_tokens(run: RunLogs, limit: int = 15) -> list[tuple[str, int]]:
+    """The most frequent token texts among the run's dumped silenced tokens (a sample when the caps dropped some)."""
+    counts = Counter(record["token"] for record in run.silenced_tokens or [])
+    return counts.most_common(limit)
+
+
+def metric_series(history: list[dict[str, Any]], key: str, label: str, scale: float = 1.0) -> Series | None:
+    """The series of ``key`` in a run's log, or None when no record has the key. A record where it is None or not
+    finite (TRL logs None when every value of the window was NaN) gives a None value."""
+    logged = [record for record in history if key in record]
+    if not logged:
+        return None
+    values = [scale * record[key] if is_finite_number(record[key]) else None for record in logged]
+    return Series(label=label, steps=[record["step"] for record in logged], values=values)
+
+
+def line_panel(
+    runs: list[RunLogs],
+    key: str,
+    title: str,
+    *,
+    scale: float = 1.0,
+    y_floor: float | None = None,
+    absent: str = "not logged",
+    undefined_label: str | None = None,
+) -> LinePanel:
+    """The panel of ``key`` over the runs; a run without the key gets the note ``"<label>: <absent>"``."""
+    panel = LinePanel(title=title, series=[], y_floor=y_floor, undefined_label=undefined_label)
+    for run in runs:
+        found = metric_series(run.history, key, run.label, scale)
+        if found is None:
+            panel.notes.append(f"{run.label}: {absent}")
+        else:
+            panel.series.append(found)
+    if panel.series and not any(series.defined for series in panel.series) and undefined_label:
+        panel.notes.append(f"{undefined_label} at every logged step")
+    return panel
+
+
+def masking_panels(runs: list[RunLogs]) -> tuple[LinePanel, LinePanel]:
+    """The silenced fraction (%) of each run's silencing rule and that rule's threshold (S2T's ``tau_h``) over the
+    steps. The legend of the first says how many tokens each run silenced of how many candidates; the titles name
+    the rules. A run whose rule ran in shadow (GRPO with ``shadow_token_rules: [s2t]``) is drawn with what the rule
+    would have silenced, its label saying so."""
+    absent = "no token rule silenced tokens (none was on)"
+    fraction = LinePanel(title="", series=[], y_floor=0.0)
+    threshold = LinePanel(title="", series=[], y_floor=0.0)
+    rules, thresholds = [], []
+    for run in runs:
+        view = silencing_view(run)
+        if view is None:
+            fraction.notes.append(f"{run.label}: {absent}")
+            threshold.notes.append(f"{run.label}: {absent}")
+            continue
+        spec, prefix, summary = view
+        label = f"{run.label} (in shadow, would silence)" if prefix else run.label
+        found = metric_series(run.history, prefix + spec.metric("silenced_fraction"), label, 100.0)
+        if spec.display_name not in rules:
+            rules.append(spec.display_name)
+        if found.defined and all(value == 0.0 for _, value in found.defined):
+            fraction.notes.append(f"{label}: 0% at every step")
+        presentation = spec.presentation
+        counted = f"{summary['silenced_tokens']} silenced"
+        if "candidates" in summary:
+            counted = (
+                f"{summary['silenced_tokens']} of {summary['candidates']} {presentation.candidates_noun} silenced"
+            )
+        found.label = f"{label}: {counted}"
+        fraction.series.append(found)
+        metric = presentation.threshold_statistic
+        line = metric_series(run.history, prefix + spec.metric(metric), label) if metric is not None else None
+        if line is None:
+            threshold.notes.append(f"{label}: {spec.display_name} has no threshold")
+            continue
+        threshold.series.append(line)
+        threshold.undefined_label = f"no {presentation.candidates_noun}, so no {presentation.threshold_name}"
+        if presentation.threshold_title not in thresholds:
+            thresholds.append(presentation.threshold_title)
+    fraction.title = f"{', '.join(rules) or 'token rule'} silenced fraction of loss tokens (%)"
+    threshold.title = "; ".join(thresholds) or "threshold of the silencing rule"
+    if threshold.series and not any(series.defined for series in threshold.series):
+        threshold.notes.append(f"{threshold.undefined_label} at every logged step")
+    return fraction, threshold
+
+
+def token_bars(run: RunLogs, limit: int = 15) -> TokenBars:
+    """The top-silenced-tokens panel of one run: bars of the most frequent token texts (whitespace made visible),
+    or, when every shown token was silenced equally often (bars would all be one length), a table of the dumped
+    tokens in their context with p, H and the advantage A."""
+    written = len(run.silenced_tokens or [])
+    if run.dump_stats is None:
+        return TokenBars(run.label, [], [], note="no token dump: train with dump_silenced_tokens: true")
+    silenced = run.dump_stats.get("silenced", written)
+    title = f"{run.label}\n{written} dumped of {silenced} silenced"
+    top = top_silenced_tokens(run, limit)
+    distinct = len({record["token"] for record in run.silenced_tokens or []})
+    if not top:
+        steps = len(run.dump_stats.get("steps", [])) or run.record.steps
+        rule = run.record.silencing_rule()
+        candidates = run.record.token_rules[rule].get("candidates") if rule is not None else None
+        detail = f", {candidates} candidates" if candidates is not None else ""
+        return TokenBars(title, [], [], note=f"no token was silenced in {steps} steps{detail}")
+    if len({count for _, count in top}) == 1:
+        records = spread(run.silenced_tokens or [], limit)
+        title += f"\n{distinct} distinct tokens, each silenced {top[0][1]} time{'s' if top[0][1] > 1 else ''}"
+        if len(records) < written:
+            title += f"; {len(records)} shown, spread over the run"
+        return TokenBars(title, [], [], rows=[token_row(record) for record in records])
+    if distinct > len(top):
+        title += f"\n{len(top)} of {distinct} distinct tokens, most frequent first"
+    return TokenBars(title, [visible_token(text) for text, _ in top], [count for _, count in top])
+
+
+def token_row(record: dict[str, Any], context: int = 24) -> tuple[str, ...]:
+    """One dumped silenced token as a table row: step, the token in its context, p, H and A."""
+    before = record["context_before"][-context:].replace("\n", "↵")
+    after = record["context_after"][:context].replace("\n", "↵")
+    return (
+        str(record["step"]),
+        f"…{before}[{visible_token(record['token'])}]{after}…",
+        f"{record['p']:.2g}",
+        f"{record['entropy']:.2f}",
+        f"{record['advantage']:+.2f}",
+    )
+
+
+def density_panel(run: RunLogs) -> DensityPanel:
+    """The p-H density panel of one run (see :class:`DensityPanel`): the silencing region spans the probability bound
+    the run's rule gave the dump (`TokenRuleSpec.probability_bound`) and its median threshold over the run."""
+    if run.dump_stats is None:
+        return DensityPanel(run.label, note="no token dump:\ntrain with dump_silenced_tokens: true")
+    stats = run.dump_stats
+    extent = tuple(float(value) for value in _density_extent(stats))
+    panel = DensityPanel(run.label, counts=stats["density"]["positive_advantage"], extent=extent)
+    if panel.num_tokens == 0:
+        panel.note = "no completion token had a positive advantage"
+    probability_bound = stats.get("probability_bound")
+    rule = run.record.silencing_rule()
+    threshold = run.record.token_rules[rule].get("threshold_median") if rule is not None else None
+    if probability_bound and threshold is not None:
+        panel.silenced_box = (math.log10(probability_bound), threshold)
+    elif probability_bound:
+        panel.threshold_only = math.log10(probability_bound)
+    x_low, _, _, y_high = extent
+    panel.silenced = [
+        (max(x_low, math.log10(max(record["p"], 1e-300))), min(y_high, record["entropy"]))
+        for record in run.silenced_tokens or []
+    ]
+    return panel
+
+
+def training_curve_panels(records: list[dict], label: str) -> list[LinePanel]:
+    """The panels of ``training_curves.png`` of one run's log: reward, entropy, the gradient norm and the silenced
+    fraction of the run's silencing rule; the line is labelled ``label``, which names the run (``stapo-trl train``
+    passes the method and seed, for example ``stapo, seed 0``): there is no generic default such as "run"."""
+    panels = []
+    records = training_records(records)
+    rule = build_run_record(records).silencing_rule()
+    silenced = (
+        (
+            get_token_rule(rule).metric("silenced_fraction"),
+            f"{get_token_rule(rule).display_name} silenced fraction (%)",
+            0.0,
+            100.0,
+        )
+        if rule is not None
+        else ("silenced_fraction", "silenced fraction (%)", 0.0, 100.0)
+    )
+    for key, title, y_floor, scale in (*TRAINING_CURVES, OPTIMIZATION_PANELS[0], silenced):
+        found = metric_series(records, key, label, scale)
+        panel = LinePanel(title=title, series=[found] if found is not None else [], y_floor=y_floor)
+        if found is None:
+            panel.notes.append("not logged by this run")
+        panels.append(panel)
+    return panels
+
+
+def plot_training_curves(records: list[dict], path: str | Path, *, label: str, title: str | None = None) -> Path:
+    """Write a PNG of reward, entropy, gradient norm and silenced fraction against the step, the line labelled
+    ``label``. A metric that the run did not log (for example the mask of a GRPO run) leaves its panel with a note."""
+    return plot_line_panels(training_curve_panels(records, label), path, panel_size=(3.9, 3.2), title=title, dpi=110)
+
+
+def plot_optimization(runs: list[RunLogs], path: Path) -> Path:
+    """The gradient norm, completion length, clipped share and (when the gradient probe ran) the silenced tokens'
+    share of the squared gradient norm over the steps, one line per run."""
+    panels = [
+        line_panel(runs, key, title, scale=scale, y_floor=y_floor)
+        for key, title, y_floor, scale in OPTIMIZATION_PANELS
+    ]
+    return plot_line_panels(panels, path, panel_size=(4.4, 3.4))
+
+
+def plot_metric(runs: list[RunLogs], key: str, label: str, path: Path, y_floor: float | None = None) -> Path:
+    """One metric over the steps, one line per run, on shared axes."""
+    return plot_line_panels([line_panel(runs, key, label, y_floor=y_floor)], path, panel_size=(6, 3.6))
+
+
+def plot_masking(runs: list[RunLogs], path: Path) -> Path:
+    """The silenced fraction (%) and the silencing rule's threshold over the steps, one line per run."""
+    return plot_line_panels(masking_panels(runs), path, panel_size=(5.5, 3.8))
+
+
+def _density_extent(stats: dict[str, Any]) -> tuple[float, float, float, float]:
+    density = stats["density"]
+    return (*density["log10_p_range"], *density["entropy_range"])
+
+
+def density_limits(runs: list[RunLogs]) -> tuple[float, float] | None:
+    """The lowest log10 p and highest H that the runs' populated density bins reach (all tokens, any advantage)."""
+    limits = []
+    for run in runs:
+        if run.dump_stats is None:
+            continue
+        density = run.dump_stats["density"]
+        counts = [
+            [a + b for a, b in zip(row_a, row_b, strict=True)]
+            for row_a, row_b in zip(density["positive_advantage"], density["other"], strict=True)
+        ]
+        found = populated_density_limits(
+            counts, _density_extent(run.dump_stats), run.dump_stats.get("probability_bound")
+        )
+        if found is not None:
+            limits.append(found)
+    if not limits:
+        return None
+    return min(limit[0] for limit in limits), max(limit[1] for limit in limits)
+
+
+def plot_token_density(runs: list[RunLogs], path: Path) -> Path:
+    """Where the positive-advantage loss tokens sit over (log10 p, H), per run on shared axes, with the silencing
+    region of the run's rule (for S2T ``p < prob_threshold`` and ``H < tau_h``, the run's median ``tau_h``) and the
+    dumped silenced tokens."""
+    return plot_density_panels(
+        [density_panel(run) for run in runs],
+        path,
+        limits=density_limits(runs),
+        title="Positive-advantage completion tokens over probability and entropy",
+    )
+
+
+def plot_top_silenced(runs: list[RunLogs], path: Path, limit: int = 15) -> Path:
+    """The most frequent silenced tokens of each run's dump, as horizontal bars, or the reason there are none."""
+    return plot_token_bars([token_bars(run, limit) for run in runs], path, limit)

@@ -1,0 +1,109 @@
+"""What `stapo-trl report` reads of a run directory: its training log (``trainer_state.json``, the output dir's own,
+which `stapo-trl train` writes, else the newest ``checkpoint-N/``'s, else ``metrics.jsonl``), its silenced-token dump
+when it has one, and the run's record built from them (`stapo_trl.run_record`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+from ..names import METRICS_FILE, TRAINER_STATE_FILE
+from ..resume import last_complete_checkpoint
+from ..run_record import RunRecord, build_run_record
+from ..storage import read_json_lines
+from .token_dump import read_dump
+from .trends import is_training_record
+
+
+class ReportError(UsageError, ValueError):
+    """A run directory that cannot be reported on, with what is missing and how to get it."""
+
+
+@dataclass
+class RunLogs:
+    """What one run directory holds for the report."""
+
+    label: str
+    directory: Path
+    history: list[dict[str, Any]]
+    """The log's training steps (`read_history`), which the figures draw."""
+    source: Path
+    record: RunRecord
+    """The run's facts, built from the whole log and the dump, which the tables and text show."""
+    silenced_tokens: list[dict[str, Any]] | None = None
+    dump_stats: dict[str, Any] | None = None
+
+
+def find_log_source(directory: Path) -> Path | None:
+    """The file a run's training log is read from: its ``trainer_state.json``, the newest checkpoint's, or
+    ``metrics.jsonl``; None when there is none."""
+    own = directory / TRAINER_STATE_FILE
+    if own.is_file():
+        return own
+    checkpoint = last_complete_checkpoint(directory)
+    if checkpoint is not None:
+        return checkpoint / TRAINER_STATE_FILE
+    metrics = directory / METRICS_FILE
+    return metrics if metrics.is_file() else None
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """The training records of a `metrics.jsonl` file (the final summary record is left out; a last line cut off
+    mid-write is left out with a warning)."""
+    return [record for record in read_json_lines(path) if "train_runtime" not in record]
+
+
+def read_log(source: Path) -> list[dict[str, Any]]:
+    """Every record of a ``trainer_state.json``'s log history or of a ``metrics.jsonl``."""
+    try:
+        if source.name == METRICS_FILE:
+            return read_json_lines(source)
+        return json.loads(source.read_text()).get("log_history", [])
+    except ValueError as error:  # json.JSONDecodeError is a ValueError
+        raise ReportError(
+            f"{source} cannot be read ({error}); the file is damaged. Point the report at a checkpoint-N/ of the run, "
+            "whose trainer_state.json holds the log up to that step."
+        ) from None
+
+
+def read_history(source: Path) -> list[dict[str, Any]]:
+    """The per-step training records of a ``trainer_state.json`` or ``metrics.jsonl`` (the end-of-training summary
+    record, which has ``train_runtime``, and the evaluation records, with ``eval_*`` keys, are left out)."""
+    return [record for record in read_log(source) if "step" in record and is_training_record(record)]
+
+
+def load_run(directory: str | Path, label: str | None = None) -> RunLogs:
+    """Read one run directory, or raise :class:`ReportError` saying what is missing (a damaged dump file raises
+    `stapo_trl.storage.DamagedFileError`, naming it)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ReportError(f"{directory}: no such directory.")
+    source = find_log_source(directory)
+    if source is None:
+        raise ReportError(
+            f"{directory}: no training log found. The report reads {TRAINER_STATE_FILE} (written at the end of "
+            f"`stapo-trl train`, by `trainer.save_state()`, and in every checkpoint-N/) or {METRICS_FILE} (written "
+            "by `stapo-trl train`). Point it at a training output_dir, or call trainer.save_state() after "
+            "trainer.train() in your own script."
+        )
+    log = read_log(source)
+    history = [record for record in log if "step" in record and is_training_record(record)]
+    if not history:
+        raise ReportError(
+            f"{source}: the log holds no training steps. Was the run stopped before its first logging step "
+            "(logging_steps)?"
+        )
+    silenced_tokens, dump_stats = read_dump(directory)
+    record = build_run_record(log, silenced_tokens=silenced_tokens, dump_stats=dump_stats)
+    return RunLogs(
+        label=label or directory.resolve().name,
+        directory=directory,
+        history=history,
+        source=source,
+        record=record,
+        silenced_tokens=silenced_tokens,
+        dump_stats=dump_stats,
+    )
