@@ -3,8 +3,8 @@ training sections can use.
 
 Liger 0.8.5 dispatches its fused linear cross-entropy on compute capability 9.0 (H100, H200) to a CuTe DSL kernel
 that needs ``nvidia-cutlass-dsl`` (the ``liger-kernel[cutedsl]`` extra), with no fallback: without it the call raises
-ImportError. stapo-trl's ``auto`` statistics backend picks ``liger`` on CUDA whenever liger-kernel is installed, so
-this section calls the backend ``auto`` resolves to and records whether it runs.
+ImportError. stapo-trl's ``auto`` statistics backend picks ``liger`` on such a GPU only when ``cutlass`` is importable
+too (``torch`` otherwise); this section calls the backend ``auto`` resolves to and records whether it runs.
 """
 
 from __future__ import annotations

@@ -48,9 +48,10 @@ TOKEN_STATS_BACKENDS = ("auto", *(name for name in BACKENDS if name != "naive"))
 """The names `STAPOConfig.token_stats_backend` takes: ``"auto"`` and every backend but the reference."""
 
 
-def backend_unavailable(name: str) -> str | None:
-    """Why the backend ``name`` cannot run on this installation (what to install), or None when it can."""
-    return liger_unavailable() if name == "liger" else None
+def backend_unavailable(name: str, device: torch.device | str | None = None) -> str | None:
+    """Why the backend ``name`` cannot run on this installation (on ``device``, when given), with what to install, or
+    None when it can."""
+    return liger_unavailable(device) if name == "liger" else None
 
 
 def resolve_backend(
@@ -65,8 +66,8 @@ def resolve_backend(
     """The backend ``name`` stands for, checked: ``"auto"`` resolved, an unknown name or a missing install refused.
 
     Args:
-        device: where the statistics are computed; ``"auto"`` picks ``liger`` on CUDA when it is installed and the
-            head has no bias, else ``torch``.
+        device: where the statistics are computed; ``"auto"`` picks ``liger`` on CUDA when it can run there (on an
+            sm90 GPU that needs nvidia-cutlass-dsl too) and the head has no bias, else ``torch``.
         not_covered: why the hidden states and LM-head weight alone do not give the model's logits (a logit
             transform, vision-language inputs). Then ``"auto"`` picks ``trl_fused_head``, the model's own head, and
             another explicit backend is refused.
@@ -97,8 +98,9 @@ def resolve_backend(
             TRL_FUSED_HEAD,
         )
     if name == "auto":
-        return "liger" if torch.device(device).type == "cuda" and is_liger_available() and not has_bias else "torch"
-    problem = backend_unavailable(name)
+        usable = torch.device(device).type == "cuda" and liger_unavailable(device) is None and not has_bias
+        return "liger" if usable else "torch"
+    problem = backend_unavailable(name, device)
     if problem is not None:
         raise ImportError(problem[0].upper() + problem[1:] + ".")
     return name

@@ -135,11 +135,40 @@ def test_all_ignored_input_gives_zeros_that_stay_differentiable():
 
 def test_auto_picks_torch_on_cpu_and_liger_on_cuda(monkeypatch):
     assert resolve_backend("auto", "cpu") == "torch"
-    monkeypatch.setattr("stapo_trl.fused_stats.is_liger_available", lambda: True)
+    monkeypatch.setattr(liger_module, "is_liger_available", lambda: True)
     assert resolve_backend("auto", "cuda") == "liger"
     assert resolve_backend("auto", "cuda", has_bias=True) == "torch"
-    monkeypatch.setattr("stapo_trl.fused_stats.is_liger_available", lambda: False)
+    monkeypatch.setattr(liger_module, "is_liger_available", lambda: False)
     assert resolve_backend("auto", "cuda") == "torch"
+
+
+def test_on_an_sm90_gpu_liger_needs_the_cute_dsl_package(monkeypatch):
+    """liger-kernel 0.8.5 runs a CuTe DSL kernel on compute capability 9.0 and imports ``cutlass`` with no fallback:
+    without nvidia-cutlass-dsl, 'auto' must not pick it, and an explicit 'liger' says what to install."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    cutlass_installed = [False]
+    monkeypatch.setattr(liger_module, "is_liger_available", lambda: True)
+    monkeypatch.setattr(liger_module, "takes_cute_dsl_kernel", lambda device: torch.device(device).type == "cuda")
+    monkeypatch.setattr(
+        liger_module.importlib.util,
+        "find_spec",
+        lambda name, *rest: (
+            (find_spec("torch") if cutlass_installed[0] else None) if name == "cutlass" else find_spec(name, *rest)
+        ),
+    )
+    assert resolve_backend("auto", "cuda") == "torch"
+    with pytest.raises(ImportError, match=r"compute capability 9\.0.*pip install 'liger-kernel\[cutedsl\]'"):
+        resolve_backend("liger", "cuda")
+    assert resolve_backend("liger", "cpu") == "liger"  # Liger's torch fallback
+    cutlass_installed[0] = True
+    assert resolve_backend("auto", "cuda") == "liger"
+    assert liger_module.liger_unavailable("cuda") is None
+
+
+def test_no_gpu_takes_the_cute_dsl_kernel_here():
+    assert not liger_module.takes_cute_dsl_kernel("cpu") and not liger_module.takes_cute_dsl_kernel(None)
 
 
 def test_missing_liger_gives_an_install_hint(monkeypatch):
