@@ -39,7 +39,8 @@ def test_a_stray_positional_argument_exits_2_with_one_line(argv, capsys):
 
 def test_launch_options_and_their_values_are_not_stray():
     request = parse_train_args(["--config", QUICKSTART, "--num_processes", "2", "--main_process_port=29555"])
-    assert request.launch_args == ["--num_processes", "2", "--main_process_port=29555"]
+    # The quickstart runs on the CPU, where two processes need accelerate's multi-process launcher named.
+    assert request.launch_args == ["--num_processes", "2", "--main_process_port=29555", "--multi_gpu"]
 
 
 def test_debug_is_transformers_training_argument_and_traceback_is_ours(capsys):
