@@ -13,7 +13,7 @@ from pathlib import Path
 
 from transformers import ProgressCallback, TrainerCallback
 
-from .names import METRICS_FILE
+from .file_and_metric_names import METRICS_FILE
 from .run_record import step_line_parts
 from .storage import append_text, read_json_lines, write_text_atomically
 

@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from .distributed import all_reduce_sum
-from .names import (
+from .file_and_metric_names import (
     ADVANTAGES_BEFORE_RULES_KEY,
     ENTROPIES_KEY,
     LOG_PROBS_KEY,

@@ -25,7 +25,7 @@ from torch.utils.data import Sampler
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .errors import UsageError
-from .names import TRAINER_STATE_FILE
+from .file_and_metric_names import TRAINER_STATE_FILE
 
 logger = logging.getLogger(__name__)
 

@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
+from .file_and_metric_names import ENTROPIES_KEY, LOG_PROBS_KEY
 from .fused_stats import TRL_FUSED_HEAD, resolve_backend, token_logprob_entropy
 from .fused_stats.generation import GenerationStatsRecorder
-from .names import ENTROPIES_KEY, LOG_PROBS_KEY
 
 TOKEN_STATS_SOURCES = ("generation", "loss")
 

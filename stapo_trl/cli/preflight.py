@@ -11,7 +11,7 @@ from pathlib import Path
 from peft.utils import SAFETENSORS_WEIGHTS_NAME as ADAPTER_WEIGHTS_FILE
 from transformers.utils import SAFE_WEIGHTS_NAME as MODEL_WEIGHTS_FILE
 
-from ..names import (
+from ..file_and_metric_names import (
     METRICS_FILE,
     RUN_SUMMARY_FILE,
     SILENCED_TOKENS_FILE,

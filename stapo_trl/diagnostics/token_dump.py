@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..names import SILENCED_TOKENS_FILE, SILENCED_TOKENS_STATS_FILE
+from ..file_and_metric_names import SILENCED_TOKENS_FILE, SILENCED_TOKENS_STATS_FILE
 from ..storage import DamagedFileError, append_text, read_json_file, read_json_lines, write_text_atomically
 
 LOG10_P_RANGE = (-10.0, 0.0)
