@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from accelerate.utils import is_peft_model
 from huggingface_hub import ModelCard
+from peft.tuners.tuners_utils import BaseTunerLayer
 from transformers import TrainingArguments
 
 from .config import STAPOConfig
@@ -244,8 +245,6 @@ class STAPOTrainer(HookedGRPOTrainer):
             return False
         if unwrapped.active_adapter == "ref":
             return True
-        from peft.tuners.tuners_utils import BaseTunerLayer
-
         return any(isinstance(module, BaseTunerLayer) and module.disable_adapters for module in unwrapped.modules())
 
     # ------------------------------------------------------------------ generation

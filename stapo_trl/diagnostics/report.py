@@ -31,6 +31,8 @@ from .report_figures import (
 from .run_logs import ReportError, RunLogs, load_run
 from .token_dump import silenced_token_line
 
+# Python-Markdown is imported for the HTML page only.
+
 REPORT_FILE = "report.md"
 HTML_FILE = "report.html"
 
