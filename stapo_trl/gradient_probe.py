@@ -44,10 +44,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from .distributed import all_reduce_sum
-from .names import (
+from .file_and_metric_names import (
     ADVANTAGES_BEFORE_RULES_KEY,
     ENTROPIES_KEY,
     LOG_PROBS_KEY,
@@ -74,16 +75,7 @@ def probe_metric(statistic: str) -> str:
 
 @dataclass
 class GradientProbeConfigMixin:
-    r"""
-    The gradient probe: the silenced tokens' share of the policy gradient at the weights.
-
-    Parameters:
-        gradient_probe_steps (`int`, *optional*, defaults to `0`):
-            Every this many optimizer steps (the first step included), measure the squared norm of the gradient of
-            the silenced tokens' part of the loss against the whole loss's, beside two count-matched random sets of
-            tokens (positive-advantage tokens, and S2T's candidates). `0` turns it off. Each probe costs up to four
-            extra forward and backward passes per micro-batch.
-    """
+    """The gradient probe: the silenced tokens' share of the policy gradient at the weights."""
 
     gradient_probe_steps: int = field(
         default=0,
@@ -178,8 +170,6 @@ def _set_random_state(state: tuple[torch.Tensor, torch.Tensor | None]) -> None:
 @contextmanager
 def restored_random_streams() -> Iterator[None]:
     """Restore torch's (CPU and current CUDA device), NumPy's and Python's random streams on exit."""
-    import numpy as np
-
     torch_state, python_state, numpy_state = _random_state(), random.getstate(), np.random.get_state()
     try:
         yield

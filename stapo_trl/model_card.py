@@ -25,8 +25,8 @@ import torch
 import yaml
 from huggingface_hub import ModelCard, ModelCardData, try_to_load_from_cache
 
+from .file_and_metric_names import EVAL_SUMMARY_FILE, RECIPE_FILE, TRAINER_STATE_FILE
 from .methods import describe_token_rule, infer_method, method_preset, method_title
-from .names import EVAL_SUMMARY_FILE, RECIPE_FILE, TRAINER_STATE_FILE
 from .paper import PAPER_ID, PAPER_TITLE, PAPER_URL, STAPO_CITATION
 from .results_table import markdown_table, summary_rows
 from .run_record import RunRecord, build_run_record, fill_first, read_run_record, trend_sentences

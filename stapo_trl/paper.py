@@ -7,6 +7,8 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass
 
+from .methods import METHOD_TITLES, method_preset
+
 PAPER_TITLE = "STAPO: Stabilizing Reinforcement Learning for LLMs by Silencing Rare Spurious Tokens"
 PAPER_ID = "2602.15620"
 PAPER_URL = f"https://arxiv.org/abs/{PAPER_ID}"
@@ -72,8 +74,6 @@ class PaperRow:
 
     @property
     def label(self) -> str:
-        from .methods import METHOD_TITLES
-
         return f"paper: Qwen3-{self.size}-Base {METHOD_TITLES.get(self.method, self.method)}"
 
 
@@ -81,8 +81,6 @@ def paper_row(size: str | None, method: str | None, setting: str) -> PaperRow | 
     """The paper's row for a model size ("1.7B", "8B", "14B"), a method and a setting, or None if the paper has none."""
     if not size or not method:
         return None
-    from .methods import method_preset
-
     try:
         method = method_preset(method).name
     except ValueError:

@@ -21,11 +21,15 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from safetensors import safe_open
 from torch.utils.data import Sampler
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .errors import UsageError
-from .names import TRAINER_STATE_FILE
+from .file_and_metric_names import TRAINER_STATE_FILE
+
+# The TRL boundary (which imports TRL) is imported where a sampler is reseeded: `stapo-trl report` reads
+# checkpoints through this module without loading TRL.
 
 logger = logging.getLogger(__name__)
 
@@ -102,8 +106,6 @@ def resolve_resume_checkpoint(value: str | bool | None, output_dir: str | os.Pat
 def check_checkpoint_files(path: str | os.PathLike) -> None:
     """Raise ``ResumeError`` when a ``*.safetensors`` file of the checkpoint has a header that cannot be read (a file
     cut short or overwritten), before any model is loaded from it. Reads the headers only."""
-    from safetensors import safe_open
-
     for weights in sorted(Path(path).glob("*.safetensors")):
         try:
             with safe_open(str(weights), framework="pt") as handle:

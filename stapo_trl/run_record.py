@@ -25,8 +25,8 @@ from typing import Any
 
 from .diagnostics.token_dump import silenced_token_line, spread
 from .diagnostics.trends import Trend, finite_series, is_finite_number, run_trends, training_records
+from .file_and_metric_names import RUN_SUMMARY_FILE, SHADOW_PREFIX
 from .gradient_probe import PROBE_METRIC_PREFIX
-from .names import RUN_SUMMARY_FILE, SHADOW_PREFIX
 from .storage import read_json_file, write_text_atomically
 from .token_rules import LAST, MEAN, MEDIAN, STEPS_ABOVE_ZERO, SUM, TokenRuleSpec, registered_rules
 

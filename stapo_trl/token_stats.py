@@ -26,11 +26,15 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
+from accelerate.utils import is_peft_model
+from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 
+from .file_and_metric_names import ENTROPIES_KEY, LOG_PROBS_KEY
 from .fused_stats import TRL_FUSED_HEAD, resolve_backend, token_logprob_entropy
 from .fused_stats.generation import GenerationStatsRecorder
-from .names import ENTROPIES_KEY, LOG_PROBS_KEY
+from .trl_boundary.hooks import disable_gradient_checkpointing, maybe_gather_lm_head_ctx
 
 TOKEN_STATS_SOURCES = ("generation", "loss")
 
@@ -64,8 +68,6 @@ LOGIT_TRANSFORM_ATTRIBUTES = (
 
 def policy_parts(model: torch.nn.Module, accelerator) -> tuple[Any, Any, torch.nn.Module]:
     """The transformers model under any DDP/PEFT wrapping, its backbone and its LM head."""
-    from accelerate.utils import is_peft_model
-
     unwrapped = accelerator.unwrap_model(model)
     base = unwrapped.get_base_model() if is_peft_model(unwrapped) else unwrapped
     return base, base.base_model, base.get_output_embeddings()
@@ -79,8 +81,6 @@ def logit_transforms(model) -> list[str]:
 
 def sharding(is_fsdp_enabled: bool) -> str | None:
     """Why the LM head may be sharded outside its module's forward (FSDP, ZeRO-3), or None."""
-    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
-
     if is_fsdp_enabled:
         return "FSDP"
     if is_deepspeed_zero3_enabled():
@@ -93,8 +93,6 @@ def side_effect_free_pass(model: torch.nn.Module):
     """Run a forward that changes nothing but its result: dropout off (every module in eval mode, each module's mode
     restored afterwards), and the torch, CUDA, NumPy and Python random streams forked, so that the training run draws
     the same numbers with or without this pass."""
-    import numpy as np
-
     modes = [(module, module.training) for module in model.modules()]
     python_state, numpy_state = random.getstate(), np.random.get_state()
     cuda_devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
@@ -266,8 +264,6 @@ class TokenStatistics:
             return self._forward(model, batch)
 
     def _forward(self, model, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        from .trl_boundary.hooks import disable_gradient_checkpointing, maybe_gather_lm_head_ctx
-
         prompt_ids, completion_ids = batch["prompt_ids"], batch["completion_ids"]
         completion_mask = batch["completion_mask"]
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)

@@ -24,17 +24,14 @@ from typing import Any
 import torch
 from accelerate.utils import is_peft_model
 from huggingface_hub import ModelCard
+from peft.tuners.tuners_utils import BaseTunerLayer
 from transformers import TrainingArguments
 
 from .config import STAPOConfig
 from .cpu.runtime import attach_to_cpu_runtime
 from .diagnostics.token_dump import SilencedTokenDump, StepTokens
 from .distributed import all_reduce_sum
-from .fused_stats.generation import unrecordable_decoding
-from .gradient_probe import GradientProbe, probe_metric
-from .methods import infer_method
-from .model_card import CardFacts, base_model_license, build_model_card, portable_location
-from .names import (
+from .file_and_metric_names import (
     ADVANTAGES_BEFORE_RULES_KEY,
     ENTROPIES_KEY,
     LOG_PROBS_KEY,
@@ -49,14 +46,18 @@ from .names import (
     rule_metric,
     shadow_metric,
 )
+from .fused_stats.generation import unrecordable_decoding
+from .gradient_probe import GradientProbe, probe_metric
+from .methods import infer_method
+from .model_card import CardFacts, base_model_license, build_model_card, portable_location
 from .paper import PAPER_ID, PAPER_TITLE, STAPO_CITATION
 from .resume import EpochSeededSampler, resolve_resume_checkpoint
+from .reward_errors import reward_function_error, warn_about_infinite_rewards
 from .rewards import resolve_reward_funcs
 from .run_record import RunRecord, build_run_record, read_run_record
 from .token_rules import RuleCall, StepContext, apply_token_rules, candidates_below, get_token_rule
 from .token_stats import TokenStatistics
 from .trl_boundary.hooks import HookedGRPOTrainer, disable_gradient_checkpointing, get_config_model_id
-from .user_code import reward_function_error, warn_about_infinite_rewards
 
 logger = logging.getLogger(__name__)
 
@@ -244,8 +245,6 @@ class STAPOTrainer(HookedGRPOTrainer):
             return False
         if unwrapped.active_adapter == "ref":
             return True
-        from peft.tuners.tuners_utils import BaseTunerLayer
-
         return any(isinstance(module, BaseTunerLayer) and module.disable_adapters for module in unwrapped.modules())
 
     # ------------------------------------------------------------------ generation

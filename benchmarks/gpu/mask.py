@@ -22,7 +22,7 @@ import time
 import torch
 
 from stapo_trl import STAPOTrainer, spurious_token_mask
-from stapo_trl.names import (
+from stapo_trl.file_and_metric_names import (
     ADVANTAGES_BEFORE_RULES_KEY,
     ENTROPIES_KEY,
     LOG_PROBS_KEY,

@@ -4,7 +4,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
+from importlib.metadata import PackageNotFoundError, version
+
+from ..errors import UsageError
+
+# Each command's module is imported when the command runs, so that `stapo-trl -h` loads no torch.
 
 COMMANDS = {
     "train": "Train with a YAML recipe (STAPO, GRPO, 20-Entropy, JustRL or STARE); --dry_run prints the plan.",
@@ -33,8 +40,6 @@ which `stapo-trl train` passes on to `TrainingArguments` like any other.)"""
 
 
 def _versions() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     found = []
     for package in ("stapo-trl", "trl", "transformers", "torch"):
         try:
@@ -68,11 +73,6 @@ def main(argv: list[str] | None = None) -> int:
     `--traceback` anywhere on the command line, or `STAPO_TRL_TRACEBACK=1`, its traceback is printed too. Ctrl-C exits
     with 130 (`train` and `eval` first say how to resume). Any other exception is a bug: its traceback is printed under a
     line that says how to report it."""
-    import os
-    import traceback
-
-    from ..errors import UsageError
-
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = TRACEBACK_FLAG in argv or os.environ.get(TRACEBACK_ENVIRONMENT, "") not in ("", "0")
     argv = [token for token in argv if token != TRACEBACK_FLAG]

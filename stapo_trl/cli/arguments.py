@@ -4,72 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..data.arithmetic import ARITHMETIC, WORKED_EXAMPLES
 from ..data.dapo_math import DAPO_MATH_HUB_ID
 from ..data.prompts import PROMPT_STYLES
 from ..methods import METHOD_NAMES
+from ..rewards import available_rewards
 
 
 @dataclass
 class TrainScriptArguments:
-    """
-    Arguments of `stapo-trl train` that are not training or model arguments.
-
-    Parameters:
-        method (`str`, *optional*, defaults to `"stapo"`):
-            The one switch between the methods: `stapo`, `grpo`, `20-entropy`, `justrl`, `stare` or `random` (the
-            random-silencing control of the mechanism study).
-            It sets that method's defaults; keys written in the recipe or on the command line still override them.
-        dataset_name (`str`, *optional*, defaults to `"BytedTsinghua-SIA/DAPO-Math-17k"`):
-            DAPO-Math-17K as a Hub id or a local file or directory (verl or open-r1 schema), `sample` for the rows
-            shipped with stapo-trl, or `arithmetic` for the built-in generator of arithmetic word problems.
-        dataset_config (`str`, *optional*):
-            Hub config name (`open-r1/DAPO-Math-17k-Processed` defaults to `all`).
-        dataset_train_split (`str`, *optional*, defaults to `"train"`):
-            The split to train on.
-        prompt_style (`str`, *optional*, defaults to `"boxed"`):
-            `boxed` asks for the answer in `\\boxed{}` (STAPO, JustRL); `dapo` asks for an `Answer:` line (DAPO). A
-            style paired with the other style's reward (`boxed` with `dapo`, or `dapo` with `boxed`) is refused.
-        system_prompt (`str`, *optional*):
-            A system message put before every prompt.
-        dedupe (`bool`, *optional*, defaults to `True`):
-            Keep one row per problem (the Hub file of DAPO-Math-17K repeats each problem about 100 times).
-        max_prompt_tokens (`int`, *optional*):
-            Drop problems whose chat-formatted prompt is longer than this many tokens, as verl's
-            `filter_overlong_prompts` does (TRL 1.x has no `max_prompt_length`).
-        num_fewshot (`int`, *optional*, defaults to `0`):
-            For `arithmetic`: put this many worked examples (at most 3) before each problem as earlier chat turns.
-            They show the answer format of `prompt_style`, so the style's instruction wrapper is left out.
-        num_train_problems (`int`, *optional*):
-            For `arithmetic`, how many problems to generate; for other datasets, keep a random subset of this size.
-        heldout_problems (`int`, *optional*, defaults to `0`):
-            Problems kept out of training and scored with greedy decoding before and after training. Scored with the
-            first reward function; 0 turns the evaluation off.
-        heldout_max_new_tokens (`int`, *optional*):
-            Token budget of the greedy evaluation; defaults to `max_completion_length`.
-        lora_layers (`int`, *optional*):
-            With `use_peft`, put the LoRA adapters on the last this many transformer layers only (PEFT's
-            `layers_to_transform`). The backward pass then stops at the first adapted layer, which makes a step
-            cheaper; on the CPU quickstart, the last 8 of 30 layers cut a step by about a fifth.
-        cpu_lm_head (`bool`, *optional*, defaults to `True`):
-            On the CPU, run TRL's fused LM head with stapo-trl's CPU path (`stapo_trl.cpu.lm_head`), for every method:
-            only the labelled positions are scored, at close to the cost of the head's GEMMs, with the same results
-            to float tolerance. `false` keeps TRL's own torch fallback. Has no effect on GPUs.
-        replay_frozen_layers (`bool`, *optional*, defaults to `True`):
-            On the CPU, let the loss pass reuse the hidden states that `generate()` computed in the frozen bottom
-            layers (those below the first layer with trainable parameters, with LoRA on the last layers only) instead
-            of running them again (`stapo_trl.cpu.frozen_layer_replay`). Same results up to float rounding. `false` runs every
-            layer. Has no effect on GPUs.
-        reward_funcs (`list[str]`, *optional*, defaults to `["boxed"]`):
-            Reward functions, by registered name (`dapo`, `boxed`, `math_verify`, `think_format`) or dotted path.
-        reward_model_name_or_path (`str`, *optional*):
-            A reward model (a Hub id or a local directory of a sequence-classification model), added after
-            `reward_funcs`, as `trl grpo` does.
-        dry_run (`bool`, *optional*, defaults to `False`):
-            Resolve the recipe, print the plan and exit without loading the model or the data.
-        overwrite_output_dir (`bool`, *optional*, defaults to `False`):
-            Start afresh in an `output_dir` that holds an earlier run (its checkpoints or its final files): those are
-            deleted first. Without it, such an `output_dir` is refused unless `resume_from_checkpoint` continues it.
-    """
+    """Arguments of `stapo-trl train` that are not training or model arguments (`--help-all` prints each field's
+    help)."""
 
     method: str = field(
         default="stapo",
@@ -91,12 +36,16 @@ class TrainScriptArguments:
     prompt_style: str = field(
         default="boxed",
         metadata={
-            "help": "'boxed': answer in \\boxed{} (STAPO, JustRL). 'dapo': an 'Answer:' line (DAPO).",
+            "help": "'boxed': answer in \\boxed{} (STAPO, JustRL). 'dapo': an 'Answer:' line (DAPO). A style "
+            "paired with the other style's reward is refused.",
             "choices": list(PROMPT_STYLES),
         },
     )
     system_prompt: str | None = field(default=None, metadata={"help": "A system message put before every prompt."})
-    dedupe: bool = field(default=True, metadata={"help": "Keep one row per problem of DAPO-Math-17K."})
+    dedupe: bool = field(
+        default=True,
+        metadata={"help": "Keep one row per problem (the Hub file of DAPO-Math-17K repeats each ~100 times)."},
+    )
     max_prompt_tokens: int | None = field(
         default=None,
         metadata={
@@ -133,21 +82,23 @@ class TrainScriptArguments:
         default=None,
         metadata={
             "help": "With use_peft: put the LoRA adapters on the last this many transformer layers only (PEFT's "
-            "layers_to_transform); the backward pass stops at the first adapted layer."
+            "layers_to_transform); the backward pass stops at the first adapted layer, which makes a step cheaper."
         },
     )
     cpu_lm_head: bool = field(
         default=True,
         metadata={
-            "help": "On the CPU, run TRL's fused LM head with stapo-trl's CPU path (same results, a fraction of the "
-            "time and memory); false keeps TRL's torch fallback. No effect on GPUs."
+            "help": "On the CPU, run TRL's fused LM head with stapo-trl's CPU path (stapo_trl.cpu.lm_head; same "
+            "results to float tolerance, a fraction of the time and memory); false keeps TRL's torch fallback. No "
+            "effect on GPUs."
         },
     )
     replay_frozen_layers: bool = field(
         default=True,
         metadata={
             "help": "On the CPU, let the loss pass reuse the frozen bottom layers' hidden states from generate() "
-            "instead of running those layers again (same results up to float rounding); false runs every layer."
+            "instead of running those layers again (stapo_trl.cpu.frozen_layer_replay; same results up to float "
+            "rounding); false runs every layer. No effect on GPUs."
         },
     )
     reward_funcs: list[str] = field(
@@ -182,8 +133,6 @@ class TrainScriptArguments:
         if self.num_train_problems is not None and self.num_train_problems < 1:
             raise ValueError(f"num_train_problems must be at least 1, got {self.num_train_problems}.")
         if self.num_fewshot:
-            from ..data.arithmetic import ARITHMETIC, WORKED_EXAMPLES
-
             if not 0 < self.num_fewshot <= len(WORKED_EXAMPLES):
                 raise ValueError(f"num_fewshot must be between 0 and {len(WORKED_EXAMPLES)}, got {self.num_fewshot}.")
             if self.dataset_name != ARITHMETIC:
@@ -198,8 +147,6 @@ class TrainScriptArguments:
             raise ValueError(f"heldout_problems must be 0 (off) or a positive count, got {self.heldout_problems}.")
         if not self.reward_funcs:
             raise ValueError("reward_funcs is empty: name at least one reward function, for example [boxed].")
-        from ..rewards import available_rewards
-
         known = available_rewards()
         other_format = {"dapo": "boxed", "boxed": "dapo"}
         if self.prompt_style in other_format:

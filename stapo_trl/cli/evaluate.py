@@ -5,14 +5,19 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from .. import evaluation
+from ..errors import UsageError
+from ..evaluation import EvalConfig, EvalConfigError
+from .help import HELP_ALL_FLAG, eval_help
+
+# TRL's parser is imported where the command line is parsed, so that `stapo-trl eval -h` loads no TRL.
+
 PROG = "stapo-trl eval"
 
 
 def parse_eval_args(argv: list[str]):
     """An `EvalConfig` from the command line, with `--config FILE.yaml` read first as in `stapo-trl train`."""
     from trl import TrlParser
-
-    from ..evaluation import EvalConfig, EvalConfigError
 
     def refuse(message: str):
         raise EvalConfigError(message)
@@ -47,14 +52,8 @@ def describe_setting(label: str, setting: dict[str, Any], graders: list[str]) ->
 
 
 def eval_command(argv: list[str]) -> int:
-    from ..errors import UsageError
-    from ..evaluation import EvalConfigError, evaluate
-    from .help import HELP_ALL_FLAG, eval_help
-
     if HELP_ALL_FLAG in argv:
         from trl import TrlParser
-
-        from ..evaluation import EvalConfig
 
         TrlParser(dataclass_types=[EvalConfig], prog=PROG).print_help()
         return 0
@@ -64,7 +63,7 @@ def eval_command(argv: list[str]) -> int:
 
     try:
         config = parse_eval_args(argv)
-        result = evaluate(config)
+        result = evaluation.evaluate(config)
     except FileNotFoundError as error:
         if isinstance(error, UsageError):
             raise

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..names import HELDOUT_RESULTS_FILE
+from ..file_and_metric_names import HELDOUT_RESULTS_FILE
 from ..run_record import HELDOUT_METRICS
 from ..storage import write_text_atomically
 

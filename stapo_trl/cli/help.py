@@ -3,8 +3,13 @@ prints the raw parser's listing of every option."""
 
 from __future__ import annotations
 
+import dataclasses
+import textwrap
+
 from ..methods import METHOD_NAMES
 from ..token_rules import switched_rules
+
+# The evaluation package is imported by `eval_help` only, so that `stapo-trl train -h` does not load it.
 
 HELP_ALL_FLAG = "--help-all"
 
@@ -168,9 +173,6 @@ def _metavar(item) -> str:
 def eval_help() -> str:
     """``stapo-trl eval -h``: every option once (a boolean as ``--name true|false``, not twice as ``--name`` and
     ``--no_name``), grouped, each with its help and default."""
-    import dataclasses
-    import textwrap
-
     from ..evaluation import EvalConfig
 
     fields = {item.name: item for item in dataclasses.fields(EvalConfig)}

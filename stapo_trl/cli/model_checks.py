@@ -11,6 +11,8 @@ from pathlib import Path
 from ..model_paths import looks_like_path
 from .recipe import RecipeError
 
+# transformers is imported where a model is checked, so that `stapo-trl train -h` loads none.
+
 SHARD_INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 NOT_GENERATIVE_HEADS = (
     "ForSequenceClassification",

@@ -6,6 +6,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from ..gguf import is_gguf_reference
+from ..methods import describe_token_rule, method_preset
+
 
 @dataclass(frozen=True)
 class BatchPlan:
@@ -99,8 +102,6 @@ def _number(value: Fraction | int) -> str:
 
 
 def describe_model(model_args: Any, training: Any, script: Any = None) -> str:
-    from ..gguf import is_gguf_reference
-
     name = model_args.model_name_or_path or "(none: set model_name_or_path)"
     details = [f"dtype {model_args.dtype or 'auto'}"]
     dropout_off = getattr(training, "disable_dropout", False)
@@ -124,8 +125,6 @@ def describe_model(model_args: Any, training: Any, script: Any = None) -> str:
 
 def format_plan(request: Any) -> str:
     """The dry-run plan: method, model, data, rewards, token rule, loss, generation, world size and batch arithmetic."""
-    from ..methods import describe_token_rule, method_preset
-
     script, training, model, plan = request.script, request.training, request.model, request.plan
     preset = method_preset(script.method)
     data = f"{script.dataset_name} (split {script.dataset_train_split}, prompt style {script.prompt_style}"

@@ -4,14 +4,18 @@ earlier run."""
 
 from __future__ import annotations
 
+import datetime
+import fcntl
 import importlib.util
+import os
 import shutil
+import socket
 from pathlib import Path
 
 from peft.utils import SAFETENSORS_WEIGHTS_NAME as ADAPTER_WEIGHTS_FILE
 from transformers.utils import SAFE_WEIGHTS_NAME as MODEL_WEIGHTS_FILE
 
-from ..names import (
+from ..file_and_metric_names import (
     METRICS_FILE,
     RUN_SUMMARY_FILE,
     SILENCED_TOKENS_FILE,
@@ -47,11 +51,6 @@ class OutputDirLock:
     """An exclusive lock on an output directory for this process's lifetime (or until `release`)."""
 
     def __init__(self, output_dir: str | Path):
-        import datetime
-        import fcntl
-        import os
-        import socket
-
         directory = Path(output_dir)
         if directory.exists() and not directory.is_dir():
             raise RecipeError(

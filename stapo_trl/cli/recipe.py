@@ -11,17 +11,22 @@ from __future__ import annotations
 import argparse
 import difflib
 import functools
+import importlib.resources as resources
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from ..errors import UsageError
 from ..methods import method_preset
 from .arguments import TrainScriptArguments
 from .plan import BatchPlan, batch_plan
+
+# TRL's parser, `STAPOConfig` (which imports TRL) and accelerate's launcher are imported where a recipe is parsed,
+# so that `stapo-trl train -h` loads none of them.
 
 STALE_KEYS = {
     "max_prompt_length": "TRL 1.x removed it: GRPOTrainer no longer truncates prompts. Use max_prompt_tokens, which "
@@ -231,8 +236,6 @@ def resolve_accelerate_config(name: str, recipe_path: Path | None) -> Path:
     """An accelerate config named in a recipe: a path (from the working directory or the recipe's directory), a name
     in an `accelerate/` directory beside the recipe or above it (`recipes/accelerate/zero3.yaml` for `zero3`), or a
     name of the configs bundled with TRL (`zero1`, `zero2`, `zero3`, `fsdp1`, `fsdp2`, `multi_gpu`)."""
-    import importlib.resources as resources
-
     candidates = [Path(name).expanduser()]
     if recipe_path is not None:
         recipe_dir = recipe_path.resolve().parent
@@ -408,13 +411,10 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
     wants_half = any(dataclass_values.get(key) for key in ("bf16", "fp16")) or any(
         f"--{key}" in cli_args for key in ("bf16", "fp16")
     )
-    if dry_run and wants_half and "use_cpu" not in given_keys:
-        import torch
-
-        if not torch.cuda.is_available():
-            dataclass_values["use_cpu"] = True
-            cpu_stand_in = True
-            notes.append("no GPU here: the plan was resolved with use_cpu=true, so bf16 and devices were not checked")
+    if dry_run and wants_half and "use_cpu" not in given_keys and not torch.cuda.is_available():
+        dataclass_values["use_cpu"] = True
+        cpu_stand_in = True
+        notes.append("no GPU here: the plan was resolved with use_cpu=true, so bf16 and devices were not checked")
 
     parser.set_defaults_with_config(**preset.defaults)
     parser.set_defaults_with_config(**dataclass_values)
@@ -454,8 +454,6 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
     world_size, world_size_source = _world_size(launch_args)
     launch_environment = {}
     if not is_launched() and not cpu_stand_in:
-        import torch
-
         on_cpu = bool(training.use_cpu) or not torch.cuda.is_available()
         launch_args, launch_environment = cpu_multi_process_launch(launch_args, world_size, on_cpu)
         if launch_environment:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..diagnostics.token_dump import read_dump
-from ..names import (
+from ..file_and_metric_names import (
     METRICS_FILE,
     RUN_SUMMARY_FILE,
     SILENCED_TOKENS_FILE,

@@ -23,9 +23,9 @@ from ..data import load_dapo_math
 from ..data.arithmetic import ARITHMETIC, load_arithmetic
 from ..data.selection import drop_long_prompts, random_subset, split_heldout
 from ..errors import UserCodeError
+from ..file_and_metric_names import METRICS_FILE, RECIPE_FILE
 from ..gguf import gguf_checkpoint, hub_source, is_gguf_reference
 from ..model_paths import local_model_problem
-from ..names import METRICS_FILE, RECIPE_FILE
 from ..rewards import get_reward_func
 from ..run_record import RunRecord
 from ..storage import storage_problem, write_text_atomically

@@ -59,6 +59,8 @@ from ..errors import UsageError
 from ..trl_boundary.hooks import iter_vllm_weights
 from ..trl_boundary.patches import grpo_vllm_generation, torch_threads_kept_from_vllm, vllm_engine_options
 
+# vLLM is optional: it is imported where the adapted engine starts.
+
 logger = logging.getLogger(__name__)
 
 KV_CACHE_ENVIRONMENT_VARIABLE = "VLLM_CPU_KVCACHE_SPACE"

@@ -15,6 +15,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
+# matplotlib is imported by `pyplot` and the drawing functions, after selecting its headless backend, so that
+# importing this module loads no matplotlib.
+
 
 @dataclass
 class Series:
@@ -122,8 +127,6 @@ def save_figure(figure, path: str | Path, dpi: int = 100) -> Path:
 
 def draw_line_panel(axis, panel: LinePanel) -> None:
     """Draw a :class:`LinePanel`: lines broken at undefined steps, those steps marked on the x axis, notes inside."""
-    import numpy as np
-
     marked_undefined = False
     for series in panel.series:
         values = np.array([np.nan if value is None else value for value in series.values], dtype=float)
@@ -238,7 +241,6 @@ def plot_density_panels(
 
     ``limits`` is ``(lowest log10 p, highest H)`` to show; the axes run from there to ``log10 p = 0`` and ``H = 0``.
     """
-    import numpy as np
     from matplotlib.colors import LogNorm
     from matplotlib.patches import Rectangle
 
@@ -315,8 +317,6 @@ def populated_density_limits(
 ) -> tuple[float, float] | None:
     """The lowest log10 p and the highest H worth showing of a density histogram: the populated bins plus a margin,
     and the silencing rule's probability bound with the same margin. None when every bin is empty."""
-    import numpy as np
-
     counts = np.asarray(counts)
     if counts.sum() == 0:
         return None

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..names import HELDOUT_RESULTS_FILE
+from ..file_and_metric_names import HELDOUT_RESULTS_FILE
 from ..run_record import RunRecord, rule_summary_line, trend_sentences
 from ..storage import read_json_lines
 from ..token_rules import registered_rules
@@ -30,6 +30,8 @@ from .report_figures import (
 )
 from .run_logs import ReportError, RunLogs, load_run
 from .token_dump import silenced_token_line
+
+# Python-Markdown is imported for the HTML page only.
 
 REPORT_FILE = "report.md"
 HTML_FILE = "report.html"

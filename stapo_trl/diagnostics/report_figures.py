@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from ..names import SHADOW_PREFIX
+from ..file_and_metric_names import SHADOW_PREFIX
 from ..run_record import build_run_record
 from ..token_rules import TokenRuleSpec, get_token_rule
 from .plotting import (

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from ..names import METRICS_FILE, TRAINER_STATE_FILE
+from ..file_and_metric_names import METRICS_FILE, TRAINER_STATE_FILE
 from ..resume import last_complete_checkpoint
 from ..run_record import RunRecord, build_run_record
 from ..storage import read_json_lines

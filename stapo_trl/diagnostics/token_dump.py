@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from ..names import SILENCED_TOKENS_FILE, SILENCED_TOKENS_STATS_FILE
+from ..distributed import all_reduce_sum, gather_objects, rank, world_size
+from ..file_and_metric_names import SILENCED_TOKENS_FILE, SILENCED_TOKENS_STATS_FILE
 from ..storage import DamagedFileError, append_text, read_json_file, read_json_lines, write_text_atomically
 
 LOG10_P_RANGE = (-10.0, 0.0)
@@ -221,8 +222,6 @@ class SilencedTokenDump:
         silenced tokens of all processes: every rank draws the same permutation of the global count, seeded by
         ``seed`` and ``step``, and decodes the tokens that fall in its own range. Returns the step's counts.
         """
-        from ..distributed import all_reduce_sum, gather_objects, rank, world_size
-
         loss_mask = tokens.loss_mask.bool()
         silenced = tokens.silenced.bool() & loss_mask
         advantages = tokens.advantages if tokens.advantages.dim() == 2 else tokens.advantages.unsqueeze(1)

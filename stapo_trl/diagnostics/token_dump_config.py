@@ -8,22 +8,8 @@ from dataclasses import dataclass, field
 
 @dataclass
 class TokenDumpConfigMixin:
-    r"""
-    The parameters of the silenced-token dump, which `stapo-trl report` reads.
-
-    Parameters:
-        dump_silenced_tokens (`bool`, *optional*, defaults to `False`):
-            Write a sample of each optimizer step's silenced tokens (at most `dump_tokens_per_step` a step and
-            `dump_max_tokens` a run) with their context, `p`, `H` and advantage to `output_dir/silenced_tokens.jsonl`,
-            and the counts of tokens silenced, written and dropped, plus a (log10 p, H) histogram of every loss token,
-            to `output_dir/silenced_tokens_stats.json`.
-        dump_tokens_per_step (`int`, *optional*, defaults to `64`):
-            Per-step cap; the step's silenced tokens are sampled uniformly and the rest counted as dropped.
-        dump_max_tokens (`int`, *optional*, defaults to `5000`):
-            Cap over the run.
-        dump_context_tokens (`int`, *optional*, defaults to `20`):
-            Tokens of context on each side of a silenced token.
-    """
+    """The parameters of the silenced-token dump, which `stapo-trl report` reads; each field's help metadata says
+    what it does."""
 
     dump_silenced_tokens: bool = field(
         default=False,

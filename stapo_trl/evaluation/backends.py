@@ -10,13 +10,20 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import multiprocessing
 import os
+import queue
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch
+
 from ..errors import UsageError
+
+# transformers, PEFT and vLLM (optional) are imported by the backend that runs them: importing the evaluation
+# package loads none of them.
 
 BACKENDS = ("transformers", "vllm")
 
@@ -104,8 +111,6 @@ def build_backend(spec: BackendSpec) -> GenerationBackend:
 
 
 def _torch_dtype(name: str):
-    import torch
-
     if name == "auto":
         return "auto"
     dtype = getattr(torch, name, None)
@@ -124,7 +129,6 @@ class TransformersBackend:
     name = "transformers"
 
     def __init__(self, spec: BackendSpec) -> None:
-        import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.spec = spec
@@ -163,8 +167,6 @@ class TransformersBackend:
         return Generation(text=text, num_tokens=len(kept), finish_reason=finish)
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParameters) -> list[list[Generation]]:
-        import torch
-
         jobs = [(r, position) for r, request in enumerate(requests) for position in range(len(request.sample_indices))]
         jobs.sort(key=lambda job: -len(requests[job[0]].prompt_token_ids))
         results: list[list[Generation | None]] = [[None] * len(request.sample_indices) for request in requests]
@@ -283,8 +285,6 @@ class DataParallelBackend:
     gathers the results in order. Processes are started with `spawn`, so CUDA is never initialized in a fork."""
 
     def __init__(self, spec: BackendSpec, data_parallel_size: int, devices_per_rank: int | None = None) -> None:
-        import multiprocessing
-
         if data_parallel_size < 2:
             raise ValueError("DataParallelBackend needs data_parallel_size >= 2; use build_backend for one copy.")
         self.name = f"{spec.kind} x{data_parallel_size}"
@@ -307,8 +307,6 @@ class DataParallelBackend:
 
     def _receive(self, rank: int) -> tuple[str, Any]:
         """The next message from a rank, or an error if its process died without sending one."""
-        import queue
-
         process, _, outbox = self._workers[rank]
         while True:
             try:

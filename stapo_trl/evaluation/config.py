@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from ..data.benchmarks import BENCHMARKS, benchmark_spec
 from ..data.prompts import PROMPT_STYLES
 from ..errors import UsageError
+from ..methods import method_preset
+from ..rewards import available_rewards
 from .backends import BACKENDS
 from .grading import DEFAULT_GRADERS
 from .sampling import DEFAULT_MAX_NEW_TOKENS, SAMPLING_PRESETS
@@ -237,8 +239,6 @@ class EvalConfig:
             self.graders = list(DEFAULT_GRADERS[self.prompt_style])
         if not self.graders:
             raise EvalConfigError("graders is empty; name at least one, for example boxed.")
-        from ..rewards import available_rewards
-
         known = available_rewards()
         for grader in self.graders:
             if grader not in known and "." not in grader and ":" not in grader:
@@ -248,8 +248,6 @@ class EvalConfig:
         if self.backend == "transformers" and self.tensor_parallel_size > 1:
             raise EvalConfigError("tensor_parallel_size > 1 needs --backend vllm; transformers runs on one device.")
         if self.method is not None:
-            from ..methods import method_preset
-
             try:
                 self.method = method_preset(self.method).name
             except ValueError as error:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 
 @dataclass
@@ -81,8 +82,6 @@ def greedy_accuracy(
     every prompt runs whole. Both compute the same attention over the same tokens at the same positions; the results
     differ only by floating-point rounding, which can change a greedy choice between two near-tied tokens.
     """
-    from tqdm.auto import tqdm
-
     if len(dataset) == 0:
         raise ValueError("The held-out set is empty.")
     was_training = model.training

@@ -10,12 +10,16 @@ print(result.table)
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+import torch
+from tqdm.auto import tqdm
 
 from ..data.benchmarks import load_benchmark
 from ..paper import FULL_SIZES
@@ -36,6 +40,8 @@ from .models import ModelNotFoundError, ResolvedModel, resolve_model
 from .records import SampleStore
 from .sampling import sampling_label
 from .scoring import score_benchmark
+
+# transformers is imported where a tokenizer is loaded: importing the evaluation package loads none.
 
 logger = logging.getLogger(__name__)
 
@@ -75,10 +81,6 @@ def choose_backend(config: EvalConfig) -> str:
         if config.backend == "vllm":
             require_vllm()
         return config.backend
-    import importlib.util
-
-    import torch
-
     return "vllm" if torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None else "transformers"
 
 
@@ -245,8 +247,6 @@ def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) ->
     one is built from the config. Returns the summary (also written to summary.json) and the Markdown table (also
     written to results.md).
     """
-    from tqdm.auto import tqdm
-
     started = time.perf_counter()
     model = resolve_model(config.model, adapter=config.adapter, base_model=config.base_model, label=config.label)
     if config.method is not None:

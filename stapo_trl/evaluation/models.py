@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
+from ..file_and_metric_names import RUN_SUMMARY_FILE
 from ..gguf import gguf_checkpoint, hub_source, is_gguf_reference
 from ..model_paths import ADAPTER_CONFIG, local_model_problem
-from ..names import RUN_SUMMARY_FILE
 
 _SIZE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)[bB](?![a-zA-Z0-9])")
 

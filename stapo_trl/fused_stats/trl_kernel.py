@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+# TRL is imported when the kernel runs, so that importing `stapo_trl.fused_stats` loads no TRL.
+
 TRL_VOCAB_CHUNK_SIZE = 32768
 
 

@@ -33,6 +33,8 @@ from .registry import (
 )
 from .text import completion_text, gold_text
 
+# TRL's rewards are imported when one is built: importing the rewards loads no TRL.
+
 register_reward("dapo", description="DAPO: +1/-1 exact match of the last `Answer:` line (final 300 chars).")(
     dapo_reward
 )

@@ -16,7 +16,7 @@ anywhere else. Nothing here imports TRL, so verl or a hand-written loop can use 
 import importlib
 import pkgutil
 
-from ..names import rule_metric, shadow_metric
+from ..file_and_metric_names import rule_metric, shadow_metric
 from .registry import (
     LAST,
     MEAN,

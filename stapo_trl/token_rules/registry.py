@@ -34,7 +34,7 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
-from ..names import rule_metric
+from ..file_and_metric_names import rule_metric
 
 
 @dataclass(frozen=True)

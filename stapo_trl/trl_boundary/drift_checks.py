@@ -36,6 +36,8 @@ from .hooks import (
     missing,
 )
 
+# vLLM is optional: the checks that read it import it (`Seam.requires`).
+
 TESTED_TRL = "1.16"
 
 

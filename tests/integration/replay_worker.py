@@ -66,7 +66,7 @@ def run(out_dir, case):
     from transformers import TrainerCallback
 
     from stapo_trl import STAPOConfig, STAPOTrainer
-    from stapo_trl.names import (
+    from stapo_trl.file_and_metric_names import (
         ADVANTAGES_BEFORE_RULES_KEY,
         ENTROPIES_KEY,
         LOG_PROBS_KEY,

@@ -10,7 +10,7 @@ from tiny import build_char_tokenizer, build_tiny_qwen3, parameters, tiny_config
 from trl import GRPOConfig, GRPOTrainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer, spurious_token_mask
-from stapo_trl.names import ENTROPIES_KEY, LOG_PROBS_KEY, SILENCED_KEY
+from stapo_trl.file_and_metric_names import ENTROPIES_KEY, LOG_PROBS_KEY, SILENCED_KEY
 from stapo_trl.token_stats import TokenStatistics
 
 S2T_METRICS = [

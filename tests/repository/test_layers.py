@@ -12,7 +12,7 @@ PACKAGE = Path(stapo_trl.__file__).parent
 ROOT = "stapo_trl"
 
 LAYERS = (
-    ("foundation", ("errors", "storage", "names", "version", "distributed", "gguf", "model_paths")),
+    ("foundation", ("errors", "storage", "file_and_metric_names", "version", "distributed", "gguf", "model_paths")),
     ("TRL boundary", ("trl_boundary",)),
     ("CPU runtime", ("cpu",)),
     ("data", ("data",)),
@@ -25,7 +25,7 @@ LAYERS = (
             "trainer",
             "token_stats",
             "gradient_probe",
-            "user_code",
+            "reward_errors",
             "resume",
             "callbacks",
             "methods",

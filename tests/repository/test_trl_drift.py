@@ -91,7 +91,7 @@ def test_trainer_state_json_is_the_last_file_a_checkpoint_save_writes():
     from transformers import Trainer
     from transformers.trainer import TRAINER_STATE_NAME
 
-    from stapo_trl.names import TRAINER_STATE_FILE
+    from stapo_trl.file_and_metric_names import TRAINER_STATE_FILE
 
     assert TRAINER_STATE_NAME == TRAINER_STATE_FILE
     source = inspect.getsource(Trainer._save_checkpoint)

@@ -1,4 +1,4 @@
-"""One word per concept (see `stapo_trl.names`): tokens a rule removed are *silenced*, the S2T criterion is *spurious*,
+"""One word per concept (see `stapo_trl.file_and_metric_names`): tokens a rule removed are *silenced*, the S2T criterion is *spurious*,
 the statistics backends do not take the library's name, and TRL's fused-head kernel has one backend name,
 ``trl_fused_head``. 0.1.0 was never released, so no retired spelling
 survives anywhere, not even in a deprecation shim."""

@@ -9,13 +9,13 @@ from tiny import parameters, tiny_config, tiny_trainer, train_losses
 from trl import GRPOConfig, GRPOTrainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
+from stapo_trl.file_and_metric_names import NUM_ITEMS_BEFORE_RULES_KEY
 from stapo_trl.gradient_probe import (
     GradientProbe,
     count_matched_draw,
     gradient_share_statistics,
     share_over_baseline,
 )
-from stapo_trl.names import NUM_ITEMS_BEFORE_RULES_KEY
 from stapo_trl.token_rules import spurious_token_candidates
 from stapo_trl.token_stats import side_effect_free_pass
 

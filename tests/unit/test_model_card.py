@@ -14,6 +14,7 @@ from huggingface_hub import HfApi, RepoUrl
 from tiny import tiny_config, tiny_trainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
+from stapo_trl.file_and_metric_names import RECIPE_FILE
 from stapo_trl.model_card import (
     card_sections,
     check_model_card,
@@ -21,7 +22,6 @@ from stapo_trl.model_card import (
     refresh_model_card,
     statistics_section,
 )
-from stapo_trl.names import RECIPE_FILE
 from stapo_trl.paper import STAPO_CITATION
 from stapo_trl.run_record import build_run_record
 

@@ -21,8 +21,8 @@ import torch
 from loss_batches import HIGH, LOW, make_batch, make_trainer
 
 from stapo_trl import spurious_token_mask
+from stapo_trl.file_and_metric_names import SILENCED_KEY
 from stapo_trl.fused_stats import BACKENDS
-from stapo_trl.names import SILENCED_KEY
 from stapo_trl.token_rules import stare_token_weights
 
 NAN, INF = float("nan"), float("inf")

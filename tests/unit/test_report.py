@@ -24,7 +24,7 @@ from stapo_trl.diagnostics.report_figures import (
 )
 from stapo_trl.diagnostics.run_logs import ReportError, find_log_source, load_run
 from stapo_trl.diagnostics.token_dump import DENSITY_BINS, visible_token
-from stapo_trl.names import SILENCED_TOKENS_FILE, SILENCED_TOKENS_STATS_FILE
+from stapo_trl.file_and_metric_names import SILENCED_TOKENS_FILE, SILENCED_TOKENS_STATS_FILE
 from stapo_trl.run_record import trend_sentences
 
 PNG = b"\x89PNG\r\n\x1a\n"

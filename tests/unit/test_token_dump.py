@@ -16,7 +16,7 @@ from stapo_trl.diagnostics.token_dump import (
     token_density,
     token_records,
 )
-from stapo_trl.names import SILENCED_TOKENS_FILE, SILENCED_TOKENS_STATS_FILE
+from stapo_trl.file_and_metric_names import SILENCED_TOKENS_FILE, SILENCED_TOKENS_STATS_FILE
 
 LN10 = math.log(10)
 

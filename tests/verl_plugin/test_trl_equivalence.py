@@ -19,7 +19,7 @@ from loss_batches import make_batch, make_trainer  # noqa: E402
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY  # noqa: E402
 from verl_loss_calls import verl_loss  # noqa: E402
 
-from stapo_trl.names import SILENCED_KEY  # noqa: E402
+from stapo_trl.file_and_metric_names import SILENCED_KEY  # noqa: E402
 from stapo_trl.verl.losses import register_s2t_loss  # noqa: E402
 
 ROWS, TOKENS = 4, 5

@@ -68,9 +68,9 @@ def test_an_error_outside_the_reward_functions_is_left_as_it_is(tmp_path, monkey
 
 def test_infinite_rewards_are_warned_about_with_the_function_that_returned_them(tmp_path, caplog):
     trainer = trainer_with(tmp_path, [count_vowels_reward, infinite_first])
-    with caplog.at_level(logging.WARNING, logger="stapo_trl.user_code"):
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.reward_errors"):
         trainer.train()
-    warnings = [record.getMessage() for record in caplog.records if record.name == "stapo_trl.user_code"]
+    warnings = [record.getMessage() for record in caplog.records if record.name == "stapo_trl.reward_errors"]
     assert len(warnings) == 1
     assert (
         "Reward function 'infinite_first' returned 1 infinite reward(s) of 8 at optimizer step 1 (the first at completion 0: inf)"
