@@ -26,6 +26,7 @@ from verl.trainer.ppo.core_algos import get_policy_loss_fn, register_policy_loss
 
 from ..distributed import world_size
 from ..token_rules import spurious_token_mask, stare_token_weights
+from ..token_rules.s2t import check_s2t_thresholds
 from .entropy import entropy_from_ppo_loss
 
 BASE_LOSS_MODE = "vanilla"
@@ -184,11 +185,7 @@ def stare_policy_loss(
 
 def register_s2t_loss(name: str, *, prob_threshold: float = 0.002, entropy_quantile: float = 0.8):
     """Register :func:`s2t_policy_loss` with these thresholds as verl's ``loss_mode`` ``name``."""
-    if not 0.0 < prob_threshold <= 1.0 or not 0.0 <= entropy_quantile <= 1.0:
-        raise ValueError(
-            f"prob_threshold must be in (0, 1] and entropy_quantile in [0, 1], got {prob_threshold} and "
-            f"{entropy_quantile}: the paper's tau_p is 0.002 and its 'tau_h = 80%' is 0.8."
-        )
+    check_s2t_thresholds(prob_threshold, entropy_quantile)
     loss = functools.partial(s2t_policy_loss, prob_threshold=prob_threshold, entropy_quantile=entropy_quantile)
     return register_policy_loss(name)(loss)
 

@@ -120,3 +120,15 @@ def test_stare_equals_the_trl_path_with_the_gate_on(tmp_path, loss_mode, variant
     torch.testing.assert_close(verl_gradient, trl_gradient, **TOLERANCE)
     vanilla_loss, vanilla_gradient, _ = verl_side(log_probs, entropies, "vanilla", "token-mean")
     assert not torch.allclose(vanilla_gradient, verl_gradient)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"prob_threshold": 0.0}, r"prob_threshold must be in \(0, 1\], got 0\.0"),
+        ({"entropy_quantile": 80}, r"entropy_quantile must be in \[0, 1\], got 80.*entropy_quantile=0\.8"),
+    ],
+)
+def test_a_registered_s2t_loss_refuses_thresholds_as_the_trainer_does(settings, message):
+    with pytest.raises(ValueError, match=message):
+        register_s2t_loss("stapo_out_of_range", **settings)
