@@ -165,7 +165,14 @@ def format_plan(request: Any) -> str:
     on_cpu = training.use_cpu and not request.cpu_stand_in
     if on_cpu:
         head = "stapo-trl's CPU LM head" if script.cpu_lm_head else "TRL's torch fallback of its fused LM head"
-        replay = "frozen layers replayed from generate()" if script.replay_frozen_layers else "every layer in the loss"
+        if not script.replay_frozen_layers:
+            replay = "every layer in the loss"
+        elif training.use_vllm:
+            replay = (
+                "every layer in the loss: vLLM samples, so there is no generate() to replay the frozen layers from"
+            )
+        else:
+            replay = "frozen layers replayed from generate()"
         precision += f", CPU ({head}; {replay})"
     stop = f"{training.max_steps} optimizer steps" if training.max_steps > 0 else f"{training.num_train_epochs} epochs"
     rows = [

@@ -69,6 +69,18 @@ def test_the_dry_run_names_the_lora_dropout_and_disable_dropout(capsys):
     assert "LoRA r=16 alpha=32 dropout 0.05 on" in printed and "disable_dropout" not in printed
 
 
+def test_the_plan_says_the_frozen_layers_are_replayed_only_where_generate_samples():
+    quickstart = parse(RECIPES / "quickstart" / "smollm2-135m-cpu.yaml", "--dry_run")
+    assert "frozen layers replayed from generate()" in format_plan(quickstart)
+    through_vllm = parse(RECIPES / "quickstart" / "smollm2-135m-cpu-vllm.yaml", "--dry_run")
+    plan = format_plan(through_vllm)
+    assert "frozen layers replayed" not in plan and "vLLM samples, so there is no generate() to replay" in plan
+    switched_off = parse(
+        RECIPES / "quickstart" / "smollm2-135m-cpu.yaml", "--dry_run", "--replay_frozen_layers", "false"
+    )
+    assert "every layer in the loss)" in format_plan(switched_off)
+
+
 @pytest.mark.parametrize("model", PAPER_MODELS)
 @pytest.mark.parametrize("method", PAPER_METHODS)
 def test_paper_recipes_use_the_papers_batch_arithmetic_and_hyperparameters(model, method):
