@@ -5,7 +5,9 @@ STAPO with ``prob_threshold`` 1e-30 (the mask on, its statistics computed, nothi
 ``torch.use_deterministic_algorithms(True, warn_only=True)`` and ``CUBLAS_WORKSPACE_CONFIG=:4096:8``; the ops that
 still have no deterministic implementation are named from torch's warnings, and GRPO's second run measures the
 run-to-run difference they leave. STAPO must then be bit-identical to GRPO, or, where GRPO is not even identical to
-itself, no further from it than GRPO's second run. On the CPU every run must be bit-identical.
+itself, no further from it than GRPO's second run; each STAPO run is then also compared with GRPO's second run (the
+first H200 run found the three later runs alike and the first one apart). On the CPU every run must be
+bit-identical.
 
 The learning rate is large enough (the plan's) that the steps move the bf16 weights. The check runs one process
 without DeepSpeed, so there are no fp32 master weights (the recipes' ZeRO stages keep them): one AdamW step at the
@@ -175,3 +177,15 @@ def report(section, results: dict, initial: dict, flagged: list[str]) -> None:
             else:
                 target, passed = f"<= GRPO's own run-to-run difference {floor:.3g}", value <= floor
             section.record(f"{label} against GRPO: largest {quantity} difference", value, "", target, passed, detail)
+        if floor_parameters or floor_logs:
+            difference, differing = parameter_difference(results["grpo_repeat"].parameters, results[label].parameters)
+            logged, first = log_difference(results["grpo_repeat"].logs, results[label].logs)
+            section.record(
+                f"{label} against GRPO's second run: largest parameter and logged difference",
+                f"{difference:.4g} and {logged:.4g}",
+                "",
+                "",
+                None,
+                "; ".join(filter(None, [f"{len(differing)} tensors differ" if differing else "", first or ""]))
+                or "bit-identical to GRPO's second run",
+            )
