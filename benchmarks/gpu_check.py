@@ -2,7 +2,7 @@
 mask on the GPU at the paper's thresholds, and STAPO's cost against GRPO, in bf16 with gradient checkpointing, as the
 recipes train.
 
-    python benchmarks/gpu_check.py --out OUT_DIR                  # on an H100 or H200: 330 s by default
+    python benchmarks/gpu_check.py --out OUT_DIR                  # on an H100 or H200: 390 s by default
     python benchmarks/gpu_check.py --device cpu --out OUT_DIR     # toy sizes, the same code paths (CI runs this)
     bash benchmarks/gpu/run_on_device.sh OUT_DIR                  # on the lent GPU machine, with the carried wheels
 

@@ -3,7 +3,7 @@
 # see download_wheels.sh) into /tmp/site, then run benchmarks/gpu_check.py under a hard time limit, with its output
 # teed into OUT_DIR. Options after OUT_DIR go to gpu_check.py (--commit SHA: the device copy has no git).
 #   bash benchmarks/gpu/run_on_device.sh "$OUT" --commit "$(git rev-parse HEAD)"
-# GPU_CHECK_DEADLINE (default 330 s) is the check's own deadline; the process is sent SIGTERM 45 s after it, and the
+# GPU_CHECK_DEADLINE (default 390 s) is the check's own deadline; the process is sent SIGTERM 45 s after it, and the
 # JSON then holds what was measured. PYTHON picks the interpreter (default python3, the one that holds torch there).
 set -uo pipefail
 out="${1:?usage: run_on_device.sh OUT_DIR [gpu_check.py options]}"
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/../.."
 mkdir -p "$out"
 python="${PYTHON:-python3}"
 site="${GPU_CHECK_SITE:-/tmp/site}"
-deadline="${GPU_CHECK_DEADLINE:-330}"
+deadline="${GPU_CHECK_DEADLINE:-390}"
 
 wheels=()
 while read -r package; do
