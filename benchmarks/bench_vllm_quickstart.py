@@ -7,9 +7,10 @@ Each run is one `stapo-trl train --config RECIPE --max_steps N --heldout_problem
 process start to exit, so imports, model loading and (for vLLM) building the engine are included. The two recipes
 alternate (generate, vLLM, generate, vLLM, ...), so that a change of machine load during the benchmark hits both alike,
 and both run in this one Python environment, so with the same torch, transformers and TRL. For each run the script
-records the wall time, the CPU time (user + sys of the process and its children), the per-step ``step_time`` that TRL
-logs, and the 1-minute load average (``uptime``) before and after. Medians over the runs of each recipe go to
-docs/benchmarks/vllm_quickstart.json with the date, commit, package versions and CPU model.
+records the wall time, the CPU time (user + sys of the process and its children), the peak resident memory of the
+process (``ru_maxrss``), the per-step ``step_time`` that TRL logs, and the 1-minute load average before and after.
+Medians over the runs of each recipe go to docs/benchmarks/vllm_quickstart.json with the date, commit, package versions
+and CPU model.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import datetime
 import importlib.metadata
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -34,11 +34,6 @@ RECIPES = {
     "generate": REPO / "recipes" / "quickstart" / "smollm2-135m-cpu.yaml",
     "vllm": REPO / "recipes" / "quickstart" / "smollm2-135m-cpu-vllm.yaml",
 }
-
-
-def children_cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def versions() -> dict[str, str]:
@@ -56,17 +51,22 @@ def run(name: str, max_steps: int, output_dir: Path) -> dict:
     command += ["--max_steps", str(max_steps), "--heldout_problems", "0", "--output_dir", str(output_dir)]
     command += ["--disable_tqdm", "true"]
     load_before = os.getloadavg()[0]
-    cpu_before, started = children_cpu_seconds(), time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
-    wall, cpu = time.perf_counter() - started, children_cpu_seconds() - cpu_before
-    if done.returncode != 0:
-        raise RuntimeError(f"{name} failed:\n{done.stderr[-4000:]}")
+    started = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, text=True, cwd=REPO)
+        _, status, usage = os.wait4(process.pid, 0)
+        wall = time.perf_counter() - started
+        if os.waitstatus_to_exitcode(status) != 0:
+            stderr.seek(0)
+            raise RuntimeError(f"{name} failed:\n{stderr.read()[-4000:]}")
+    cpu = usage.ru_utime + usage.ru_stime
     records = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [record for record in records if "step_time" in record]
     record = {
         "recipe": name,
         "wall_seconds": round(wall, 1),
         "cpu_seconds": round(cpu, 1),
+        "peak_rss_gib": round(usage.ru_maxrss / 2**20, 2),
         "step_seconds": [round(step["step_time"], 2) for step in steps],
         "silenced_tokens": [step.get("s2t/num_silenced") for step in steps],
         "mean_completion_length": [round(step["completions/mean_length"], 2) for step in steps],
@@ -133,6 +133,7 @@ def write_result(runs: list[dict], args: argparse.Namespace) -> None:
             "recipe": str(RECIPES[name].relative_to(REPO)),
             "wall_seconds": summary([record["wall_seconds"] for record in mine]),
             "cpu_seconds": summary([record["cpu_seconds"] for record in mine]),
+            "peak_rss_gib": summary([record["peak_rss_gib"] for record in mine if "peak_rss_gib" in record]),
             "step_seconds": summary([seconds for record in mine for seconds in record["step_seconds"]]),
             "step_seconds_after_the_first": summary(later_steps),
             "load_average": summary([record["load_average_before"] for record in mine]),

@@ -12,6 +12,13 @@ environment variables set as `stapo-trl train` sets them) with timers around:
   ``head_backward``;
 - ``rest``: everything else in the step (rewards, advantages, the token rules, the optimizer, logging).
 
+With a vLLM recipe (``--recipe recipes/quickstart/smollm2-135m-cpu-vllm.yaml``, in the vLLM environment), two more
+parts, and ``generate`` is the colocated engine's generation:
+
+- ``weight_sync``: pushing the policy's weights into the engine before a generation (`sync_weights`);
+- ``old_logps``: TRL's old-log-prob pass for the importance-sampling correction (`_get_per_token_logps_and_entropies`
+  called outside the loss), a forward of every completion through every layer, without gradients.
+
 Each part is measured in process CPU time (user + system of all threads) and in wall time, and the peak resident
 memory of generate, the loss forward and the backward is recorded (VmHWM reset as each starts). With `--floors` the
 script also measures this CPU's GEMM rate on the step's own matrix shapes and prints, for each part, the FLOPs of its
@@ -39,7 +46,16 @@ from provenance import cpu_model, provenance  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "quickstart" / "smollm2-135m-cpu.yaml"
-PARTS = ("generate", "head_forward", "head_backward", "body_forward", "body_backward", "rest")
+PARTS = (
+    "generate",
+    "weight_sync",
+    "old_logps",
+    "head_forward",
+    "head_backward",
+    "body_forward",
+    "body_backward",
+    "rest",
+)
 MEMORY_PARTS = ("generate", "loss_forward", "backward")
 """Parts whose peak resident memory is recorded (they do not nest); the RSS when training starts is recorded too."""
 
@@ -54,6 +70,8 @@ class Clock:
         self.step_started = None
         self.peak_rss_mib: dict[str, float] = defaultdict(float)
         self.rss_at_start_mib: dict[str, float] = defaultdict(float)
+        self.in_loss = 0
+        """How deep inside `compute_loss` the step is: the LM head's op outside it belongs to ``old_logps``."""
 
     @contextmanager
     def part(self, name: str):
@@ -127,6 +145,8 @@ def install_timers(clock: Clock) -> None:
             self.inner = inner
 
         def apply(self, hidden, weight, *args):
+            if not clock.in_loss:
+                return self.inner.apply(hidden, weight, *args)
             clock.shapes["head"].append([int(hidden.shape[0]), int(weight.shape[0]), int(weight.shape[1])])
             with clock.part("head_forward"):
                 outputs = self.inner.apply(hidden, weight, *args)
@@ -175,9 +195,14 @@ def install_timers(clock: Clock) -> None:
                 int(inputs["completion_mask"].sum()),
             ]
         )
-        return original_compute_loss(self, model, inputs, *args, **kwargs)
+        clock.in_loss += 1
+        try:
+            return original_compute_loss(self, model, inputs, *args, **kwargs)
+        finally:
+            clock.in_loss -= 1
 
     GRPOTrainer.compute_loss = compute_loss
+    install_vllm_timers(clock, timed)
 
     try:
         from stapo_trl.cpu.frozen_layer_replay import FrozenPrefixReplay
@@ -198,6 +223,28 @@ def install_timers(clock: Clock) -> None:
         original_detach(self)
 
     FrozenPrefixReplay.detach = detach
+
+
+def install_vllm_timers(clock: Clock, timed) -> None:
+    """Time the colocated engine's generation and weight sync, and TRL's old-log-prob pass (the per-token log-prob
+    pass that runs outside `compute_loss`), where vLLM is installed."""
+    try:
+        from stapo_trl.cpu.colocated_vllm import CPUColocatedVLLMGeneration
+    except ImportError:
+        return
+    from trl import GRPOTrainer
+
+    timed(CPUColocatedVLLMGeneration, "generate", "generate")
+    timed(CPUColocatedVLLMGeneration, "sync_weights", "weight_sync")
+    original_pass = GRPOTrainer._get_per_token_logps_and_entropies
+
+    def per_token_pass(self, *args, **kwargs):
+        if clock.in_loss:
+            return original_pass(self, *args, **kwargs)
+        with clock.part("old_logps"):
+            return original_pass(self, *args, **kwargs)
+
+    GRPOTrainer._get_per_token_logps_and_entropies = per_token_pass
 
 
 def gemm_rate(m: int, k: int, n: int, repeats: int = 3) -> float:
@@ -324,8 +371,19 @@ def main() -> None:
     parser.add_argument("--recipe", type=Path, default=RECIPE, help="the recipe (another tree's, with its PYTHONPATH)")
     parser.add_argument("--output", type=Path, default=None, help="write the per-step split as JSON here")
     parser.add_argument("--floors", action="store_true", help="measure the GEMM rate and attach the floors")
+    parser.add_argument(
+        "--generation_threads", type=int, default=None, help="torch threads of the colocated vLLM engine's sampling"
+    )
     parser.add_argument("extra", nargs="*", help="more stapo-trl train flags (after --)")
     args = parser.parse_args()
+    if args.generation_threads is not None:
+        import functools
+
+        import stapo_trl.cpu.runtime as runtime
+
+        runtime.colocated_vllm_on_cpu = functools.partial(
+            runtime.colocated_vllm_on_cpu, generation_threads=args.generation_threads
+        )
 
     try:
         from stapo_trl.cpu.environment import set_cpu_environment
@@ -357,6 +415,7 @@ def main() -> None:
         "versions": {name: version(name) for name in ("torch", "trl", "transformers", "peft", "accelerate")},
         "environment": {name: os.environ.get(name) for name in ("OMP_WAIT_POLICY", "THP_MEM_ALLOC_ENABLE")},
         "argv": argv,
+        "generation_threads": args.generation_threads,
         "machine": machine(),
         "load_before": load_before,
         "steps": clock.steps,
