@@ -97,8 +97,9 @@ class TrainScriptArguments:
         default=True,
         metadata={
             "help": "On the CPU, let the loss pass reuse the frozen bottom layers' hidden states from generate() "
-            "instead of running those layers again (stapo_trl.cpu.frozen_layer_replay; same results up to float "
-            "rounding); false runs every layer. No effect on GPUs."
+            "(with colocated vLLM: from TRL's old-log-prob pass) instead of running those layers again "
+            "(stapo_trl.cpu.frozen_layer_replay; same results up to float rounding); false runs every layer. No "
+            "effect on GPUs."
         },
     )
     reward_funcs: list[str] = field(

@@ -36,7 +36,7 @@ GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
             ("lora_r", "LoRA rank"),
             ("lora_layers", "with use_peft: adapt only the last this many layers"),
             ("cpu_lm_head", "on the CPU, stapo-trl's fast path for TRL's fused LM head (default true)"),
-            ("replay_frozen_layers", "on the CPU, reuse generate()'s frozen-layer states in the loss (default true)"),
+            ("replay_frozen_layers", "on the CPU, reuse the frozen layers' states in the loss (default true)"),
         ),
     ),
     (

@@ -165,14 +165,23 @@ def format_plan(request: Any) -> str:
     on_cpu = training.use_cpu and not request.cpu_stand_in
     if on_cpu:
         head = "stapo-trl's CPU LM head" if script.cpu_lm_head else "TRL's torch fallback of its fused LM head"
+        generate_every = training.steps_per_generation * training.num_iterations
+        old_log_prob_pass = training.gradient_accumulation_steps % generate_every != 0 or (
+            training.use_vllm and training.vllm_importance_sampling_correction
+        )
         if not script.replay_frozen_layers:
             replay = "every layer in the loss"
-        elif training.use_vllm:
-            replay = (
-                "every layer in the loss: vLLM samples, so there is no generate() to replay the frozen layers from"
-            )
-        else:
+        elif plan.world_size > 1:
+            replay = "every layer in the loss: the frozen-layer replay is off with several processes"
+        elif not training.use_vllm:
             replay = "frozen layers replayed from generate()"
+        elif old_log_prob_pass:
+            replay = "frozen layers replayed from TRL's old-log-prob pass"
+        else:
+            replay = (
+                "every layer in the loss: vLLM samples and TRL runs no old-log-prob pass, so nothing records the "
+                "frozen layers"
+            )
         precision += f", CPU ({head}; {replay})"
     stop = f"{training.max_steps} optimizer steps" if training.max_steps > 0 else f"{training.num_train_epochs} epochs"
     rows = [

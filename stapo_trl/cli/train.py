@@ -298,9 +298,9 @@ def write_recipe(request: TrainRequest, output_dir: Path) -> Path:
 def run_training(request: TrainRequest) -> RunRecord | None:
     """Load, train, save (with TRL's model card), push if asked, and summarize, inside `stapo_trl.cpu.cpu_runtime`,
     whatever the method: on the CPU, TRL's fused LM head runs stapo-trl's CPU path (``cpu_lm_head: false`` turns it
-    off), the loss pass reuses the frozen layers' hidden states from generation (``replay_frozen_layers: false`` turns
-    it off), and colocated vLLM runs on vLLM's CPU backend. vLLM's presence is checked first, so that a missing vLLM
-    is reported as such before the runtime asks for its CPU build."""
+    off), the loss pass reuses the frozen layers' hidden states from generation or from TRL's old-log-prob pass
+    (``replay_frozen_layers: false`` turns it off), and colocated vLLM runs on vLLM's CPU backend. vLLM's presence
+    is checked first, so that a missing vLLM is reported as such before the runtime asks for its CPU build."""
     # Imported here, not at the top: the runtime imports TRL's trainer (and vLLM where installed), which `--help` and
     # `--dry_run` do not need.
     from ..cpu.runtime import cpu_runtime

@@ -11,15 +11,19 @@ prompts per group in the quickstart), then on every prompt and completion again 
   repeats of a prompt then compute the same thing), otherwise only the frozen ones, so that the layers above run on
   every row and their dropout draws independently per sample;
 - during `generate()`, the input of the first trainable layer is recorded at every position;
-- when TRL's fused LM head later scores sequences that `generate()` produced, the recording is handed to the first
-  trainable layer instead of running the frozen ones.
+- when `generate()` did not produce the sequences (colocated vLLM samples them), a fused-head pass without gradients
+  over them (TRL's old-log-prob pass) runs every layer and records that input; the rows of consecutive such passes
+  (TRL runs it in chunks) join one recording, until a pass with gradients replays from it;
+- when TRL's fused LM head later scores sequences that were recorded, the recording is handed to the first trainable
+  layer instead of running the frozen ones.
 
 What it gives: the same hidden states up to floating-point rounding (incremental decoding with a KV cache against
 one full forward; on the CPU quickstart the log-probabilities moved by at most 2e-5), for a fraction of the frozen
 layers' cost. It draws no random numbers, so the run's random streams are unchanged.
 
-When the replay steps aside (the loss pass then runs every layer): a sequence of the batch that the last `generate()`
-did not produce, with the same tokens at every position its attention mask keeps and at the same column; a frozen
+When the replay steps aside (the loss pass then runs every layer): a sequence of the batch that the recording does
+not hold (the last `generate()`'s, or the passes without gradients since the last pass with them), with the same
+tokens at every position its attention mask keeps and at the same column; a frozen
 layer's parameters changed in place since the recording; positions scored without TRL's shift (``shift_labels``,
 used under context parallelism), since the last sampled token was never fed back and has no recording, and TRL's
 shifted head drops that position; a call made inside `generate()`. The shared prefill steps aside when every prompt
@@ -119,10 +123,14 @@ def distinct_rows(*tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] |
 @dataclass
 class _Recording:
     sequences: torch.Tensor
-    """``[B, S]``: the prompts and the sampled tokens, as `generate()` returned them."""
+    """``[B, S]``: the prompts and the sampled tokens, as `generate()` returned them or a pass without gradients
+    read them."""
     hidden_states: torch.Tensor
-    """``[B, S - 1, H]``: the first trainable layer's input at every position but the last."""
+    """``[B, S', H]``: the first trainable layer's input at every position fed to the model (``S' = S - 1`` from
+    `generate()`, whose last sampled token is never fed back; ``S`` from a forward pass)."""
     frozen_version: int
+    open_to_more_rows: bool = False
+    """A recording of passes without gradients that the next such pass extends."""
 
 
 def first_trainable_layer(layers: torch.nn.ModuleList) -> int:
@@ -150,8 +158,8 @@ def active_dropout(model: torch.nn.Module, layers: list[torch.nn.Module]) -> lis
 
 class FrozenPrefixReplay:
     """Shares the prefill between repeated prompts (all decoder layers when none has active dropout, else the frozen
-    ones), records the frozen layers' output in `generate()` and replays it in TRL's fused-head passes over the same
-    sequences. Build it with `replay_frozen_prefix`; `shared_prefills` counts the generations whose prefill was
+    ones), records the frozen layers' output in `generate()` (or in a fused-head pass without gradients over sequences
+    it did not produce) and replays it in TRL's fused-head passes over the same sequences. Build it with `replay_frozen_prefix`; `shared_prefills` counts the generations whose prefill was
     shared, `shared_layers` the decoder layers the last shared prefill covered, `replayed` and `computed` the
     fused-head passes that used the recording and those that ran every layer."""
 
@@ -309,9 +317,13 @@ class FrozenPrefixReplay:
             return forward(*args, **kwargs)
         input_ids = kwargs.get("input_ids", args[0] if args else None)
         hidden_states = None if input_ids is None else self.recorded_input(input_ids, kwargs.get("attention_mask"))
+        if torch.is_grad_enabled() and self.recording is not None:
+            self.recording.open_to_more_rows = False
         if hidden_states is None:
             self.computed += 1
-            return forward(*args, **kwargs)
+            if input_ids is None or input_ids.dim() != 2 or torch.is_grad_enabled():
+                return forward(*args, **kwargs)
+            return self._recording_forward(forward, input_ids, args, kwargs)
         self.replayed += 1
         frozen = list(self.layers[: self.first_trainable])
         try:
@@ -320,6 +332,36 @@ class FrozenPrefixReplay:
             return forward(*args, **kwargs)
         finally:
             self._put_back(frozen)
+
+    def _recording_forward(self, forward, input_ids: torch.Tensor, args: tuple, kwargs: dict):
+        """Run every layer, and keep the first trainable layer's input for the rows of ``input_ids``: a recording
+        of its own, or more rows of the open one."""
+        inputs: list[torch.Tensor] = []
+
+        def record(module, args, kwargs):
+            inputs.append(args[0].detach() if args else kwargs["hidden_states"].detach())
+
+        handle = self.layers[self.first_trainable].register_forward_pre_hook(record, with_kwargs=True)
+        try:
+            output = forward(*args, **kwargs)
+        finally:
+            handle.remove()
+        if len(inputs) != 1 or inputs[0].shape[:2] != input_ids.shape:
+            return output
+        version, recording = self._frozen_version(), self.recording
+        extend = (
+            recording is not None
+            and recording.open_to_more_rows
+            and recording.frozen_version == version
+            and recording.sequences.shape[1] == input_ids.shape[1]
+            and recording.sequences.device == input_ids.device
+        )
+        if extend:
+            recording.sequences = torch.cat([recording.sequences, input_ids])
+            recording.hidden_states = torch.cat([recording.hidden_states, inputs[0]])
+        else:
+            self.recording = _Recording(input_ids.clone(), inputs[0], version, open_to_more_rows=True)
+        return output
 
 
 def replay_blockers(model: torch.nn.Module) -> list[str]:

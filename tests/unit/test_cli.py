@@ -69,16 +69,17 @@ def test_the_dry_run_names_the_lora_dropout_and_disable_dropout(capsys):
     assert "LoRA r=16 alpha=32 dropout 0.05 on" in printed and "disable_dropout" not in printed
 
 
-def test_the_plan_says_the_frozen_layers_are_replayed_only_where_generate_samples():
-    quickstart = parse(RECIPES / "quickstart" / "smollm2-135m-cpu.yaml", "--dry_run")
-    assert "frozen layers replayed from generate()" in format_plan(quickstart)
-    through_vllm = parse(RECIPES / "quickstart" / "smollm2-135m-cpu-vllm.yaml", "--dry_run")
-    plan = format_plan(through_vllm)
-    assert "frozen layers replayed" not in plan and "vLLM samples, so there is no generate() to replay" in plan
-    switched_off = parse(
-        RECIPES / "quickstart" / "smollm2-135m-cpu.yaml", "--dry_run", "--replay_frozen_layers", "false"
-    )
+def test_the_plan_says_where_the_frozen_layers_are_replayed_from():
+    quickstart = RECIPES / "quickstart" / "smollm2-135m-cpu.yaml"
+    through_vllm = RECIPES / "quickstart" / "smollm2-135m-cpu-vllm.yaml"
+    assert "frozen layers replayed from generate()" in format_plan(parse(quickstart, "--dry_run"))
+    assert "frozen layers replayed from TRL's old-log-prob pass" in format_plan(parse(through_vllm, "--dry_run"))
+    no_correction = format_plan(parse(through_vllm, "--dry_run", "--vllm_importance_sampling_correction", "false"))
+    assert "frozen layers replayed" not in no_correction and "TRL runs no old-log-prob pass" in no_correction
+    switched_off = parse(quickstart, "--dry_run", "--replay_frozen_layers", "false")
     assert "every layer in the loss)" in format_plan(switched_off)
+    two_processes = format_plan(parse(quickstart, "--dry_run", "--num_processes", "2"))
+    assert "the frozen-layer replay is off with several processes" in two_processes
 
 
 @pytest.mark.parametrize("model", PAPER_MODELS)

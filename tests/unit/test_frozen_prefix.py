@@ -1,6 +1,7 @@
 """Frozen-layer replay (`stapo_trl.cpu.frozen_layer_replay`): the loss pass over generated sequences reuses the hidden states
-`generate()` computed in the frozen bottom layers, and gives the log-probabilities and gradients of the full forward to
-float tolerance; it steps aside whenever the recording does not cover the call."""
+`generate()` (or a pass without gradients, such as TRL's old-log-prob pass) computed in the frozen bottom layers, and
+gives the log-probabilities and gradients of the full forward to float tolerance; it steps aside whenever the
+recording does not cover the call."""
 
 import pytest
 import torch
@@ -154,6 +155,47 @@ def test_sequences_generate_did_not_produce_run_every_layer_and_give_the_same_re
         assert (replay.replayed, replay.computed) == (0, 1)
     want = loss_pass(policy, changed, kept, labels)
     assert torch.equal(got[0], want[0])
+
+
+def test_passes_without_gradients_record_what_generate_did_not_produce_and_the_loss_pass_replays_it():
+    """Colocated vLLM samples outside `generate()`; TRL's old-log-prob pass then scores the generation batch in chunks
+    without gradients. Those chunks join one recording, and the loss pass over the shuffled rows replays it and gives
+    the full forward's log-probabilities and gradients."""
+    tokenizer, policy = lora_policy()
+    batch = generate(tokenizer, policy)
+    shuffled = [tensor[[2, 0, 1]] for tensor in batch]
+    want = loss_pass(policy, *shuffled)
+    with replay_frozen_prefix(policy.get_base_model()) as replay:
+        with torch.no_grad():
+            for rows in ([0, 1], [2]):
+                policy(
+                    input_ids=batch[0][rows], attention_mask=batch[1][rows], labels=batch[2][rows], fused_lm_head=True
+                )
+        assert (replay.replayed, replay.computed) == (0, 2)
+        assert torch.equal(replay.recording.sequences, batch[0])
+        got = loss_pass(policy, *shuffled)
+        assert (replay.replayed, replay.computed) == (1, 2)
+    assert torch.allclose(got[0], want[0], atol=1e-5) and torch.allclose(got[1], want[1], atol=1e-5)
+    assert got[2].keys() == want[2].keys() and any("lora" in name for name in got[2])
+    for name in want[2]:
+        assert torch.allclose(got[2][name], want[2][name], rtol=1e-4, atol=1e-6), name
+
+
+def test_a_pass_with_gradients_closes_the_recording_so_the_next_generation_batch_starts_a_new_one():
+    tokenizer, policy = lora_policy()
+    first = generate(tokenizer, policy)
+    first_completion_column = int((first[2] != -100).any(0).int().argmax())
+    second = [tensor.clone() for tensor in first]
+    second[0][:, first_completion_column] = (second[0][:, first_completion_column] + 1) % 40
+    with replay_frozen_prefix(policy.get_base_model()) as replay:
+        with torch.no_grad():
+            policy(input_ids=first[0], attention_mask=first[1], labels=first[2], fused_lm_head=True)
+        loss_pass(policy, *first)
+        with torch.no_grad():
+            policy(input_ids=second[0], attention_mask=second[1], labels=second[2], fused_lm_head=True)
+        assert torch.equal(replay.recording.sequences, second[0])
+        loss_pass(policy, *first)
+        assert (replay.replayed, replay.computed) == (1, 3)
 
 
 def test_a_frozen_parameter_changed_in_place_stops_the_replay():
