@@ -6,7 +6,9 @@
 Each run is one `stapo-trl train --config RECIPE --max_steps N --heldout_problems 0` in a fresh process, timed from
 process start to exit, so imports, model loading and (for vLLM) building the engine are included. The two recipes
 alternate (generate, vLLM, generate, vLLM, ...), so that a change of machine load during the benchmark hits both alike,
-and both run in this one Python environment, so with the same torch, transformers and TRL. For each run the script
+and both run in this one Python environment, so with the same torch, transformers and TRL, unless
+``--generate_python`` names another environment's interpreter for the generate() runs (the main environment, whose
+transformers is newer than the vLLM environment's, as a user of each install has it). For each run the script
 records the wall time, the CPU time (user + sys of the process and its children), the peak resident memory of the
 process (``ru_maxrss``), the per-step ``step_time`` that TRL logs, and the 1-minute load average before and after.
 Medians over the runs of each recipe go to docs/benchmarks/vllm_quickstart.json with the date, commit, package versions
@@ -46,8 +48,17 @@ def versions() -> dict[str, str]:
     return found
 
 
-def run(name: str, max_steps: int, output_dir: Path) -> dict:
-    command = [sys.executable, "-m", "stapo_trl", "train", "--config", str(RECIPES[name])]
+def generate_versions(python: str) -> dict[str, str]:
+    """The versions `versions` reports, as seen by the generate() runs' interpreter."""
+    if python == sys.executable:
+        return versions()
+    code = f"import json, sys; sys.path.insert(0, {str(REPO / 'benchmarks')!r}); import bench_vllm_quickstart as b; "
+    code += "print(json.dumps(b.versions()))"
+    return json.loads(subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout)
+
+
+def run(name: str, max_steps: int, output_dir: Path, python: str = sys.executable) -> dict:
+    command = [python, "-m", "stapo_trl", "train", "--config", str(RECIPES[name])]
     command += ["--max_steps", str(max_steps), "--heldout_problems", "0", "--output_dir", str(output_dir)]
     command += ["--disable_tqdm", "true"]
     load_before = os.getloadavg()[0]
@@ -64,6 +75,7 @@ def run(name: str, max_steps: int, output_dir: Path) -> dict:
     steps = [record for record in records if "step_time" in record]
     record = {
         "recipe": name,
+        "python": python,
         "wall_seconds": round(wall, 1),
         "cpu_seconds": round(cpu, 1),
         "peak_rss_gib": round(usage.ru_maxrss / 2**20, 2),
@@ -93,6 +105,12 @@ def main() -> None:
         type=Path,
         help="write the JSON from the run lines a finished benchmark printed, without rerunning",
     )
+    parser.add_argument(
+        "--generate_python",
+        default=sys.executable,
+        help="the interpreter of the generate() runs: another environment's (the main one, with its newer "
+        "transformers) for the comparison a user of each install sees; default this one",
+    )
     args = parser.parse_args()
     if args.from_log:
         lines = args.from_log.read_text().splitlines()
@@ -103,7 +121,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         for pair in range(args.pairs):
             for name in ("generate", "vllm"):
-                runs.append(run(name, args.max_steps, Path(scratch) / f"{name}{pair}"))
+                python = args.generate_python if name == "generate" else sys.executable
+                runs.append(run(name, args.max_steps, Path(scratch) / f"{name}{pair}", python))
     write_result(runs, args)
 
 
@@ -120,7 +139,9 @@ def write_result(runs: list[dict], args: argparse.Namespace) -> None:
         "cpu_model": cpu_model(),
         "cpu_cores": os.cpu_count(),
         "versions": versions(),
-        "command": f"python benchmarks/bench_vllm_quickstart.py --pairs {args.pairs} --max_steps {args.max_steps}",
+        "command": f"python benchmarks/bench_vllm_quickstart.py --pairs {args.pairs} --max_steps {args.max_steps}"
+        + (f" --generate_python {args.generate_python}" if args.generate_python != sys.executable else ""),
+        "generate_versions": generate_versions(args.generate_python),
         "max_steps": args.max_steps,
         "order": "alternated: generate, vllm, generate, vllm, ...",
         "runs": runs,

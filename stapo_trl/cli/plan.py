@@ -123,6 +123,27 @@ def describe_model(model_args: Any, training: Any, script: Any = None) -> str:
     return f"{name} ({', '.join(details)})"
 
 
+def describe_frozen_layer_replay(training: Any, script: Any, world_size: int) -> str:
+    """Where the CPU loss pass gets the frozen layers' states from: `generate()`, TRL's old-log-prob pass (which TRL
+    runs with vLLM's importance-sampling correction, or when the optimizer steps do not line up with the
+    generations), or nowhere."""
+    generate_every = training.steps_per_generation * training.num_iterations
+    old_log_prob_pass = training.gradient_accumulation_steps % generate_every != 0 or (
+        training.use_vllm and training.vllm_importance_sampling_correction
+    )
+    if not script.replay_frozen_layers:
+        return "every layer in the loss"
+    if world_size > 1:
+        return "every layer in the loss: the frozen-layer replay is off with several processes"
+    if not training.use_vllm:
+        return "frozen layers replayed from generate()"
+    if old_log_prob_pass:
+        return "frozen layers replayed from TRL's old-log-prob pass"
+    return (
+        "every layer in the loss: vLLM samples and TRL runs no old-log-prob pass, so nothing records the frozen layers"
+    )
+
+
 def format_plan(request: Any) -> str:
     """The dry-run plan: method, model, data, rewards, token rule, loss, generation, world size and batch arithmetic."""
     script, training, model, plan = request.script, request.training, request.model, request.plan
@@ -165,24 +186,7 @@ def format_plan(request: Any) -> str:
     on_cpu = training.use_cpu and not request.cpu_stand_in
     if on_cpu:
         head = "stapo-trl's CPU LM head" if script.cpu_lm_head else "TRL's torch fallback of its fused LM head"
-        generate_every = training.steps_per_generation * training.num_iterations
-        old_log_prob_pass = training.gradient_accumulation_steps % generate_every != 0 or (
-            training.use_vllm and training.vllm_importance_sampling_correction
-        )
-        if not script.replay_frozen_layers:
-            replay = "every layer in the loss"
-        elif plan.world_size > 1:
-            replay = "every layer in the loss: the frozen-layer replay is off with several processes"
-        elif not training.use_vllm:
-            replay = "frozen layers replayed from generate()"
-        elif old_log_prob_pass:
-            replay = "frozen layers replayed from TRL's old-log-prob pass"
-        else:
-            replay = (
-                "every layer in the loss: vLLM samples and TRL runs no old-log-prob pass, so nothing records the "
-                "frozen layers"
-            )
-        precision += f", CPU ({head}; {replay})"
+        precision += f", CPU ({head}; {describe_frozen_layer_replay(training, script, plan.world_size)})"
     stop = f"{training.max_steps} optimizer steps" if training.max_steps > 0 else f"{training.num_train_epochs} epochs"
     rows = [
         ("recipe", str(request.recipe_path) if request.recipe_path else "(command line only)"),

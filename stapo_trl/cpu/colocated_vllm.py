@@ -14,8 +14,7 @@ and `colocated_vllm_on_cpu` adapts each of them for every `GRPOTrainer` (so ever
 3. **Threads.** vLLM's CPU worker sets torch to one thread "for serving" and replaces ``torch.set_num_threads`` with a
    function that does nothing, process-wide. Colocated, that process is the trainer: ``torch.set_num_threads`` and the
    trainer's thread count are restored once the engine is built, and vLLM gets its serving setting only while it
-   generates (``generation_threads``, 1 by default: on this project's 2-core machine, 48 samples of 40 tokens took
-   15.7 to 17.3 s of CPU time with 1 thread and 36.9 to 48.7 s with 2, alternated, 4 runs each).
+   generates (``generation_threads``, 1 by default; docs/vllm.md gives what 1 and 2 threads measured).
 4. **KV cache size.** On the CPU, ``vllm_gpu_memory_utilization`` would be a fraction of the machine's RAM, from which
    vLLM subtracts what the process already holds (here: the trainer's model and optimizer). The cache is sized
    explicitly instead: ``kv_cache_gib`` GiB, or ``VLLM_CPU_KVCACHE_SPACE`` GiB when that variable is set (vLLM's own CPU
