@@ -124,6 +124,14 @@ def loss_pass(policy, input_ids, attention_mask, labels):
     return output.log_probs.detach(), output.entropy.detach(), grads
 
 
+def assert_same_as_the_full_forward(got, want):
+    """Log-probabilities and entropies to 1e-5, and the same LoRA gradients to float tolerance."""
+    assert torch.allclose(got[0], want[0], atol=1e-5) and torch.allclose(got[1], want[1], atol=1e-5)
+    assert got[2].keys() == want[2].keys() and any("lora" in name for name in got[2])
+    for name in want[2]:
+        assert torch.allclose(got[2][name], want[2][name], rtol=1e-4, atol=1e-6), name
+
+
 def test_the_loss_pass_over_generated_sequences_replays_and_matches_the_full_forward():
     """TRL shuffles the generation batch before the loss pass: the rows are found in the recording in any order."""
     tokenizer, policy = lora_policy()
@@ -137,10 +145,7 @@ def test_the_loss_pass_over_generated_sequences_replays_and_matches_the_full_for
         got = loss_pass(policy, *shuffled)
         assert (replay.replayed, replay.computed) == (1, 0)
     assert (batch[2] != -100).sum() > 6, "too few scored tokens for the comparison to mean anything"
-    assert torch.allclose(got[0], want[0], atol=1e-5) and torch.allclose(got[1], want[1], atol=1e-5)
-    assert got[2].keys() == want[2].keys() and any("lora" in name for name in got[2])
-    for name in want[2]:
-        assert torch.allclose(got[2][name], want[2][name], rtol=1e-4, atol=1e-6), name
+    assert_same_as_the_full_forward(got, want)
 
 
 def test_sequences_generate_did_not_produce_run_every_layer_and_give_the_same_result_as_without_replay():
@@ -175,10 +180,7 @@ def test_passes_without_gradients_record_what_generate_did_not_produce_and_the_l
         assert torch.equal(replay.recording.sequences, batch[0])
         got = loss_pass(policy, *shuffled)
         assert (replay.replayed, replay.computed) == (1, 2)
-    assert torch.allclose(got[0], want[0], atol=1e-5) and torch.allclose(got[1], want[1], atol=1e-5)
-    assert got[2].keys() == want[2].keys() and any("lora" in name for name in got[2])
-    for name in want[2]:
-        assert torch.allclose(got[2][name], want[2][name], rtol=1e-4, atol=1e-6), name
+    assert_same_as_the_full_forward(got, want)
 
 
 def test_a_pass_with_gradients_closes_the_recording_so_the_next_generation_batch_starts_a_new_one():
