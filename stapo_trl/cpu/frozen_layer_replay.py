@@ -23,11 +23,11 @@ layers' cost. It draws no random numbers, so the run's random streams are unchan
 
 When the replay steps aside (the loss pass then runs every layer): a sequence of the batch that the recording does
 not hold (the last `generate()`'s, or the passes without gradients since the last pass with them), with the same
-tokens at every position its attention mask keeps and at the same column; a frozen
-layer's parameters changed in place since the recording; positions scored without TRL's shift (``shift_labels``,
-used under context parallelism), since the last sampled token was never fed back and has no recording, and TRL's
-shifted head drops that position; a call made inside `generate()`. The shared prefill steps aside when every prompt
-is distinct, when a cache is handed to `generate()`, or when the cache is not one whose entries can be re-indexed.
+tokens at every position its attention mask keeps and at the same column; a frozen layer's parameters changed in
+place since the recording; positions scored without TRL's shift (``shift_labels``, used under context parallelism),
+since the last sampled token was never fed back and has no recording, and TRL's shifted head drops that position; a
+call made inside `generate()`. The shared prefill steps aside when every prompt is distinct, when a cache is handed
+to `generate()`, or when the cache is not one whose entries can be re-indexed.
 Neither is installed (`replay_frozen_prefix` yields None) when the model has no frozen bottom layer, when a frozen
 layer has active dropout, with gradient checkpointing, under `torch.distributed` with several processes, or when the
 backbone does not loop over its decoder layers as transformers' decoder-only models do.
@@ -159,9 +159,10 @@ def active_dropout(model: torch.nn.Module, layers: list[torch.nn.Module]) -> lis
 class FrozenPrefixReplay:
     """Shares the prefill between repeated prompts (all decoder layers when none has active dropout, else the frozen
     ones), records the frozen layers' output in `generate()` (or in a fused-head pass without gradients over sequences
-    it did not produce) and replays it in TRL's fused-head passes over the same sequences. Build it with `replay_frozen_prefix`; `shared_prefills` counts the generations whose prefill was
-    shared, `shared_layers` the decoder layers the last shared prefill covered, `replayed` and `computed` the
-    fused-head passes that used the recording and those that ran every layer."""
+    it did not produce) and replays it in TRL's fused-head passes over the same sequences. Build it with
+    `replay_frozen_prefix`; `shared_prefills` counts the generations whose prefill was shared, `shared_layers` the
+    decoder layers the last shared prefill covered, `replayed` and `computed` the fused-head passes that used the
+    recording and those that ran every layer."""
 
     def __init__(self, model: torch.nn.Module, layers: torch.nn.ModuleList, first_trainable: int):
         self.model = model
