@@ -67,17 +67,13 @@ class MetricsFileCallback(TrainerCallback):
 def step_summary(logs: dict, step: int, max_steps: int) -> str:
     """One line for one logged training step: reward, entropy, what each token rule logged (in its own words,
     `RulePresentation.step`), length and loss."""
-    parts = [f"step {step}/{max_steps}"]
-    if "reward" in logs:
-        parts.append(f"reward {logs['reward']:+.3f}")
-    if "entropy" in logs:
-        parts.append(f"entropy {logs['entropy']:.3f}")
-    parts += step_line_parts(logs)
-    if "completions/mean_length" in logs:
-        parts.append(f"len {logs['completions/mean_length']:.0f}")
-    if "loss" in logs:
-        parts.append(f"loss {logs['loss']:+.4f}")
-    return " | ".join(parts)
+
+    def shown(*formats: tuple[str, str]) -> list[str]:
+        return [pattern.format(logs[key]) for key, pattern in formats if key in logs]
+
+    before = shown(("reward", "reward {:+.3f}"), ("entropy", "entropy {:.3f}"))
+    after = shown(("completions/mean_length", "len {:.0f}"), ("loss", "loss {:+.4f}"))
+    return " | ".join([f"step {step}/{max_steps}", *before, *step_line_parts(logs), *after])
 
 
 class StepSummaryProgressCallback(ProgressCallback):

@@ -2,13 +2,11 @@
 conventions.
 
 TRL writes its card first (`create_model_card`, on every checkpoint save, at the end of `stapo-trl train` and on
-`push_to_hub`). `STAPOTrainer` then rebuilds it: the metadata anew (`base_model`, `datasets`, `library_name`
-(`peft` for an adapter), `license` (the base model's, where it is known), `pipeline_tag`, `tags`), a quick start that
-loads what was saved (onto the exact base weights it was trained on), TRL's "Training procedure" (tracker links,
-framework versions) and "Citations" sections as TRL rendered them, and the STAPO sections: the method and its
-settings, the base weights, the token rules' statistics and trends, evaluation results and the recipe.
-`check_model_card` checks a card offline against what the Hub's metadata validator needs (the validator itself is a
-Hub service, reachable only online).
+`push_to_hub`). `STAPOTrainer` then rebuilds it: the metadata anew (`card_metadata`), a quick start that loads what was
+saved (onto the exact base weights it was trained on), TRL's "Training procedure" and "Citations" sections as TRL
+rendered them, and the STAPO sections: the method and its settings, the base weights, the run's record (its trends,
+token-rule statistics and held-out accuracy), the `stapo-trl eval` results and the recipe. `check_model_card` checks a
+card offline against what the Hub's metadata validator (a Hub service) needs.
 """
 
 from __future__ import annotations
@@ -525,12 +523,9 @@ def check_model_card(card_path: str | Path) -> list[str]:
     if data.get("library_name") not in (None, "peft", "transformers"):
         problems.append(f"library_name {data['library_name']!r} is neither peft nor transformers")
     bases = data.get("base_model")
-    for base in [bases] if isinstance(bases, str) else bases or []:
-        if not REPO_ID.match(str(base)):
-            problems.append(f"base_model {base!r} is not a Hub repo id")
-    for dataset in data.get("datasets") or []:
-        if not REPO_ID.match(str(dataset)):
-            problems.append(f"dataset {dataset!r} is not a Hub repo id")
+    repos = [("base_model", base) for base in ([bases] if isinstance(bases, str) else bases or [])]
+    repos += [("dataset", dataset) for dataset in data.get("datasets") or []]
+    problems += [f"{key} {repo!r} is not a Hub repo id" for key, repo in repos if not REPO_ID.match(str(repo))]
     if "licence" in data:
         problems.append("the metadata has 'licence', which the Hub does not read (it reads 'license')")
     problems += [f"absolute local path {path!r}" for path in sorted(set(ABSOLUTE_PATH.findall(str(card))))]

@@ -1,16 +1,8 @@
 """The record of a training run: its facts, built once from the log by `build_run_record`, written by `stapo-trl
 train` to ``run_summary.json``, and rendered, never recomputed, by the end-of-run console summary
-(`stapo_trl.cli.run_summary`), the model card (`stapo_trl.model_card`) and `stapo-trl report`.
-
-The facts: how many steps ran and were logged; the trends of reward and entropy (`stapo_trl.diagnostics.trends`);
-each token rule's summary, applied and in shadow, built from the statistics its spec describes (`RuleMetric`); the
-statistics of the updates (gradient norm, completion length, clipping, and the gradient probe's ``gradient_probe/*``);
-the held-out greedy accuracy before and after training, which `stapo-trl train` logs as ``eval_heldout_*``; the
-silenced-token dump's counts and a few of its tokens in context; and what only `stapo-trl train` knows, given to the
-builder: the method and model, the timings and the files it wrote.
-
-The wordings the renderers share (a rule's summary line, its card bullets, its console step line) are the rule's own
-templates (`RulePresentation`), filled here by `fill`.
+(`stapo_trl.cli.run_summary`), the model card (`stapo_trl.model_card`) and `stapo-trl report`. The fields of
+`RunRecord` list the facts; the wordings the renderers share are each token rule's own templates
+(`RulePresentation`), filled here by `fill`.
 """
 
 from __future__ import annotations
@@ -105,9 +97,6 @@ class RunRecord:
     def from_dict(cls, values: dict[str, Any]) -> RunRecord:
         known = {item.name for item in dataclasses.fields(cls)}
         return cls(**{key: value for key, value in values.items() if key in known})
-
-    def trend_objects(self) -> dict[str, Trend]:
-        return {key: Trend.from_dict(values) for key, values in self.trends.items()}
 
     def silencing_rule(self, shadow: bool = False) -> str | None:
         """The rule whose silenced tokens the report shows: the first, in apply order, whose summary has a silenced
@@ -260,7 +249,7 @@ def rule_summary_lines(record: RunRecord) -> list[tuple[str, str]]:
 
 def trend_sentences(record: RunRecord) -> list[str]:
     """The record's trends as the sentences the end-of-run summary, the card and the report print alike."""
-    return [trend.sentence() for trend in record.trend_objects().values()]
+    return [Trend.from_dict(values).sentence() for values in record.trends.values()]
 
 
 def step_line_parts(logs: dict[str, Any]) -> list[str]:

@@ -116,6 +116,15 @@ def pyplot():
     return plt
 
 
+def panel_row(count: int, panel_size: tuple[float, float], **options):
+    """A figure of one row of ``count`` axes, each ``panel_size`` inches: the figure and the row."""
+    width, height = panel_size
+    figure, axes = pyplot().subplots(
+        1, count, figsize=(width * count, height), constrained_layout=True, squeeze=False, **options
+    )
+    return figure, axes[0]
+
+
 def save_figure(figure, path: str | Path, dpi: int = 100) -> Path:
     """Write ``figure`` to ``path`` (its directory is created) and close it."""
     path = Path(path)
@@ -178,12 +187,8 @@ def plot_line_panels(
     """Write a row of :class:`LinePanel`\\ s as one PNG."""
     if not panels:
         raise ValueError("There are no panels to plot.")
-    plt = pyplot()
-    width, height = panel_size
-    figure, axes = plt.subplots(
-        1, len(panels), figsize=(width * len(panels), height), constrained_layout=True, squeeze=False
-    )
-    for axis, panel in zip(axes[0], panels, strict=True):
+    figure, axes = panel_row(len(panels), panel_size)
+    for axis, panel in zip(axes, panels, strict=True):
         draw_line_panel(axis, panel)
     if title:
         figure.suptitle(title, fontsize=11)
@@ -192,12 +197,9 @@ def plot_line_panels(
 
 def plot_token_bars(bars: Sequence[TokenBars], path: str | Path, limit: int = 15) -> Path:
     """One panel per run: a horizontal bar chart of its silenced tokens, a table of them in context, or its note."""
-    plt = pyplot()
     width = 10.5 if any(run_bars.rows for run_bars in bars) else 4.6
-    figure, axes = plt.subplots(
-        1, len(bars), figsize=(width * len(bars), 0.3 * limit + 1.6), constrained_layout=True, squeeze=False
-    )
-    for axis, run_bars in zip(axes[0], bars, strict=True):
+    figure, axes = panel_row(len(bars), (width, 0.3 * limit + 1.6))
+    for axis, run_bars in zip(axes, bars, strict=True):
         axis.set_title(run_bars.title, fontsize=10)
         if run_bars.note or run_bars.rows:
             axis.set_xticks([])
@@ -244,17 +246,8 @@ def plot_density_panels(
     from matplotlib.colors import LogNorm
     from matplotlib.patches import Rectangle
 
-    plt = pyplot()
-    figure, axes = plt.subplots(
-        1,
-        len(panels),
-        figsize=(5.2 * len(panels), 4.2),
-        sharex=True,
-        sharey=True,
-        constrained_layout=True,
-        squeeze=False,
-    )
-    for axis, panel in zip(axes[0], panels, strict=True):
+    figure, axes = panel_row(len(panels), (5.2, 4.2), sharex=True, sharey=True)
+    for axis, panel in zip(axes, panels, strict=True):
         axis.set_title(panel.title, fontsize=10)
         axis.set_xlabel("log10 p (probability of the sampled token)")
         if panel.note:
@@ -301,10 +294,10 @@ def plot_density_panels(
             axis.scatter(x, y, s=14, marker="x", color="red", linewidths=1.0, label="silenced (dumped)")
         if axis.get_legend_handles_labels()[0]:
             axis.legend(fontsize=7, loc="upper left")
-    axes[0][0].set_ylabel("H: entropy at the position (nats)")
+    axes[0].set_ylabel("H: entropy at the position (nats)")
     if limits is not None:
-        axes[0][0].set_xlim(limits[0], 0.0)
-        axes[0][0].set_ylim(0.0, limits[1])
+        axes[0].set_xlim(limits[0], 0.0)
+        axes[0].set_ylim(0.0, limits[1])
     if title:
         figure.suptitle(title, fontsize=11)
     return save_figure(figure, path)

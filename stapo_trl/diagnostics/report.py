@@ -31,8 +31,6 @@ from .report_figures import (
 from .run_logs import ReportError, RunLogs, load_run
 from .token_dump import silenced_token_line
 
-# Python-Markdown is imported for the HTML page only.
-
 REPORT_FILE = "report.md"
 HTML_FILE = "report.html"
 
@@ -200,21 +198,17 @@ def write_report(
         for directory, label in zip(directories, _unique_labels(directories, labels), strict=True)
     ]
     output_dir = Path(output_dir)
+    paths = {name: output_dir / file_name for name, file_name in FIGURES.items()}
     figures = {
-        "entropy": plot_metric(
-            runs, "entropy", "mean token entropy (nats)", output_dir / FIGURES["entropy"], y_floor=0.0
-        ),
-        "reward": plot_metric(runs, "reward", "mean reward", output_dir / FIGURES["reward"]),
-        "masking": plot_masking(runs, output_dir / FIGURES["masking"]),
-        "optimization": plot_optimization(runs, output_dir / FIGURES["optimization"]),
+        "entropy": plot_metric(runs, "entropy", "mean token entropy (nats)", paths["entropy"], y_floor=0.0),
+        "reward": plot_metric(runs, "reward", "mean reward", paths["reward"]),
+        "masking": plot_masking(runs, paths["masking"]),
+        "optimization": plot_optimization(runs, paths["optimization"]),
     }
     notes = []
-    with_dump = [run for run in runs if run.dump_stats is not None]
-    if with_dump:
-        figures["token_density"] = plot_token_density(runs, output_dir / FIGURES["token_density"])
-        figures["top_silenced_tokens"] = plot_top_silenced(
-            runs, output_dir / FIGURES["top_silenced_tokens"], top_tokens
-        )
+    if any(run.dump_stats is not None for run in runs):
+        figures["token_density"] = plot_token_density(runs, paths["token_density"])
+        figures["top_silenced_tokens"] = plot_top_silenced(runs, paths["top_silenced_tokens"], top_tokens)
     else:
         notes.append(
             "No run has a silenced-token dump, so the p-H density and the top silenced tokens are left out. Train with "
@@ -222,14 +216,9 @@ def write_report(
         )
     for run in runs:
         if run.record.silencing_rule() is None:
-            notes.append(
-                f"{run.label}: no token rule silenced tokens in the log ("
-                + (
-                    "none was applied; the rules in shadow are summarized below)."
-                    if run.record.shadow_token_rules
-                    else "none was on)."
-                )
-            )
+            shadow = run.record.shadow_token_rules
+            why = "none was applied; the rules in shadow are summarized below" if shadow else "none was on"
+            notes.append(f"{run.label}: no token rule silenced tokens in the log ({why}).")
 
     markdown = output_dir / REPORT_FILE
     markdown.write_text(_markdown(runs, notes, figures, lambda path: path.name))
@@ -240,12 +229,7 @@ def write_report(
     return report
 
 
-def _markdown(
-    runs: list[RunLogs],
-    notes: list[str],
-    figures: dict[str, Path],
-    image_source,
-) -> str:
+def _markdown(runs: list[RunLogs], notes: list[str], figures: dict[str, Path], image_source) -> str:
     lines = ["# stapo-trl report", ""]
     for run in runs:
         lines.append(f"- **{run.label}**: `{run.directory}` (log: `{run.source.name}`)")

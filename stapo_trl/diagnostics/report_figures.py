@@ -27,14 +27,6 @@ from .run_logs import RunLogs
 from .token_dump import spread, visible_token
 from .trends import is_finite_number, training_records
 
-FIGURES = {
-    "entropy": "entropy.png",
-    "reward": "reward.png",
-    "masking": "masking.png",
-    "optimization": "optimization.png",
-    "token_density": "token_density.png",
-    "top_silenced_tokens": "top_silenced_tokens.png",
-}
 FIGURE_TITLES = {
     "entropy": "Mean token entropy",
     "reward": "Reward",
@@ -43,6 +35,7 @@ FIGURE_TITLES = {
     "token_density": "Probability and entropy of positive-advantage tokens",
     "top_silenced_tokens": "Top silenced tokens",
 }
+FIGURES = {name: f"{name}.png" for name in FIGURE_TITLES}
 
 OPTIMIZATION_PANELS = (
     ("grad_norm", "gradient norm before clipping", 0.0, 1.0),
@@ -133,12 +126,8 @@ def masking_panels(runs: list[RunLogs]) -> tuple[LinePanel, LinePanel]:
         if found.defined and all(value == 0.0 for _, value in found.defined):
             fraction.notes.append(f"{label}: 0% at every step")
         presentation = spec.presentation
-        counted = f"{summary['silenced_tokens']} silenced"
-        if "candidates" in summary:
-            counted = (
-                f"{summary['silenced_tokens']} of {summary['candidates']} {presentation.candidates_noun} silenced"
-            )
-        found.label = f"{label}: {counted}"
+        of = f" of {summary['candidates']} {presentation.candidates_noun}" if "candidates" in summary else ""
+        found.label = f"{label}: {summary['silenced_tokens']}{of} silenced"
         fraction.series.append(found)
         metric = presentation.threshold_statistic
         line = metric_series(run.history, prefix + spec.metric(metric), label) if metric is not None else None
@@ -163,8 +152,7 @@ def token_bars(run: RunLogs, limit: int = 15) -> TokenBars:
     written = len(run.silenced_tokens or [])
     if run.dump_stats is None:
         return TokenBars(run.label, [], [], note="no token dump: train with dump_silenced_tokens: true")
-    silenced = run.dump_stats.get("silenced", written)
-    title = f"{run.label}\n{written} dumped of {silenced} silenced"
+    title = f"{run.label}\n{written} dumped of {run.record.dump['silenced']} silenced"
     top = top_silenced_tokens(run, limit)
     distinct = len({record["token"] for record in run.silenced_tokens or []})
     if not top:
@@ -229,16 +217,9 @@ def training_curve_panels(records: list[dict], label: str) -> list[LinePanel]:
     panels = []
     records = training_records(records)
     rule = build_run_record(records).silencing_rule()
-    silenced = (
-        (
-            get_token_rule(rule).metric("silenced_fraction"),
-            f"{get_token_rule(rule).display_name} silenced fraction (%)",
-            0.0,
-            100.0,
-        )
-        if rule is not None
-        else ("silenced_fraction", "silenced fraction (%)", 0.0, 100.0)
-    )
+    spec = get_token_rule(rule) if rule is not None else None
+    metric, name = (spec.metric("silenced_fraction"), f"{spec.display_name} ") if spec else ("silenced_fraction", "")
+    silenced = (metric, f"{name}silenced fraction (%)", 0.0, 100.0)
     for key, title, y_floor, scale in (*TRAINING_CURVES, OPTIMIZATION_PANELS[0], silenced):
         found = metric_series(records, key, label, scale)
         panel = LinePanel(title=title, series=[found] if found is not None else [], y_floor=y_floor)

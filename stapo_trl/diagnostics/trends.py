@@ -10,7 +10,7 @@ given beside it as the plain numbers a reader checks.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 
 MIN_STEPS = 4
 """Fewer logged steps than this give no slope: the verdict is "too few steps to tell"."""
@@ -31,11 +31,11 @@ class Trend:
     """How one metric moved: quarter means, and the least-squares slope per step with its standard error."""
 
     label: str
-    steps: int
     first_quarter: float
     last_quarter: float
     slope: float | None
     slope_standard_error: float | None
+    steps: int
 
     @property
     def verdict(self) -> str:
@@ -59,26 +59,11 @@ class Trend:
         )
 
     def to_dict(self) -> dict:
-        return {
-            "label": self.label,
-            "first_quarter": self.first_quarter,
-            "last_quarter": self.last_quarter,
-            "slope": self.slope,
-            "slope_standard_error": self.slope_standard_error,
-            "steps": self.steps,
-            "verdict": self.verdict,
-        }
+        return {**asdict(self), "verdict": self.verdict}
 
     @classmethod
     def from_dict(cls, values: dict) -> Trend:
-        return cls(
-            values["label"],
-            values["steps"],
-            values["first_quarter"],
-            values["last_quarter"],
-            values["slope"],
-            values["slope_standard_error"],
-        )
+        return cls(**{item.name: values[item.name] for item in fields(cls)})
 
 
 def trend(label: str, steps: list[int], values: list[float]) -> Trend | None:
@@ -94,7 +79,7 @@ def trend(label: str, steps: list[int], values: list[float]) -> Trend | None:
         slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(steps, values, strict=True)) / sxx
         residuals = [y - mean_y - slope * (x - mean_x) for x, y in zip(steps, values, strict=True)]
         standard_error = math.sqrt(sum(r * r for r in residuals) / (n - 2) / sxx)
-    return Trend(label, n, means[0], means[1], slope, standard_error)
+    return Trend(label, means[0], means[1], slope, standard_error, n)
 
 
 def is_training_record(record: dict) -> bool:
@@ -131,9 +116,5 @@ TREND_METRICS = (("reward", "mean reward"), ("entropy", "mean token entropy (nat
 
 def run_trends(records: list[dict]) -> dict[str, Trend]:
     """The trends of `TREND_METRICS` over a run's logged training records (those that were logged)."""
-    found = {}
-    for key, label in TREND_METRICS:
-        result = trend(label, *finite_series(records, key))
-        if result is not None:
-            found[key] = result
-    return found
+    found = {key: trend(label, *finite_series(records, key)) for key, label in TREND_METRICS}
+    return {key: result for key, result in found.items() if result is not None}
