@@ -382,15 +382,8 @@ def stapo_sections(config: Any, record: RunRecord, output_dir: str | Path, facts
 # --------------------------------------------------------------------------------------------------- the card
 def card_sections(text: str) -> dict[str, str]:
     """A card's body split at its level-2 headings: heading line -> the section's text, heading included."""
-    sections: dict[str, str] = {}
-    current = None
-    for line in text.splitlines(keepends=True):
-        if line.startswith("## "):
-            current = line.rstrip("\n")
-            sections[current] = ""
-        if current is not None:
-            sections[current] += line
-    return {heading: body.rstrip() for heading, body in sections.items()}
+    parts = re.split(r"^(?=## )", text, flags=re.MULTILINE)
+    return {part.split("\n", 1)[0]: part.rstrip() for part in parts if part.startswith("## ")}
 
 
 def _framework_versions(adapter: bool) -> list[str]:

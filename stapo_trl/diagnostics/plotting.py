@@ -353,13 +353,7 @@ def draw_grouped_bars(
         color = colors[index % len(colors)]
         alpha = 0.55 if row.quoted else 1.0
         axis.bar(
-            positions,
-            values,
-            width,
-            label=row.label,
-            color=color,
-            hatch="//" if row.quoted else None,
-            alpha=alpha,
+            positions, values, width, label=row.label, color=color, hatch="//" if row.quoted else None, alpha=alpha
         )
         zeros = [position for position, value in zip(positions, values, strict=True) if value == 0]
         if zeros:

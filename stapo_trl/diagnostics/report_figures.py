@@ -24,7 +24,7 @@ from .plotting import (
     populated_density_limits,
 )
 from .run_logs import RunLogs
-from .token_dump import spread, visible_token
+from .token_dump import spread, token_in_context, visible_token
 from .trends import is_finite_number, training_records
 
 FIGURE_TITLES = {
@@ -174,11 +174,9 @@ def token_bars(run: RunLogs, limit: int = 15) -> TokenBars:
 
 def token_row(record: dict[str, Any], context: int = 24) -> tuple[str, ...]:
     """One dumped silenced token as a table row: step, the token in its context, p, H and A."""
-    before = record["context_before"][-context:].replace("\n", "↵")
-    after = record["context_after"][:context].replace("\n", "↵")
     return (
         str(record["step"]),
-        f"…{before}[{visible_token(record['token'])}]{after}…",
+        token_in_context(record, context),
         f"{record['p']:.2g}",
         f"{record['entropy']:.2f}",
         f"{record['advantage']:+.2f}",

@@ -143,6 +143,8 @@ class SilencedTokenDump:
         is_main_process: bool = True,
     ):
         self.directory = Path(output_dir)
+        self.records_path = self.directory / SILENCED_TOKENS_FILE
+        self.stats_path = self.directory / SILENCED_TOKENS_STATS_FILE
         self.tokenizer = tokenizer
         self.tokens_per_step = tokens_per_step
         self.max_tokens = max_tokens
@@ -152,14 +154,6 @@ class SilencedTokenDump:
         self.is_main_process = is_main_process
         self.stats: dict[str, Any] | None = None
         self._opened = False
-
-    @property
-    def records_path(self) -> Path:
-        return self.directory / SILENCED_TOKENS_FILE
-
-    @property
-    def stats_path(self) -> Path:
-        return self.directory / SILENCED_TOKENS_STATS_FILE
 
     def _fresh_stats(self) -> dict[str, Any]:
         return {
@@ -300,13 +294,18 @@ def visible_token(text: str) -> str:
     return shown if shown else "∅"
 
 
+def token_in_context(record: dict[str, Any], context: int, brackets: tuple[str, str] = ("[", "]")) -> str:
+    """``…before[token]after…``: a dumped token (`visible_token`) between ``brackets``, with up to ``context``
+    characters of its context either side, line breaks shown as ↵."""
+    before = record["context_before"][-context:].replace("\n", "↵")
+    after = record["context_after"][:context].replace("\n", "↵")
+    return f"…{before}{brackets[0]}{visible_token(record['token'])}{brackets[1]}{after}…"
+
+
 def silenced_token_line(record: dict[str, Any], context: int = 60, code: bool = True) -> str:
-    """One dumped silenced token in its context, with p, H and the response's advantage; as inline Markdown code
-    when `code`, else as plain text. Line breaks in the context show as ↵, the token's whitespace as ␣."""
-    before = record["context_before"][-context:].replace("`", "'").replace("\n", "↵")
-    after = record["context_after"][:context].replace("`", "'").replace("\n", "↵")
-    token = visible_token(record["token"]).replace("`", "'")
-    text = f"…{before}[[{token}]]{after}…"
+    """One dumped silenced token in its context (`token_in_context`), with p, H and the response's advantage; as
+    inline Markdown code when `code` (backticks shown as '), else as plain text."""
+    text = token_in_context(record, context, ("[[", "]]")).replace("`", "'")
     return f"step {record['step']}, p {record['p']:.2g}, H {record['entropy']:.2f}, A {record['advantage']:+.2f}: " + (
         f"`{text}`" if code else text
     )
