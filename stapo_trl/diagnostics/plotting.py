@@ -1,11 +1,11 @@
-"""Every figure the package draws, and the only module that imports matplotlib.
+"""Every figure the package draws, and the only module that imports matplotlib: `pyplot` and the drawing functions
+import it on the headless Agg backend, so importing this module loads none.
 
-A figure is built in two steps. The caller computes what it shows as plain data, with the classes below (the
-series, labels and notes, which the tests pin); a function here renders that data headless (the Agg backend) and
-writes the PNG. The training curves (`stapo-trl train`), the report's figures (`stapo-trl report`) and the
-evaluation chart (`stapo-trl eval`) all go through it, so they share one look and one set of rules: an axis that
-cannot go negative starts at its floor, a step logged without a value breaks the line and is marked on the x axis,
-and a panel with nothing to draw says why.
+The caller computes what a figure shows as plain data, with the classes below (the series, labels and notes, which
+the tests pin), and a function here renders it as a PNG. The training curves (`stapo-trl train`), the report's
+figures (`stapo-trl report`) and the evaluation chart (`stapo-trl eval`) thus share one look and one set of rules: an
+axis that cannot go negative starts at its floor, a step logged without a value breaks the line and is marked on the
+x axis, and a panel with nothing to draw says why.
 """
 
 from __future__ import annotations
@@ -16,9 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-
-# matplotlib is imported by `pyplot` and the drawing functions, after selecting its headless backend, so that
-# importing this module loads no matplotlib.
 
 
 @dataclass

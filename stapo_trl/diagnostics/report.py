@@ -1,10 +1,8 @@
-"""`stapo-trl report`: plots and a summary of one or more training runs, read from the trainer's own logs.
-
-A run directory is read by :mod:`.run_logs` (its training log, its silenced-token dump, and the run's record built
-from them); :mod:`.report_figures` draws the figures, all runs on shared axes; this module writes ``report.md`` (and
-``report.html``): a table of the runs' records, each run's trends and rule summaries in the words the end-of-run
-summary and the model card use, problem-by-problem comparisons of held-out results, the figures, and a few silenced
-tokens in context.
+"""`stapo-trl report`: plots and a summary of one or more training runs, read from the trainer's own logs by
+:mod:`.run_logs`. :mod:`.report_figures` draws the figures, all runs on shared axes; this module writes ``report.md``
+(and ``report.html``): a table of the runs' records, each run's trends and rule summaries in the words of the
+end-of-run summary and the model card, problem-by-problem comparisons of held-out results, the figures, and a few
+silenced tokens in context.
 """
 
 from __future__ import annotations

@@ -81,25 +81,16 @@ def metric_series(history: list[dict[str, Any]], key: str, label: str, scale: fl
 
 
 def line_panel(
-    runs: list[RunLogs],
-    key: str,
-    title: str,
-    *,
-    scale: float = 1.0,
-    y_floor: float | None = None,
-    absent: str = "not logged",
-    undefined_label: str | None = None,
+    runs: list[RunLogs], key: str, title: str, *, scale: float = 1.0, y_floor: float | None = None
 ) -> LinePanel:
-    """The panel of ``key`` over the runs; a run without the key gets the note ``"<label>: <absent>"``."""
-    panel = LinePanel(title=title, series=[], y_floor=y_floor, undefined_label=undefined_label)
+    """The panel of ``key`` over the runs; a run without the key gets the note ``"<label>: not logged"``."""
+    panel = LinePanel(title=title, series=[], y_floor=y_floor)
     for run in runs:
         found = metric_series(run.history, key, run.label, scale)
         if found is None:
-            panel.notes.append(f"{run.label}: {absent}")
+            panel.notes.append(f"{run.label}: not logged")
         else:
             panel.series.append(found)
-    if panel.series and not any(series.defined for series in panel.series) and undefined_label:
-        panel.notes.append(f"{undefined_label} at every logged step")
     return panel
 
 
