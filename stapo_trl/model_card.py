@@ -268,8 +268,7 @@ def statistics_section(config: Any, record: RunRecord) -> list[str]:
     lines = ["### Token-rule statistics and trends", ""]
     if not record.logged_steps:
         return lines + ["No training steps were logged when this card was written."]
-    lines.append(f"Over {record.logged_steps} logged steps (the last is step {record.last_logged_step}):")
-    lines.append("")
+    lines += [f"Over {record.logged_steps} logged steps (the last is step {record.last_logged_step}):", ""]
     lines += [f"- {sentence}." for sentence in trend_sentences(record)]
     rules = config.active_token_rules
     for name in rules:
@@ -386,14 +385,6 @@ def card_sections(text: str) -> dict[str, str]:
     return {part.split("\n", 1)[0]: part.rstrip() for part in parts if part.startswith("## ")}
 
 
-def _framework_versions(adapter: bool) -> list[str]:
-    lines = [f"- stapo-trl: {__version__}"]
-    if adapter:
-        with contextlib.suppress(PackageNotFoundError):
-            lines.append(f"- PEFT: {version('peft')}")
-    return lines
-
-
 def _tidy(text: str) -> str:
     """``text`` without trailing spaces and without runs of blank lines (TRL's template leaves both where a tracker
     badge is absent)."""
@@ -419,20 +410,17 @@ TEMPLATE = """---
 """
 
 
-def build_model_card(
-    config: Any,
-    record: RunRecord,
-    output_dir: str | Path,
-    facts: CardFacts,
-    trl_card_text: str,
-):
+def build_model_card(config: Any, record: RunRecord, output_dir: str | Path, facts: CardFacts, trl_card_text: str):
     """The whole card as a `huggingface_hub.ModelCard`: our metadata, intro and quick start, TRL's training
     procedure (with stapo-trl's and PEFT's versions added to its framework versions) and citations, and the STAPO
     sections, which render the run's ``record`` (`stapo_trl.run_record`)."""
+    versions = [f"- stapo-trl: {__version__}"]
+    if facts.adapter:
+        with contextlib.suppress(PackageNotFoundError):
+            versions.append(f"- PEFT: {version('peft')}")
     trl_sections = card_sections(trl_card_text)
     training = trl_sections.get(TRL_TRAINING_HEADING, TRL_TRAINING_HEADING)
-    training = "\n".join([training, *(line for line in _framework_versions(facts.adapter) if line not in training)])
-    training = _tidy(training)
+    training = _tidy("\n".join([training, *(line for line in versions if line not in training)]))
     citations = _tidy(trl_sections.get(TRL_CITATIONS_HEADING, TRL_CITATIONS_HEADING))
     if STAPO_CITATION not in citations:
         citations += f"\n\nCite STAPO as:\n\n```bibtex\n{STAPO_CITATION}\n```"

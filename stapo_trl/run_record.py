@@ -128,12 +128,9 @@ def build_run_record(
     if "reward" in trends:
         record.reward_first, record.reward_last = trends["reward"].first_quarter, trends["reward"].last_quarter
     for spec in registered_rules():
-        applied = rule_summary(spec, steps)
-        if applied:
-            record.token_rules[spec.name] = applied
-        shadowed = rule_summary(spec, steps, prefix=f"{SHADOW_PREFIX}/")
-        if shadowed:
-            record.shadow_token_rules[spec.name] = shadowed
+        for summaries, prefix in ((record.token_rules, ""), (record.shadow_token_rules, f"{SHADOW_PREFIX}/")):
+            if summary := rule_summary(spec, steps, prefix):
+                summaries[spec.name] = summary
     record.optimization = optimization_statistics(steps)
     record.accuracy_before, record.accuracy_after = heldout_accuracy(log_history)
     if dump_stats is not None:

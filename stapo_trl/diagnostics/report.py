@@ -8,6 +8,7 @@ silenced tokens in context.
 from __future__ import annotations
 
 import base64
+import itertools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,21 +139,18 @@ def paired_heldout(runs: list[RunLogs]) -> list[str]:
             if records and all("after_correct" in record for record in records):
                 results[run.label] = records
     lines = []
-    labels = list(results)
-    for index, first in enumerate(labels):
-        for second in labels[index + 1 :]:
-            a, b = results[first], results[second]
-            if [record["solution"] for record in a] != [record["solution"] for record in b]:
-                lines.append(f"- {first} and {second} were evaluated on different held-out problems: not compared.")
-                continue
-            only_a = sum(1 for x, y in zip(a, b, strict=True) if x["after_correct"] and not y["after_correct"])
-            only_b = sum(1 for x, y in zip(a, b, strict=True) if y["after_correct"] and not x["after_correct"])
-            solved_a, solved_b = (sum(1 for record in records if record["after_correct"]) for records in (a, b))
-            lines.append(
-                f"- {first} solved {solved_a} and {second} {solved_b} of the same {len(a)} problems after training; "
-                f"{only_a} were solved by {first} alone and {only_b} by {second} alone. "
-                + paired_verdict(only_a, only_b)
-            )
+    for first, second in itertools.combinations(results, 2):
+        a, b = results[first], results[second]
+        if [record["solution"] for record in a] != [record["solution"] for record in b]:
+            lines.append(f"- {first} and {second} were evaluated on different held-out problems: not compared.")
+            continue
+        only_a = sum(1 for x, y in zip(a, b, strict=True) if x["after_correct"] and not y["after_correct"])
+        only_b = sum(1 for x, y in zip(a, b, strict=True) if y["after_correct"] and not x["after_correct"])
+        solved_a, solved_b = (sum(1 for record in records if record["after_correct"]) for records in (a, b))
+        lines.append(
+            f"- {first} solved {solved_a} and {second} {solved_b} of the same {len(a)} problems after training; "
+            f"{only_a} were solved by {first} alone and {only_b} by {second} alone. " + paired_verdict(only_a, only_b)
+        )
     return lines
 
 
