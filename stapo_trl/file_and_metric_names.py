@@ -24,7 +24,7 @@ METRICS_FILE = "metrics.jsonl"
 logged: the live copy of ``trainer_state.json``'s log history (the record of the run), on disk while the run trains and
 after a kill between checkpoints."""
 RUN_SUMMARY_FILE = "run_summary.json"
-"""What `stapo-trl train` measured and wrote: held-out accuracy, timings, the files."""
+"""The run's record (`stapo_trl.run_record`), which `stapo-trl train` writes."""
 TRAINING_CURVES_FILE = "training_curves.png"
 HELDOUT_RESULTS_FILE = "heldout_results.jsonl"
 """The held-out greedy evaluation of `stapo-trl train`, one JSON object per problem: correct before and after."""

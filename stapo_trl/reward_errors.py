@@ -18,13 +18,9 @@ logger = logging.getLogger(__name__)
 
 def _code_objects(function: Any) -> set:
     """The code objects of a reward function: a function's own, or a callable object's ``__call__``."""
-    found = set()
     call = type(function).__call__ if not hasattr(function, "__code__") and callable(function) else None
-    for candidate in (function, call, getattr(function, "func", None)):
-        code = getattr(candidate, "__code__", None)
-        if code is not None:
-            found.add(code)
-    return found
+    codes = (getattr(candidate, "__code__", None) for candidate in (function, call, getattr(function, "func", None)))
+    return {code for code in codes if code is not None}
 
 
 def raising_reward_function(error: BaseException, functions: Sequence[Any], names: Sequence[str]) -> str | None:

@@ -18,14 +18,6 @@ SIGNIFICANCE = 2.0
 """A slope is a rise or a fall when it is more than this many standard errors from zero."""
 
 
-def quarter_means(values: list[float]) -> tuple[float, float] | None:
-    """The means of the first and the last quarter (at least one value each) of a series, or None when empty."""
-    if not values:
-        return None
-    quarter = max(1, len(values) // 4)
-    return sum(values[:quarter]) / quarter, sum(values[-quarter:]) / quarter
-
-
 @dataclass(frozen=True)
 class Trend:
     """How one metric moved: quarter means, and the least-squares slope per step with its standard error."""
@@ -67,19 +59,20 @@ class Trend:
 
 
 def trend(label: str, steps: list[int], values: list[float]) -> Trend | None:
-    """The trend of ``values`` logged at ``steps``; None when nothing was logged."""
-    means = quarter_means(values)
-    if means is None:
+    """The trend of ``values`` logged at ``steps``, with the means of their first and last quarter (at least one
+    value each); None when nothing was logged."""
+    if not values:
         return None
-    slope = standard_error = None
     n = len(values)
+    quarter = max(1, n // 4)
+    slope = standard_error = None
     if n >= MIN_STEPS and len(set(steps)) > 1:
         mean_x, mean_y = sum(steps) / n, sum(values) / n
         sxx = sum((x - mean_x) ** 2 for x in steps)
         slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(steps, values, strict=True)) / sxx
         residuals = [y - mean_y - slope * (x - mean_x) for x, y in zip(steps, values, strict=True)]
         standard_error = math.sqrt(sum(r * r for r in residuals) / (n - 2) / sxx)
-    return Trend(label, means[0], means[1], slope, standard_error, n)
+    return Trend(label, sum(values[:quarter]) / quarter, sum(values[-quarter:]) / quarter, slope, standard_error, n)
 
 
 def is_training_record(record: dict) -> bool:
