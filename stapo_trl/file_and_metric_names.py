@@ -40,7 +40,6 @@ TRAINER_STATE_FILE = "trainer_state.json"
 """transformers' trainer state, the last file a checkpoint save writes."""
 
 # --- keys STAPO adds to TRL's batch dicts (batch-first tensors, so TRL's shuffle and split carry them) --------------
-BATCH_KEY_PREFIX = "stapo_"
 LOG_PROBS_KEY = "stapo_log_probs"
 ENTROPIES_KEY = "stapo_entropies"
 TOOL_MASK_BEFORE_RULES_KEY = "stapo_tool_mask_before_rules"

@@ -210,7 +210,6 @@ print(output["generated_text"])"""
 
 def method_section(config: Any) -> list[str]:
     """The method, with a link to the paper, and a table of the thresholds and loss settings that define it."""
-    method = infer_method(config)
     title = method_title(config)
     lines = [
         "## STAPO training details",
@@ -219,7 +218,7 @@ def method_section(config: Any) -> list[str]:
         f"installed from a clone of its repository). STAPO is described in [{PAPER_TITLE}]({PAPER_URL}) "
         f"(arXiv {PAPER_ID}).",
         "",
-        f"- Method: {title}: {method_preset(method).summary}.",
+        f"- Method: {title}: {method_preset(infer_method(config)).summary}.",
         f"- Token rules: {describe_token_rule(config)}.",
         "",
         "| setting | value |",

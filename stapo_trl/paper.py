@@ -88,10 +88,4 @@ def paper_row(size: str | None, method: str | None, setting: str) -> PaperRow | 
     values = _TABLE_2.get((size.upper(), method), {}).get(setting)
     if values is None:
         return None
-    return PaperRow(
-        size=size.upper(),
-        method=method,
-        setting=setting,
-        scores=dict(zip(PAPER_BENCHMARKS, values[:-1], strict=True)),
-        average=values[-1],
-    )
+    return PaperRow(size.upper(), method, setting, dict(zip(PAPER_BENCHMARKS, values[:-1], strict=True)), values[-1])

@@ -98,12 +98,4 @@ def load_run(directory: str | Path, label: str | None = None) -> RunLogs:
         )
     silenced_tokens, dump_stats = read_dump(directory)
     record = build_run_record(log, silenced_tokens=silenced_tokens, dump_stats=dump_stats)
-    return RunLogs(
-        label=label or directory.resolve().name,
-        directory=directory,
-        history=history,
-        source=source,
-        record=record,
-        silenced_tokens=silenced_tokens,
-        dump_stats=dump_stats,
-    )
+    return RunLogs(label or directory.resolve().name, directory, history, source, record, silenced_tokens, dump_stats)

@@ -220,12 +220,8 @@ class SilencedTokenDump:
         silenced = tokens.silenced.bool() & loss_mask
         advantages = tokens.advantages if tokens.advantages.dim() == 2 else tokens.advantages.unsqueeze(1)
         positive = loss_mask & (advantages > 0)
-        density = torch.stack(
-            [
-                token_density(tokens.log_probs, tokens.entropies, positive),
-                token_density(tokens.log_probs, tokens.entropies, loss_mask & ~positive),
-            ]
-        )
+        masks = (positive, loss_mask & ~positive)
+        density = torch.stack([token_density(tokens.log_probs, tokens.entropies, mask) for mask in masks])
         counts = torch.zeros(world_size(), dtype=torch.int64, device=density.device)
         counts[rank()] = silenced.sum()
         reduced = all_reduce_sum(torch.cat([counts, density.view(-1)]))
@@ -243,12 +239,7 @@ class SilencedTokenDump:
         mine = chosen[(chosen >= offset) & (chosen < offset + int(counts[rank()]))].sort().values - offset
         positions = silenced.nonzero().cpu()[mine]
         records = token_records(
-            tokens,
-            positions,
-            self.tokenizer,
-            step=step,
-            process_index=rank(),
-            context_tokens=self.context_tokens,
+            tokens, positions, self.tokenizer, step=step, process_index=rank(), context_tokens=self.context_tokens
         )
         gathered = [record for part in gather_objects(records) for record in part]
         entry = {"step": step, "silenced": num_silenced, "written": take, "dropped": num_silenced - take}
