@@ -301,9 +301,7 @@ def plot_density_panels(
 
 
 def populated_density_limits(
-    counts: Sequence[Sequence[int]],
-    extent: tuple[float, float, float, float],
-    probability_bound: float | None = None,
+    counts: Sequence[Sequence[int]], extent: tuple[float, float, float, float], probability_bound: float | None = None
 ) -> tuple[float, float] | None:
     """The lowest log10 p and the highest H worth showing of a density histogram: the populated bins plus a margin,
     and the silencing rule's probability bound with the same margin. None when every bin is empty."""

@@ -44,10 +44,7 @@ OPTIMIZATION_PANELS = (
     ("gradient_probe/silenced_grad_sq_share", "silenced tokens' share of |gradient|^2 (probe)", 0.0, 1.0),
 )
 """(metric, title, lowest value the axis shows, scale) of ``optimization.png``: what the updates looked like."""
-TRAINING_CURVES = (
-    ("reward", "mean reward", None, 1.0),
-    ("entropy", "mean token entropy (nats)", 0.0, 1.0),
-)
+TRAINING_CURVES = (("reward", "mean reward", None, 1.0), ("entropy", "mean token entropy (nats)", 0.0, 1.0))
 """(metric, title, lowest value the axis shows, scale) of the first panels of ``training_curves.png``; then come the
 gradient norm and the silenced fraction of the run's silencing rule."""
 

@@ -87,13 +87,7 @@ def _token_text(tokenizer, ids: list[int]) -> str:
 
 
 def token_records(
-    tokens: StepTokens,
-    positions: torch.Tensor,
-    tokenizer,
-    *,
-    step: int,
-    process_index: int,
-    context_tokens: int,
+    tokens: StepTokens, positions: torch.Tensor, tokenizer, *, step: int, process_index: int, context_tokens: int
 ) -> list[dict[str, Any]]:
     """The dump records of the silenced tokens at ``positions``: text, context either side, p, H and advantage.
 

@@ -34,8 +34,7 @@ class TokenDumpConfigMixin:
         metadata={"help": "At most this many silenced tokens are written over the run; later ones are counted only."},
     )
     dump_context_tokens: int = field(
-        default=20,
-        metadata={"help": "Completion tokens of context decoded on each side of a silenced token."},
+        default=20, metadata={"help": "Completion tokens of context decoded on each side of a silenced token."}
     )
 
     def validate_dump_fields(self) -> None:
