@@ -97,9 +97,8 @@ def masking_panels(runs: list[RunLogs]) -> tuple[LinePanel, LinePanel]:
     the rules. A run whose rule ran in shadow (GRPO with ``shadow_token_rules: [s2t]``) is drawn with what the rule
     would have silenced, its label saying so."""
     absent = "no token rule silenced tokens (none was on)"
-    fraction = LinePanel(title="", series=[], y_floor=0.0)
-    threshold = LinePanel(title="", series=[], y_floor=0.0)
-    rules, thresholds = [], []
+    fraction, threshold = (LinePanel(title="", series=[], y_floor=0.0) for _ in range(2))
+    rules, thresholds = {}, {}  # ordered sets: the rules and threshold titles, in order of first appearance
     for run in runs:
         view = silencing_view(run)
         if view is None:
@@ -109,8 +108,7 @@ def masking_panels(runs: list[RunLogs]) -> tuple[LinePanel, LinePanel]:
         spec, prefix, summary = view
         label = f"{run.label} (in shadow, would silence)" if prefix else run.label
         found = metric_series(run.history, prefix + spec.metric("silenced_fraction"), label, 100.0)
-        if spec.display_name not in rules:
-            rules.append(spec.display_name)
+        rules[spec.display_name] = None
         if found.defined and all(value == 0.0 for _, value in found.defined):
             fraction.notes.append(f"{label}: 0% at every step")
         presentation = spec.presentation
@@ -124,8 +122,7 @@ def masking_panels(runs: list[RunLogs]) -> tuple[LinePanel, LinePanel]:
             continue
         threshold.series.append(line)
         threshold.undefined_label = f"no {presentation.candidates_noun}, so no {presentation.threshold_name}"
-        if presentation.threshold_title not in thresholds:
-            thresholds.append(presentation.threshold_title)
+        thresholds[presentation.threshold_title] = None
     fraction.title = f"{', '.join(rules) or 'token rule'} silenced fraction of loss tokens (%)"
     threshold.title = "; ".join(thresholds) or "threshold of the silencing rule"
     if threshold.series and not any(series.defined for series in threshold.series):
