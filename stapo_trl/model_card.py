@@ -281,24 +281,9 @@ def statistics_section(config: Any, record: RunRecord) -> list[str]:
     return lines
 
 
-def find_eval_summaries(output_dir: str | Path) -> list[Path]:
-    """`stapo-trl eval` summaries in the output dir or one level below (e.g. ``output_dir/eval/summary.json``)."""
-    output_dir = Path(output_dir)
-    candidates = [output_dir / EVAL_SUMMARY_FILE, *sorted(output_dir.glob(f"*/{EVAL_SUMMARY_FILE}"))]
-    found = []
-    for path in candidates:
-        if path.is_file():
-            try:
-                if "settings" in json.loads(path.read_text()):
-                    found.append(path)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                continue
-    return found
-
-
 def evaluation_section(output_dir: str | Path, record: RunRecord) -> list[str]:
     """The record's held-out accuracy (which `stapo-trl train` logs) and the tables of any `stapo-trl eval` summaries
-    in ``output_dir``; empty if none."""
+    in ``output_dir`` or one level below (e.g. ``output_dir/eval/summary.json``); empty if none."""
     output_dir = Path(output_dir)
     lines: list[str] = []
     before, after = record.accuracy_before, record.accuracy_after
@@ -309,14 +294,14 @@ def evaluation_section(output_dir: str | Path, record: RunRecord) -> list[str]:
             "after (± one binomial standard error).",
             "",
         ]
-    for path in find_eval_summaries(output_dir):
-        summary = json.loads(path.read_text())
-        lines += [
-            f"`stapo-trl eval` ({path.relative_to(output_dir).as_posix()}; avg@k in %):",
-            "",
-            markdown_table(summary_rows(summary)),
-            "",
-        ]
+    for path in [output_dir / EVAL_SUMMARY_FILE, *sorted(output_dir.glob(f"*/{EVAL_SUMMARY_FILE}"))]:
+        try:
+            summary = json.loads(path.read_text()) if path.is_file() else {}
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        if "settings" in summary:
+            location = path.relative_to(output_dir).as_posix()
+            lines += [f"`stapo-trl eval` ({location}; avg@k in %):", "", markdown_table(summary_rows(summary)), ""]
     while lines and not lines[-1]:
         lines.pop()
     return ["### Evaluation", "", *lines] if lines else []

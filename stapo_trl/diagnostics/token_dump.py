@@ -288,8 +288,8 @@ def token_in_context(record: dict[str, Any], context: int, brackets: tuple[str, 
 
 
 def silenced_token_line(record: dict[str, Any], context: int = 60, code: bool = True) -> str:
-    """One dumped silenced token in its context (`token_in_context`), with p, H and the response's advantage; as
-    inline Markdown code when `code` (backticks shown as '), else as plain text."""
+    """One dumped silenced token in its context (`token_in_context`, backticks shown as '), with p, H and the
+    response's advantage; as inline Markdown code when `code`, else as plain text."""
     text = token_in_context(record, context, ("[[", "]]")).replace("`", "'")
     return f"step {record['step']}, p {record['p']:.2g}, H {record['entropy']:.2f}, A {record['advantage']:+.2f}: " + (
         f"`{text}`" if code else text
