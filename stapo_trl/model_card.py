@@ -476,15 +476,14 @@ def check_model_card(card_path: str | Path) -> list[str]:
     a missing ``license``, ``library_name``, ``pipeline_tag`` or ``tags``, a ``base_model`` or dataset that is not a
     Hub repo id, and absolute local paths anywhere in the card. An empty list means none was found. (The Hub's own
     validator, ``ModelCard.validate``, is a Hub service and needs a connection.)"""
-    problems = []
     try:
         card = ModelCard.load(card_path)
     except Exception as error:  # huggingface_hub raises ValueError, yaml errors, ...
         return [f"the metadata cannot be parsed: {error}"]
     data = card.data.to_dict()
-    for key in ("license", "library_name", "pipeline_tag", "tags"):
-        if not data.get(key):
-            problems.append(f"no {key} in the metadata")
+    problems = [
+        f"no {key} in the metadata" for key in ("license", "library_name", "pipeline_tag", "tags") if not data.get(key)
+    ]
     if data.get("library_name") not in (None, "peft", "transformers"):
         problems.append(f"library_name {data['library_name']!r} is neither peft nor transformers")
     bases = data.get("base_model")

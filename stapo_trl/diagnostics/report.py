@@ -227,8 +227,7 @@ def write_report(
 
 def _markdown(runs: list[RunLogs], notes: list[str], figures: dict[str, Path], image_source) -> str:
     lines = ["# stapo-trl report", ""]
-    for run in runs:
-        lines.append(f"- **{run.label}**: `{run.directory}` (log: `{run.source.name}`)")
+    lines += [f"- **{run.label}**: `{run.directory}` (log: `{run.source.name}`)" for run in runs]
     lines += ["", _summary_table(runs), ""]
     lines += [f"> {note}\n" for note in notes]
     lines += [
