@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..distributed import world_size
 from ..trl_boundary.hooks import decoder_layer_cache, decoder_layers
 
 logger = logging.getLogger(__name__)
@@ -306,10 +307,7 @@ class FrozenPrefixReplay:
         rows = matches.int().argmax(dim=-1)
         hidden_states = recording.hidden_states[rows, :length]
         if hidden_states.shape[1] < length:
-            missing = hidden_states.new_zeros(
-                hidden_states.shape[0], length - hidden_states.shape[1], *hidden_states.shape[2:]
-            )
-            hidden_states = torch.cat([hidden_states, missing], dim=1)
+            hidden_states = torch.nn.functional.pad(hidden_states, (0, 0, 0, length - hidden_states.shape[1]))
         return hidden_states
 
     def _forward(self, forward, *args, **kwargs):
@@ -378,8 +376,7 @@ def replay_blockers(model: torch.nn.Module) -> list[str]:
     blockers = [f"dropout in the frozen layers: {found}" for found in active_dropout(model, layers[:first_trainable])]
     if any(getattr(module, "gradient_checkpointing", False) for module in model.modules()):
         blockers.append("gradient checkpointing")
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    if distributed and torch.distributed.get_world_size() > 1:
+    if world_size() > 1:
         blockers.append("several processes")
     return blockers
 

@@ -62,27 +62,11 @@ class HookedGRPOTrainer(GRPOTrainer):
         """TRL's ``_get_per_token_logps_and_entropies``: ``(log_probs, entropies or None, aux_loss)`` of the last
         ``logits_to_keep`` positions. TRL calls it for the loss, the old-log-prob pass and the reference pass."""
         return super()._get_per_token_logps_and_entropies(
-            model,
-            input_ids,
-            attention_mask,
-            logits_to_keep,
-            batch_size=batch_size,
-            compute_entropy=compute_entropy,
-            **kwargs,
+            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, **kwargs
         )
 
-    def _get_per_token_logps_and_entropies(
-        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, **kwargs
-    ):
-        return self.per_token_logps_and_entropies(
-            model,
-            input_ids,
-            attention_mask,
-            logits_to_keep,
-            batch_size=batch_size,
-            compute_entropy=compute_entropy,
-            **kwargs,
-        )
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        return self.per_token_logps_and_entropies(*args, **kwargs)
 
     def generate_and_score_completions(self, inputs) -> dict[str, Any]:
         """TRL's ``_generate_and_score_completions``: sample, score and compute advantages for one generation batch."""
