@@ -70,11 +70,10 @@ def resolve_gguf(reference: str | os.PathLike) -> Path:
             f"GGUF file not found: {reference!r} is not a file, and the package (or directory on the Python path) "
             f"{package!r} holds no {relative!r}."
         )
-    hint = _INSTALL_HINTS.get(package)
-    message = f"GGUF file not found: {reference!r} is neither a file nor a file inside an installed package."
-    if hint:
-        message += f" Install it with: {hint}"
-    raise FileNotFoundError(message)
+    hint = f" Install it with: {_INSTALL_HINTS[package]}" if package in _INSTALL_HINTS else ""
+    raise FileNotFoundError(
+        f"GGUF file not found: {reference!r} is neither a file nor a file inside an installed package.{hint}"
+    )
 
 
 def converted_checkpoint_dir(source: Path, cache_dir: str | os.PathLike | None = None) -> Path:

@@ -158,10 +158,8 @@ def active_dropout(model: torch.nn.Module, layers: list[torch.nn.Module]) -> lis
 
 
 class FrozenPrefixReplay:
-    """Shares the prefill between repeated prompts (all decoder layers when none has active dropout, else the frozen
-    ones), records the frozen layers' output in `generate()` (or in a fused-head pass without gradients over sequences
-    it did not produce) and replays it in TRL's fused-head passes over the same sequences. Build it with
-    `replay_frozen_prefix`; `shared_prefills` counts the generations whose prefill was shared, `shared_layers` the
+    """The shared prefill and the frozen-layer replay of the module docstring, on one model; build it with
+    `replay_frozen_prefix`. `shared_prefills` counts the generations whose prefill was shared, `shared_layers` the
     decoder layers the last shared prefill covered, `replayed` and `computed` the fused-head passes that used the
     recording and those that ran every layer."""
 

@@ -134,9 +134,8 @@ def _vllm_engine_construction() -> list[str]:
 
 
 def _vllm_weight_iterator() -> list[str]:
-    if inspect.isgeneratorfunction(VLLMGeneration._iter_named_params):
-        return []
-    return ["VLLMGeneration._iter_named_params is no longer a generator method"]
+    generator = inspect.isgeneratorfunction(VLLMGeneration._iter_named_params)
+    return [] if generator else ["VLLMGeneration._iter_named_params is no longer a generator method"]
 
 
 def _vllm_engine_arguments() -> list[str]:

@@ -1,10 +1,7 @@
-"""The hooks `STAPOTrainer` overrides, over TRL 1.16's private methods, and the small helpers that read TRL's and
-transformers' internals.
-
-`HookedGRPOTrainer` is `GRPOTrainer` with each private method stapo-trl extends turned into a public hook whose
-default is TRL's own behaviour. The functions below each touch one private name (a sampler's generator, the config's
-``_name_or_path``, a vLLM weight iterator, the decoder-layer loop) so that the rest of the package does not. Every
-assumption they make is one `Seam` in `stapo_trl.trl_boundary.drift_checks`.
+"""The hooks `STAPOTrainer` overrides, over TRL 1.16's private methods (`HookedGRPOTrainer`), and the small helpers
+that each touch one private name of TRL or transformers (a sampler's generator, the config's ``_name_or_path``, a vLLM
+weight iterator, the decoder-layer loop) so that the rest of the package does not. Every assumption they make is one
+`Seam` in `stapo_trl.trl_boundary.drift_checks`.
 """
 
 from __future__ import annotations
