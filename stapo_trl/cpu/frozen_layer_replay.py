@@ -94,15 +94,14 @@ class _SharedPrefill(torch.nn.Module):
         cache = decoder_layer_cache(kwargs)
         shared = batch == self.inverse.shape[0] and cache is not None and len(cache.layers) >= len(self.shared_layers)
         self.on_call(shared)
-        if not shared:
-            for layer in self.shared_layers:
-                hidden_states = layer(hidden_states, *args, **kwargs)
-            return hidden_states
-        args = [_rows(value, self.first, batch) for value in args]
-        kwargs = {name: _rows(value, self.first, batch) for name, value in kwargs.items()}
-        hidden_states = hidden_states.index_select(0, self.first)
+        if shared:
+            args = [_rows(value, self.first, batch) for value in args]
+            kwargs = {name: _rows(value, self.first, batch) for name, value in kwargs.items()}
+            hidden_states = hidden_states.index_select(0, self.first)
         for layer in self.shared_layers:
             hidden_states = layer(hidden_states, *args, **kwargs)
+        if not shared:
+            return hidden_states
         for index in range(len(self.shared_layers)):
             cache.layers[index].reorder_cache(self.inverse)
         return hidden_states.index_select(0, self.inverse)

@@ -150,6 +150,8 @@ def _vllm_engine_arguments() -> list[str]:
 
 
 GRPO = "trl:GRPOTrainer"
+LOGPS = f"{GRPO}._get_per_token_logps_and_entropies"
+GENERATION_BATCH = f"{GRPO}._generate_and_score_completions"
 TRAINER = "transformers:Trainer"
 SAMPLER = "trl.trainer.utils:RepeatSampler"
 VLLM_GENERATION = "trl.generation.vllm_generation:VLLMGeneration"
@@ -166,25 +168,16 @@ SEAMS: tuple[Seam, ...] = (
         "compute_entropy, ...) returns (log_probs, entropies, aux_loss) for the loss, the old-log-prob pass and the "
         "reference pass.",
         "Forcing compute_entropy on the policy's passes gives p and H at no extra forward.",
-        takes(
-            f"{GRPO}._get_per_token_logps_and_entropies",
-            "self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, ...",
-        ),
-        contains(f"{GRPO}._get_per_token_logps_and_entropies", "return logps, entropies"),
+        takes(LOGPS, "self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, ..."),
+        contains(LOGPS, "return logps, entropies"),
     ),
     Seam(
         "generate_and_score_completions",
         "_generate_and_score_completions(inputs) returns the generation batch: completion_mask, tool_mask, "
         "advantages, num_items_in_batch (the loss-token count of the whole generation over all processes).",
         "Extra batch-first keys added to that dict survive TRL's shuffle and split into micro-batches.",
-        takes(f"{GRPO}._generate_and_score_completions", "self, inputs"),
-        contains(
-            f"{GRPO}._generate_and_score_completions",
-            '"num_items_in_batch"',
-            '"advantages"',
-            '"completion_mask"',
-            '"tool_mask"',
-        ),
+        takes(GENERATION_BATCH, "self, inputs"),
+        contains(GENERATION_BATCH, '"num_items_in_batch"', '"advantages"', '"completion_mask"', '"tool_mask"'),
     ),
     Seam(
         "calculate_rewards",
@@ -225,13 +218,7 @@ SEAMS: tuple[Seam, ...] = (
         "from a generator seeded once with seed.",
         "Reseeding that generator and replaying earlier epochs gives any epoch's order (resume).",
         contains(f"{GRPO}._get_train_sampler", "RepeatSampler("),
-        contains(
-            f"{SAMPLER}.__init__",
-            "self.shuffle =",
-            "self.seed =",
-            "self.generator =",
-            "self.num_samples =",
-        ),
+        contains(f"{SAMPLER}.__init__", "self.shuffle =", "self.seed =", "self.generator =", "self.num_samples ="),
         contains(f"{SAMPLER}.__iter__", "torch.randperm(self.num_samples, generator=self.generator)"),
     ),
     Seam(
