@@ -229,9 +229,7 @@ def colocated_vllm_on_cpu(
         trainer.train()
     """
     require_vllm_cpu()
-    settings = CPUEngineSettings(
-        kv_cache_gib=kv_cache_gib, dtype=dtype, enforce_eager=enforce_eager, generation_threads=generation_threads
-    )
+    settings = CPUEngineSettings(kv_cache_gib, dtype, enforce_eager, generation_threads)
     with grpo_vllm_generation(functools.partial(CPUColocatedVLLMGeneration, cpu_settings=settings)):
         yield settings
 
