@@ -70,11 +70,10 @@ def resolve_gguf(reference: str | os.PathLike) -> Path:
             f"GGUF file not found: {reference!r} is not a file, and the package (or directory on the Python path) "
             f"{package!r} holds no {relative!r}."
         )
-    hint = _INSTALL_HINTS.get(package)
-    message = f"GGUF file not found: {reference!r} is neither a file nor a file inside an installed package."
-    if hint:
-        message += f" Install it with: {hint}"
-    raise FileNotFoundError(message)
+    hint = f" Install it with: {_INSTALL_HINTS[package]}" if package in _INSTALL_HINTS else ""
+    raise FileNotFoundError(
+        f"GGUF file not found: {reference!r} is neither a file nor a file inside an installed package.{hint}"
+    )
 
 
 def converted_checkpoint_dir(source: Path, cache_dir: str | os.PathLike | None = None) -> Path:
@@ -86,13 +85,9 @@ def converted_checkpoint_dir(source: Path, cache_dir: str | os.PathLike | None =
 
 
 def gguf_checkpoint(reference: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
-    """A safetensors checkpoint directory for a GGUF file, converted on first use (about 20 s for SmolLM2-135M).
-
-    The weights are dequantized to fp32 by `transformers` (needs the `gguf` package). The cache key is the file's
-    name, size and modification time, so a changed file is converted again. The directory is written under a temporary
-    name and renamed, so a killed conversion never leaves a half-written checkpoint behind; a cached conversion whose
-    weights cannot be read (damaged after the fact) is named in a warning and converted again.
-    """
+    """A safetensors checkpoint directory for a GGUF file, converted on first use (about 20 s for SmolLM2-135M) by
+    `convert_gguf`, and again when the file changes (`converted_checkpoint_dir`). A cached conversion whose weights
+    cannot be read (damaged after the fact) is named in a warning and converted again."""
     source = resolve_gguf(reference)
     target = converted_checkpoint_dir(source, cache_dir)
     if (target / "config.json").is_file():
@@ -145,8 +140,9 @@ def damaged_conversion(target: Path) -> str | None:
 
 
 def convert_gguf(source: Path, target: Path) -> None:
-    """Dequantize the GGUF file ``source`` with transformers and save it as a safetensors checkpoint at ``target``,
-    written under a temporary name and renamed, so that a killed conversion leaves nothing half-written."""
+    """Dequantize the GGUF file ``source`` to fp32 with transformers (needs the `gguf` package) and save it as a
+    safetensors checkpoint at ``target``, written under a temporary name and renamed, so that a killed conversion
+    leaves nothing half-written."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     logger.warning(

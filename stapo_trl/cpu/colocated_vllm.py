@@ -34,10 +34,8 @@ Everything else is TRL's own code: generation, sampling parameters, the importan
 seams in `stapo_trl.trl_boundary.drift_checks` (the ``colocated vLLM on CPU`` entries); the TRL module globals it
 replaces are in `stapo_trl.trl_boundary.patches`.
 
-Nothing changes at import. Inside ``with colocated_vllm_on_cpu():`` TRL's GRPO module builds
-`CPUColocatedVLLMGeneration` instead of its ``VLLMGeneration``; on leaving, the name is put back, and trainers built
-inside keep their adapted engine. `stapo_trl.cpu.cpu_runtime` (and so `stapo-trl train`) enters it when the trainer's
-arguments ask for colocated vLLM on a CPU.
+Nothing changes at import: only inside ``with colocated_vllm_on_cpu():`` does TRL build `CPUColocatedVLLMGeneration`.
+`stapo_trl.cpu.cpu_runtime` (and so `stapo-trl train`) enters it when the arguments ask for colocated vLLM on a CPU.
 """
 
 from __future__ import annotations
@@ -194,8 +192,7 @@ class CPUColocatedVLLMGeneration(VLLMGeneration):
             super().__init__(*args, **kwargs)
 
     def kv_cache_description(self) -> str:
-        if os.environ.get(KV_CACHE_ENVIRONMENT_VARIABLE):
-            value = os.environ[KV_CACHE_ENVIRONMENT_VARIABLE]
+        if value := os.environ.get(KV_CACHE_ENVIRONMENT_VARIABLE):
             return f"{value} GiB from {KV_CACHE_ENVIRONMENT_VARIABLE}"
         return f"{self.cpu_settings.kv_cache_gib} GiB (kv_cache_gib)"
 
@@ -224,17 +221,15 @@ def colocated_vllm_on_cpu(
     kv_cache_gib: int = 1, dtype: str | None = None, enforce_eager: bool = True, generation_threads: int = 1
 ) -> Iterator[CPUEngineSettings]:
     """Within the block, every `GRPOTrainer` (and so every `STAPOTrainer`) built with ``use_vllm=True`` and
-    ``vllm_mode="colocate"`` gets a vLLM engine adapted to vLLM's CPU backend (see the module docstring). The trainers
-    keep it after the block. Refuses at once when the installed vLLM is missing or is not the CPU build::
+    ``vllm_mode="colocate"`` gets a `CPUColocatedVLLMGeneration` engine, which it keeps after the block (TRL's own class
+    is put back on leaving). Refuses at once when the installed vLLM is missing or is not the CPU build::
 
         with colocated_vllm_on_cpu():
             trainer = STAPOTrainer(model, reward_funcs, args=STAPOConfig(..., use_vllm=True, vllm_mode="colocate"))
         trainer.train()
     """
     require_vllm_cpu()
-    settings = CPUEngineSettings(
-        kv_cache_gib=kv_cache_gib, dtype=dtype, enforce_eager=enforce_eager, generation_threads=generation_threads
-    )
+    settings = CPUEngineSettings(kv_cache_gib, dtype, enforce_eager, generation_threads)
     with grpo_vllm_generation(functools.partial(CPUColocatedVLLMGeneration, cpu_settings=settings)):
         yield settings
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..distributed import world_size
 from ..trl_boundary.hooks import decoder_layer_cache, decoder_layers
 
 logger = logging.getLogger(__name__)
@@ -93,15 +94,14 @@ class _SharedPrefill(torch.nn.Module):
         cache = decoder_layer_cache(kwargs)
         shared = batch == self.inverse.shape[0] and cache is not None and len(cache.layers) >= len(self.shared_layers)
         self.on_call(shared)
-        if not shared:
-            for layer in self.shared_layers:
-                hidden_states = layer(hidden_states, *args, **kwargs)
-            return hidden_states
-        args = [_rows(value, self.first, batch) for value in args]
-        kwargs = {name: _rows(value, self.first, batch) for name, value in kwargs.items()}
-        hidden_states = hidden_states.index_select(0, self.first)
+        if shared:
+            args = [_rows(value, self.first, batch) for value in args]
+            kwargs = {name: _rows(value, self.first, batch) for name, value in kwargs.items()}
+            hidden_states = hidden_states.index_select(0, self.first)
         for layer in self.shared_layers:
             hidden_states = layer(hidden_states, *args, **kwargs)
+        if not shared:
+            return hidden_states
         for index in range(len(self.shared_layers)):
             cache.layers[index].reorder_cache(self.inverse)
         return hidden_states.index_select(0, self.inverse)
@@ -157,10 +157,8 @@ def active_dropout(model: torch.nn.Module, layers: list[torch.nn.Module]) -> lis
 
 
 class FrozenPrefixReplay:
-    """Shares the prefill between repeated prompts (all decoder layers when none has active dropout, else the frozen
-    ones), records the frozen layers' output in `generate()` (or in a fused-head pass without gradients over sequences
-    it did not produce) and replays it in TRL's fused-head passes over the same sequences. Build it with
-    `replay_frozen_prefix`; `shared_prefills` counts the generations whose prefill was shared, `shared_layers` the
+    """The shared prefill and the frozen-layer replay of the module docstring, on one model; build it with
+    `replay_frozen_prefix`. `shared_prefills` counts the generations whose prefill was shared, `shared_layers` the
     decoder layers the last shared prefill covered, `replayed` and `computed` the fused-head passes that used the
     recording and those that ran every layer."""
 
@@ -306,10 +304,7 @@ class FrozenPrefixReplay:
         rows = matches.int().argmax(dim=-1)
         hidden_states = recording.hidden_states[rows, :length]
         if hidden_states.shape[1] < length:
-            missing = hidden_states.new_zeros(
-                hidden_states.shape[0], length - hidden_states.shape[1], *hidden_states.shape[2:]
-            )
-            hidden_states = torch.cat([hidden_states, missing], dim=1)
+            hidden_states = torch.nn.functional.pad(hidden_states, (0, 0, 0, length - hidden_states.shape[1]))
         return hidden_states
 
     def _forward(self, forward, *args, **kwargs):
@@ -378,8 +373,7 @@ def replay_blockers(model: torch.nn.Module) -> list[str]:
     blockers = [f"dropout in the frozen layers: {found}" for found in active_dropout(model, layers[:first_trainable])]
     if any(getattr(module, "gradient_checkpointing", False) for module in model.modules()):
         blockers.append("gradient checkpointing")
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    if distributed and torch.distributed.get_world_size() > 1:
+    if world_size() > 1:
         blockers.append("several processes")
     return blockers
 

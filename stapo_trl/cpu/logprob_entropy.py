@@ -70,11 +70,6 @@ class _Transform:
             out.mul_(self.inverse_temperature)
         return out
 
-    @property
-    def chain_scale(self) -> float:
-        """``dz / d(projection)`` without the softcap's factor."""
-        return self.inverse_temperature * self.logit_scale
-
     def softcap_derivative(self, z, out):
         """``1 - tanh^2``, the softcap's factor of ``dz / d(projection)``, from the transformed logits ``z``."""
         torch.mul(z, 1.0 / (self.softcap * self.inverse_temperature), out=out)
@@ -156,8 +151,36 @@ class CPULogProbEntropy(torch.autograd.Function):
         grad_bias = torch.zeros_like(bias) if needs_bias else None
         projection = kept if kept is not None else hidden.new_empty((rows, vocab))
         slab = min(SLAB_ROWS, rows)
+        # dz / d(projection) without the softcap's factor
+        scale = transform.inverse_temperature * transform.logit_scale
         probs_buffer = hidden.new_empty((slab, vocab)) if grad_entropies is not None else None
         softcap_buffer = hidden.new_empty((slab, vocab)) if transform.softcap is not None else None
+
+        def logit_gradient_(z: torch.Tensor, tokens: slice) -> torch.Tensor:
+            """Overwrite the transformed logits ``z`` of the ``tokens`` with the loss's gradient with respect to
+            the projection. ``d log p_y / dz = onehot(y) - p`` and ``d H / dz = -p (log p + H)``. With ``a = g_logp *
+            s`` and ``b = g_H * s``, where ``s`` is the transform's scale, the gradient is ``onehot(y) a - p (b (log p
+            + H) + a)``, times the softcap's factor when there is one."""
+            count = tokens.stop - tokens.start
+            softcap_factor = (
+                None if softcap_buffer is None else transform.softcap_derivative(z, softcap_buffer[:count])
+            )
+            slab_log_partition = log_partition[tokens].unsqueeze(-1)
+            target_weight = None if grad_log_probs is None else grad_log_probs[tokens].unsqueeze(-1) * scale
+            if grad_entropies is not None:
+                probs = torch.sub(z, slab_log_partition, out=probs_buffer[:count]).exp_()
+                grad = z.sub_(slab_log_partition - entropies[tokens].unsqueeze(-1))
+                grad.mul_(grad_entropies[tokens].unsqueeze(-1) * -scale)
+                if target_weight is not None:
+                    grad.sub_(target_weight)
+                grad.mul_(probs)
+            else:
+                grad = z.sub_(slab_log_partition).exp_().mul_(-target_weight)
+            if target_weight is not None:
+                grad.scatter_add_(-1, targets[tokens].unsqueeze(-1), target_weight)
+            if softcap_factor is not None:
+                grad.mul_(softcap_factor)
+            return grad
 
         for start in range(0, num_tokens, rows):
             end = min(start + rows, num_tokens)
@@ -165,18 +188,7 @@ class CPULogProbEntropy(torch.autograd.Function):
             if kept is None:
                 transform.project(hidden[start:end], weight, bias, block)
             for slab_start, slab_end in _slabs(start, end):
-                z = block[slab_start - start : slab_end - start]
-                _logit_gradient_(
-                    z,
-                    transform,
-                    log_partition[slab_start:slab_end],
-                    entropies[slab_start:slab_end] if grad_entropies is not None else None,
-                    targets[slab_start:slab_end],
-                    None if grad_log_probs is None else grad_log_probs[slab_start:slab_end],
-                    None if grad_entropies is None else grad_entropies[slab_start:slab_end],
-                    None if probs_buffer is None else probs_buffer[: slab_end - slab_start],
-                    None if softcap_buffer is None else softcap_buffer[: slab_end - slab_start],
-                )
+                logit_gradient_(block[slab_start - start : slab_end - start], slice(slab_start, slab_end))
             if grad_hidden is not None:
                 torch.mm(block, weight, out=grad_hidden[start:end])
             if grad_weight is not None:
@@ -185,34 +197,6 @@ class CPULogProbEntropy(torch.autograd.Function):
                 grad_bias.add_(block.sum(dim=0))
 
         return (grad_hidden, grad_weight, grad_bias, *nothing[3:])
-
-
-def _logit_gradient_(
-    z, transform, log_partition, entropies, targets, grad_log_probs, grad_entropies, probs_buffer, softcap_buffer
-):
-    """Overwrite the transformed logits ``z`` ``[n, V]`` with the loss's gradient with respect to the projection.
-
-    ``d log p_y / dz = onehot(y) - p`` and ``d H / dz = -p (log p + H)``. With ``a = g_logp * s`` and ``b = g_H * s``,
-    where ``s`` is the transform's scale, the gradient is ``onehot(y) a - p (b (log p + H) + a)``, times the softcap's
-    factor when there is one.
-    """
-    scale = transform.chain_scale
-    softcap_factor = None if softcap_buffer is None else transform.softcap_derivative(z, softcap_buffer)
-    log_partition = log_partition.unsqueeze(-1)
-    target_weight = None if grad_log_probs is None else grad_log_probs.unsqueeze(-1) * scale
-    if grad_entropies is not None:
-        probs = torch.sub(z, log_partition, out=probs_buffer).exp_()
-        grad = z.sub_(log_partition - entropies.unsqueeze(-1)).mul_(grad_entropies.unsqueeze(-1) * -scale)
-        if target_weight is not None:
-            grad.sub_(target_weight)
-        grad.mul_(probs)
-    else:
-        grad = z.sub_(log_partition).exp_().mul_(-target_weight)
-    if target_weight is not None:
-        grad.scatter_add_(-1, targets.unsqueeze(-1), target_weight)
-    if softcap_factor is not None:
-        grad.mul_(softcap_factor)
-    return grad
 
 
 def cpu_logprob_entropy(

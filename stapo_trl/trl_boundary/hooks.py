@@ -1,10 +1,7 @@
-"""The hooks `STAPOTrainer` overrides, over TRL 1.16's private methods, and the small helpers that read TRL's and
-transformers' internals.
-
-`HookedGRPOTrainer` is `GRPOTrainer` with each private method stapo-trl extends turned into a public hook whose
-default is TRL's own behaviour. The functions below each touch one private name (a sampler's generator, the config's
-``_name_or_path``, a vLLM weight iterator, the decoder-layer loop) so that the rest of the package does not. Every
-assumption they make is one `Seam` in `stapo_trl.trl_boundary.drift_checks`.
+"""The hooks `STAPOTrainer` overrides, over TRL 1.16's private methods (`HookedGRPOTrainer`), and the small helpers
+that each touch one private name of TRL or transformers (a sampler's generator, the config's ``_name_or_path``, a vLLM
+weight iterator, the decoder-layer loop) so that the rest of the package does not. Every assumption they make is one
+`Seam` in `stapo_trl.trl_boundary.drift_checks`.
 """
 
 from __future__ import annotations
@@ -62,27 +59,11 @@ class HookedGRPOTrainer(GRPOTrainer):
         """TRL's ``_get_per_token_logps_and_entropies``: ``(log_probs, entropies or None, aux_loss)`` of the last
         ``logits_to_keep`` positions. TRL calls it for the loss, the old-log-prob pass and the reference pass."""
         return super()._get_per_token_logps_and_entropies(
-            model,
-            input_ids,
-            attention_mask,
-            logits_to_keep,
-            batch_size=batch_size,
-            compute_entropy=compute_entropy,
-            **kwargs,
+            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, **kwargs
         )
 
-    def _get_per_token_logps_and_entropies(
-        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, **kwargs
-    ):
-        return self.per_token_logps_and_entropies(
-            model,
-            input_ids,
-            attention_mask,
-            logits_to_keep,
-            batch_size=batch_size,
-            compute_entropy=compute_entropy,
-            **kwargs,
-        )
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        return self.per_token_logps_and_entropies(*args, **kwargs)
 
     def generate_and_score_completions(self, inputs) -> dict[str, Any]:
         """TRL's ``_generate_and_score_completions``: sample, score and compute advantages for one generation batch."""

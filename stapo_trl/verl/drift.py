@@ -40,16 +40,6 @@ class VerlDependency:
     check: Callable[[], list[str]]
 
 
-def probe_config(loss_mode: str = PROBE_LOSS_MODE, loss_agg_mode: str = "token-mean") -> ActorConfig:
-    return ActorConfig(
-        strategy="fsdp",
-        rollout_n=1,
-        ppo_micro_batch_size_per_gpu=1,
-        loss_agg_mode=loss_agg_mode,
-        policy_loss=PolicyLossConfig(loss_mode=loss_mode),
-    )
-
-
 def probe_tensors() -> dict[str, torch.Tensor]:
     """Two responses of lengths 3 and 2, in float64."""
     generator = torch.Generator().manual_seed(0)
@@ -62,13 +52,28 @@ def probe_tensors() -> dict[str, torch.Tensor]:
     }
 
 
-def _run_ppo_loss(loss_mode: str, loss_agg_mode: str = "token-mean"):
-    tensors = probe_tensors()
-    data = actor_mini_batch(tensors["log_probs"], tensors["advantages"], tensors["mask"])
-    (micro_batch,) = actor_micro_batches(data, micro_batch_size=2)
-    output = model_output(micro_batch.data, tensors["log_probs"], tensors["entropy"])
-    loss, metrics = ppo_loss(probe_config(loss_mode, loss_agg_mode), output, micro_batch.data)
-    return tensors, loss, metrics
+def _run_ppo_loss(loss_mode: str = PROBE_LOSS_MODE, probe=None):
+    """verl's ``ppo_loss`` on `probe_tensors` with the policy loss ``loss_mode``, or ``probe`` registered for the
+    call."""
+    if probe is not None:
+        register_policy_loss(PROBE_LOSS_MODE)(probe)
+    try:
+        tensors = probe_tensors()
+        data = actor_mini_batch(tensors["log_probs"], tensors["advantages"], tensors["mask"])
+        (micro_batch,) = actor_micro_batches(data, micro_batch_size=2)
+        output = model_output(micro_batch.data, tensors["log_probs"], tensors["entropy"])
+        policy_loss = PolicyLossConfig(loss_mode=loss_mode)
+        config = ActorConfig(
+            strategy="fsdp",
+            rollout_n=1,
+            ppo_micro_batch_size_per_gpu=1,
+            loss_agg_mode="token-mean",
+            policy_loss=policy_loss,
+        )
+        loss, metrics = ppo_loss(config, output, micro_batch.data)
+        return tensors, loss, metrics
+    finally:
+        POLICY_LOSS_REGISTRY.pop(PROBE_LOSS_MODE, None)
 
 
 def check_version() -> list[str]:
@@ -87,13 +92,10 @@ def check_policy_loss_call() -> list[str]:
         seen.update(arguments)
         return arguments["log_prob"].sum() * 0, {}
 
-    register_policy_loss(PROBE_LOSS_MODE)(probe)
     try:
-        _run_ppo_loss(PROBE_LOSS_MODE)
+        _run_ppo_loss(probe=probe)
     except Exception as error:  # noqa: BLE001 - any failure of verl's own code is the finding
         return [f"ppo_loss failed to call a registered policy loss by keyword: {error!r}"]
-    finally:
-        POLICY_LOSS_REGISTRY.pop(PROBE_LOSS_MODE, None)
     if tuple(seen) != POLICY_LOSS_ARGUMENTS:
         return [f"ppo_loss passes {tuple(seen)} to the policy loss, not {POLICY_LOSS_ARGUMENTS}"]
     return []
@@ -109,13 +111,10 @@ def check_entropy_local() -> list[str]:
         read["log_prob"] = log_prob
         return log_prob.sum() * 0, {}
 
-    register_policy_loss(PROBE_LOSS_MODE)(probe)
     try:
-        tensors, _, _ = _run_ppo_loss(PROBE_LOSS_MODE)
+        tensors, _, _ = _run_ppo_loss(probe=probe)
     except Exception as error:  # noqa: BLE001
         return [f"the entropy could not be read from ppo_loss: {error!r}"]
-    finally:
-        POLICY_LOSS_REGISTRY.pop(PROBE_LOSS_MODE, None)
     problems = []
     if not torch.equal(read["entropy"], tensors["entropy"] * tensors["mask"]):
         problems.append("ppo_loss's local 'entropy' is not the padded per-token entropy of the model output")
