@@ -8,6 +8,7 @@ import textwrap
 
 from ..methods import METHOD_NAMES
 from ..token_rules import switched_rules
+from .recipe import make_train_parser
 
 # The evaluation package is imported by `eval_help` only, so that `stapo-trl train -h` does not load it.
 
@@ -104,6 +105,17 @@ def short_help() -> str:
         "  stapo-trl train --config RECIPE.yaml --method grpo --seed 1 --output_dir outputs/grpo-seed1",
     ]
     return "\n".join(lines)
+
+
+def train_help(argv: list[str]) -> bool:
+    """Print ``train -h``, or for ``--help-all`` the parser's listing of every option, if ``argv`` asks for it."""
+    if HELP_ALL_FLAG in argv:
+        make_train_parser().print_help()
+    elif "-h" in argv or "--help" in argv:
+        print(short_help())
+    else:
+        return False
+    return True
 
 
 EVAL_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
