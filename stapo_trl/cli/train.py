@@ -40,7 +40,7 @@ from .heldout import heldout_metrics, log_at_train_begin, log_metrics
 from .model_checks import load_checked_tokenizer_and_config
 from .plan import format_plan
 from .preflight import VLLM_MISSING, OutputDirLock, check_output_dir, check_vllm, vllm_installed
-from .recipe import RecipeError, TrainRequest, is_launched, parse_train_args
+from .recipe import RecipeError, TrainRequest, is_launched, parse_train_args, split_flags
 from .run_summary import DATASET_DESCRIPTIONS, console_summary, plot_model_name, record_finished_run
 
 # `stapo-trl train -h` is answered before this module is imported (`stapo_trl.cli.help.train_help`). The trainer, the
@@ -357,13 +357,13 @@ def train_and_summarize(request: TrainRequest) -> RunRecord | None:
             model_path, script.lora_layers, model_args.model_revision, training.trust_remote_code
         )
 
-    model_init_kwargs = {
+    training.model_init_kwargs = {
         "revision": model_args.model_revision,
         "trust_remote_code": training.trust_remote_code,
         "attn_implementation": model_args.attn_implementation,
         "dtype": model_args.dtype,
+        **(training.model_init_kwargs or {}),
     }
-    training.model_init_kwargs = {**model_init_kwargs, **(training.model_init_kwargs or {})}
     trainer = STAPOTrainer(
         model=model_path,
         reward_funcs=reward_funcs,
@@ -396,9 +396,8 @@ def train_and_summarize(request: TrainRequest) -> RunRecord | None:
     interrupt = StopAtCheckpointOnSignal()
     trainer.add_callback(interrupt)
 
-    accuracy_before = evaluate("before") if heldout is not None else None
-    if accuracy_before is not None:
-        trainer.add_callback(log_at_train_begin(trainer, heldout_metrics(accuracy_before)))
+    if heldout is not None:
+        trainer.add_callback(log_at_train_begin(trainer, heldout_metrics(evaluate("before"))))
     training_started = time.perf_counter()
     try:
         trainer.train(resume_from_checkpoint=training.resume_from_checkpoint)
@@ -407,9 +406,8 @@ def train_and_summarize(request: TrainRequest) -> RunRecord | None:
     if interrupt.interrupted:
         raise TrainingInterrupted(trainer.state.global_step, interrupt.signal_received)
     seconds_training = time.perf_counter() - training_started
-    accuracy_after = evaluate("after") if heldout is not None else None
-    if accuracy_after is not None:
-        log_metrics(trainer, heldout_metrics(accuracy_after))
+    if heldout is not None:
+        log_metrics(trainer, heldout_metrics(evaluate("after")))
 
     output_dir = Path(training.output_dir)
     save_final_model(trainer, output_dir, base_model)
@@ -468,14 +466,7 @@ RESUME_FLAGS = ("--resume_from_checkpoint", "--overwrite_output_dir")
 
 def resume_command(request: TrainRequest) -> str:
     """The command that continues ``request``'s run from its newest complete checkpoint."""
-    kept, skip = [], False
-    for token in request.argv:
-        if skip:
-            skip = False
-        elif token in RESUME_FLAGS:
-            skip = True
-        elif not token.startswith(tuple(f"{flag}=" for flag in RESUME_FLAGS)):
-            kept.append(token)
+    kept = split_flags(request.argv, RESUME_FLAGS)[1]
     extra = ["--resume_from_checkpoint", "last"]
     if request.script.overwrite_output_dir:
         extra += ["--overwrite_output_dir", "false"]
