@@ -54,6 +54,10 @@ def _run(command: str, argv: list[str]) -> int:
         from ..cpu.environment import set_cpu_environment
 
         set_cpu_environment()
+        from .help import train_help
+
+        if train_help(argv):
+            return 0
         from .train import train_command
 
         return train_command(argv)

@@ -11,96 +11,75 @@ from ..methods import METHOD_NAMES
 from ..rewards import available_rewards
 
 
+def _option(default, help: str, **metadata):
+    """A field whose ``help`` (and ``choices``) TRL's parser shows."""
+    return field(default=default, metadata={"help": help, **metadata})
+
+
 @dataclass
 class TrainScriptArguments:
     """Arguments of `stapo-trl train` that are not training or model arguments (`--help-all` prints each field's
     help)."""
 
-    method: str = field(
-        default="stapo",
-        metadata={
-            "help": f"The method: {', '.join(METHOD_NAMES)}. Sets that method's defaults; keys in the recipe "
-            "or on the command line override them.",
-            "choices": list(METHOD_NAMES),
-        },
+    method: str = _option(
+        "stapo",
+        f"The method: {', '.join(METHOD_NAMES)}. Sets that method's defaults; keys in the recipe "
+        "or on the command line override them.",
+        choices=list(METHOD_NAMES),
     )
-    dataset_name: str = field(
-        default=DAPO_MATH_HUB_ID,
-        metadata={
-            "help": "DAPO-Math-17K as a Hub id or local path (verl or open-r1 schema), 'sample' for the rows shipped "
-            "with stapo-trl, or 'arithmetic' for the built-in generator of arithmetic word problems."
-        },
+    dataset_name: str = _option(
+        DAPO_MATH_HUB_ID,
+        "DAPO-Math-17K as a Hub id or local path (verl or open-r1 schema), 'sample' for the rows shipped "
+        "with stapo-trl, or 'arithmetic' for the built-in generator of arithmetic word problems.",
     )
-    dataset_config: str | None = field(default=None, metadata={"help": "Hub config name of the dataset."})
-    dataset_train_split: str = field(default="train", metadata={"help": "The split to train on."})
-    prompt_style: str = field(
-        default="boxed",
-        metadata={
-            "help": "'boxed': answer in \\boxed{} (STAPO, JustRL). 'dapo': an 'Answer:' line (DAPO). A style "
-            "paired with the other style's reward is refused.",
-            "choices": list(PROMPT_STYLES),
-        },
+    dataset_config: str | None = _option(None, "Hub config name of the dataset.")
+    dataset_train_split: str = _option("train", "The split to train on.")
+    prompt_style: str = _option(
+        "boxed",
+        "'boxed': answer in \\boxed{} (STAPO, JustRL). 'dapo': an 'Answer:' line (DAPO). A style "
+        "paired with the other style's reward is refused.",
+        choices=list(PROMPT_STYLES),
     )
-    system_prompt: str | None = field(default=None, metadata={"help": "A system message put before every prompt."})
-    dedupe: bool = field(
-        default=True,
-        metadata={"help": "Keep one row per problem (the Hub file of DAPO-Math-17K repeats each ~100 times)."},
+    system_prompt: str | None = _option(None, "A system message put before every prompt.")
+    dedupe: bool = _option(True, "Keep one row per problem (the Hub file of DAPO-Math-17K repeats each ~100 times).")
+    max_prompt_tokens: int | None = _option(
+        None,
+        "Drop problems whose chat-formatted prompt is longer than this many tokens (verl's "
+        "filter_overlong_prompts; TRL 1.x has no max_prompt_length).",
     )
-    max_prompt_tokens: int | None = field(
-        default=None,
-        metadata={
-            "help": "Drop problems whose chat-formatted prompt is longer than this many tokens (verl's "
-            "filter_overlong_prompts; TRL 1.x has no max_prompt_length)."
-        },
+    num_fewshot: int = _option(
+        0,
+        "For 'arithmetic': worked examples (0 to 3) put before each problem as earlier chat turns; they "
+        "show the answer format, so the style's instruction wrapper is left out.",
     )
-    num_fewshot: int = field(
-        default=0,
-        metadata={
-            "help": "For 'arithmetic': worked examples (0 to 3) put before each problem as earlier chat turns; they "
-            "show the answer format, so the style's instruction wrapper is left out."
-        },
+    num_train_problems: int | None = _option(
+        None, "For 'arithmetic': how many problems to generate. Otherwise: train on a random subset of this size."
     )
-    num_train_problems: int | None = field(
-        default=None,
-        metadata={
-            "help": "For 'arithmetic': how many problems to generate. Otherwise: train on a random subset of this "
-            "size."
-        },
+    heldout_problems: int = _option(
+        0,
+        "Problems kept out of training and scored with greedy decoding (first reward function) before "
+        "and after training. 0 turns this off.",
     )
-    heldout_problems: int = field(
-        default=0,
-        metadata={
-            "help": "Problems kept out of training and scored with greedy decoding (first reward function) before "
-            "and after training. 0 turns this off."
-        },
+    heldout_max_new_tokens: int | None = _option(
+        None, "Token budget of the held-out greedy evaluation; defaults to max_completion_length."
     )
-    heldout_max_new_tokens: int | None = field(
-        default=None,
-        metadata={"help": "Token budget of the held-out greedy evaluation; defaults to max_completion_length."},
+    lora_layers: int | None = _option(
+        None,
+        "With use_peft: put the LoRA adapters on the last this many transformer layers only (PEFT's "
+        "layers_to_transform); the backward pass stops at the first adapted layer, which makes a step cheaper.",
     )
-    lora_layers: int | None = field(
-        default=None,
-        metadata={
-            "help": "With use_peft: put the LoRA adapters on the last this many transformer layers only (PEFT's "
-            "layers_to_transform); the backward pass stops at the first adapted layer, which makes a step cheaper."
-        },
+    cpu_lm_head: bool = _option(
+        True,
+        "On the CPU, run TRL's fused LM head with stapo-trl's CPU path (stapo_trl.cpu.lm_head; same "
+        "results to float tolerance, a fraction of the time and memory); false keeps TRL's torch fallback. No "
+        "effect on GPUs.",
     )
-    cpu_lm_head: bool = field(
-        default=True,
-        metadata={
-            "help": "On the CPU, run TRL's fused LM head with stapo-trl's CPU path (stapo_trl.cpu.lm_head; same "
-            "results to float tolerance, a fraction of the time and memory); false keeps TRL's torch fallback. No "
-            "effect on GPUs."
-        },
-    )
-    replay_frozen_layers: bool = field(
-        default=True,
-        metadata={
-            "help": "On the CPU, let the loss pass reuse the frozen bottom layers' hidden states from generate() "
-            "(with colocated vLLM: from TRL's old-log-prob pass) instead of running those layers again "
-            "(stapo_trl.cpu.frozen_layer_replay; same results up to float rounding); false runs every layer. No "
-            "effect on GPUs."
-        },
+    replay_frozen_layers: bool = _option(
+        True,
+        "On the CPU, let the loss pass reuse the frozen bottom layers' hidden states from generate() "
+        "(with colocated vLLM: from TRL's old-log-prob pass) instead of running those layers again "
+        "(stapo_trl.cpu.frozen_layer_replay; same results up to float rounding); false runs every layer. No "
+        "effect on GPUs.",
     )
     reward_funcs: list[str] = field(
         default_factory=lambda: ["boxed"],
@@ -109,23 +88,18 @@ class TrainScriptArguments:
             "(my_package.rewards.my_reward)."
         },
     )
-    reward_model_name_or_path: str | None = field(
-        default=None,
-        metadata={
-            "help": "A reward model (Hub id or local directory of a sequence-classification model), added after "
-            "reward_funcs, as trl grpo does."
-        },
+    reward_model_name_or_path: str | None = _option(
+        None,
+        "A reward model (Hub id or local directory of a sequence-classification model), added after "
+        "reward_funcs, as trl grpo does.",
     )
-    dry_run: bool = field(
-        default=False,
-        metadata={"help": "Resolve the recipe, print the plan and exit without loading the model or the data."},
+    dry_run: bool = _option(
+        False, "Resolve the recipe, print the plan and exit without loading the model or the data."
     )
-    overwrite_output_dir: bool = field(
-        default=False,
-        metadata={
-            "help": "Start afresh in an output_dir that holds an earlier run: its checkpoints and run files are "
-            "deleted first. Without it such an output_dir is refused, unless resume_from_checkpoint continues it."
-        },
+    overwrite_output_dir: bool = _option(
+        False,
+        "Start afresh in an output_dir that holds an earlier run: its checkpoints and run files are "
+        "deleted first. Without it such an output_dir is refused, unless resume_from_checkpoint continues it.",
     )
 
     def __post_init__(self):

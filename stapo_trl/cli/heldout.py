@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from transformers import Trainer, TrainerCallback
+
 from ..file_and_metric_names import HELDOUT_RESULTS_FILE
 from ..run_record import HELDOUT_METRICS
 from ..storage import write_text_atomically
@@ -22,14 +24,11 @@ def heldout_metrics(result: dict[str, Any]) -> dict[str, float]:
 def log_metrics(trainer, metrics: dict[str, float]) -> None:
     """Log ``metrics`` at the trainer's current step through transformers' `Trainer.log`: into the log history and
     the ``report_to`` trackers, without TRL's averaging of its own training metrics."""
-    from transformers import Trainer  # not at the top: `stapo-trl train -h` loads no transformers
-
     Trainer.log(trainer, dict(metrics))
 
 
 def log_at_train_begin(trainer, metrics: dict[str, float]):
     """A callback that logs ``metrics`` at step 0 of a fresh run (a resumed run starts later and logs nothing)."""
-    from transformers import TrainerCallback
 
     class LogAtTrainBegin(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
@@ -42,7 +41,7 @@ def log_at_train_begin(trainer, metrics: dict[str, float]):
 def write_heldout_results(output_dir: Path, heldout, results: dict) -> Path:
     """``output_dir/heldout_results.jsonl``: each held-out problem with its greedy result before and after training,
     for paired comparisons between runs. Written whole to a temporary file, then renamed into place."""
-    from ..evaluation.greedy import per_problem_records  # the evaluation package loads transformers
+    from ..evaluation.greedy import per_problem_records  # not at the top: `--dry_run` loads no evaluation package
 
     records = per_problem_records(heldout, results)
     return write_text_atomically(output_dir / HELDOUT_RESULTS_FILE, "".join(json.dumps(r) + "\n" for r in records))

@@ -8,103 +8,79 @@ import textwrap
 
 from ..methods import METHOD_NAMES
 from ..token_rules import switched_rules
+from .recipe import make_train_parser
 
 # The evaluation package is imported by `eval_help` only, so that `stapo-trl train -h` does not load it.
 
 HELP_ALL_FLAG = "--help-all"
 
-GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
-    (
-        "recipe and run",
-        (
-            ("config", "a YAML recipe; flags on the command line override its keys"),
-            ("method", f"{' | '.join(METHOD_NAMES)}: sets that method's defaults"),
-            ("dry_run", "print the resolved plan (batch sizes, launch) and exit without loading anything"),
-            ("output_dir", "where checkpoints, metrics.jsonl, the model card and run_summary.json go"),
-            ("overwrite_output_dir", "start afresh in an output_dir that holds an earlier run (it is deleted)"),
-            ("resume_from_checkpoint", "'last' (the newest complete checkpoint of output_dir) or a checkpoint-N dir"),
-            ("max_steps", "optimizer steps to train"),
-            ("seed", "random seed of data order, sampling and initialization"),
+GROUPS: dict[str, dict[str, str]] = {
+    "recipe and run": {
+        "config": "a YAML recipe; flags on the command line override its keys",
+        "method": f"{' | '.join(METHOD_NAMES)}: sets that method's defaults",
+        "dry_run": "print the resolved plan (batch sizes, launch) and exit without loading anything",
+        "output_dir": "where checkpoints, metrics.jsonl, the model card and run_summary.json go",
+        "overwrite_output_dir": "start afresh in an output_dir that holds an earlier run (it is deleted)",
+        "resume_from_checkpoint": "'last' (the newest complete checkpoint of output_dir) or a checkpoint-N dir",
+        "max_steps": "optimizer steps to train",
+        "seed": "random seed of data order, sampling and initialization",
+    },
+    "model": {
+        "model_name_or_path": "a Hub id, a saved model directory, or a .gguf file",
+        "dtype": "float32, bfloat16 or float16",
+        "use_peft": "train a LoRA adapter instead of the full model",
+        "lora_r": "LoRA rank",
+        "lora_layers": "with use_peft: adapt only the last this many layers",
+        "cpu_lm_head": "on the CPU, stapo-trl's fast path for TRL's fused LM head (default true)",
+        "replay_frozen_layers": "on the CPU, reuse the frozen layers' states in the loss (default true)",
+    },
+    "data and rewards": {
+        "dataset_name": "DAPO-Math-17K (Hub id or local file), 'sample', or 'arithmetic'",
+        "prompt_style": "boxed (answer in \\boxed{}) or dapo (an 'Answer:' line)",
+        "reward_funcs": "registered rewards (boxed, dapo, math_verify, ...) or dotted import paths",
+        "reward_model_name_or_path": "a reward model (Hub id or path), added after reward_funcs, as trl grpo",
+        "num_train_problems": "train on this many problems",
+        "heldout_problems": "score this many held-out problems greedily before and after training",
+    },
+    "token rules": {
+        "shadow_token_rules": "rules to compute and log without applying them, e.g. [s2t] with method grpo",
+        "token_stats_source": "generation (the sampling policy) or loss (the policy being optimized)",
+        "dump_silenced_tokens": (
+            "write sampled silenced tokens in context (at most dump_tokens_per_step a step) to a file"
         ),
-    ),
-    (
-        "model",
-        (
-            ("model_name_or_path", "a Hub id, a saved model directory, or a .gguf file"),
-            ("dtype", "float32, bfloat16 or float16"),
-            ("use_peft", "train a LoRA adapter instead of the full model"),
-            ("lora_r", "LoRA rank"),
-            ("lora_layers", "with use_peft: adapt only the last this many layers"),
-            ("cpu_lm_head", "on the CPU, stapo-trl's fast path for TRL's fused LM head (default true)"),
-            ("replay_frozen_layers", "on the CPU, reuse the frozen layers' states in the loss (default true)"),
-        ),
-    ),
-    (
-        "data and rewards",
-        (
-            ("dataset_name", "DAPO-Math-17K (Hub id or local file), 'sample', or 'arithmetic'"),
-            ("prompt_style", "boxed (answer in \\boxed{}) or dapo (an 'Answer:' line)"),
-            ("reward_funcs", "registered rewards (boxed, dapo, math_verify, ...) or dotted import paths"),
-            ("reward_model_name_or_path", "a reward model (Hub id or path), added after reward_funcs, as trl grpo"),
-            ("num_train_problems", "train on this many problems"),
-            ("heldout_problems", "score this many held-out problems greedily before and after training"),
-        ),
-    ),
-    (
-        "token rules",
-        (
-            ("shadow_token_rules", "rules to compute and log without applying them, e.g. [s2t] with method grpo"),
-            ("token_stats_source", "generation (the sampling policy) or loss (the policy being optimized)"),
-            (
-                "dump_silenced_tokens",
-                "write sampled silenced tokens in context (at most dump_tokens_per_step a step) to a file",
-            ),
-        ),
-    ),
-    (
-        "batch and optimization",
-        (
-            ("per_device_train_batch_size", "completions per device per micro-batch"),
-            ("num_generations", "completions per prompt (the group)"),
-            ("gradient_accumulation_steps", "micro-batches per optimizer step"),
-            ("steps_per_generation", "micro-batches per generation (a multiple of gradient_accumulation_steps)"),
-            ("learning_rate", "peak learning rate"),
-            ("loss_type", "dapo (the paper's), grpo, bnpo, dr_grpo, ..."),
-        ),
-    ),
-    (
-        "generation",
-        (
-            ("temperature", "sampling temperature; p and H are taken under it"),
-            ("max_completion_length", "tokens per completion"),
-            ("use_vllm", "generate with vLLM (GPU)"),
-            ("vllm_mode", "colocate or server"),
-        ),
-    ),
-    (
-        "launch and logging",
-        (
-            ("num_processes", "processes to launch with accelerate (one per GPU)"),
-            ("accelerate_config", "an accelerate config file, or a shipped name such as zero3"),
-            ("report_to", "none, wandb, tensorboard, ..."),
-            ("push_to_hub", "upload the model and its card to the Hub"),
-        ),
-    ),
-)
-"""(group title, ((option, one-line description), ...)). Each token rule adds its own group (its spec's
+    },
+    "batch and optimization": {
+        "per_device_train_batch_size": "completions per device per micro-batch",
+        "num_generations": "completions per prompt (the group)",
+        "gradient_accumulation_steps": "micro-batches per optimizer step",
+        "steps_per_generation": "micro-batches per generation (a multiple of gradient_accumulation_steps)",
+        "learning_rate": "peak learning rate",
+        "loss_type": "dapo (the paper's), grpo, bnpo, dr_grpo, ...",
+    },
+    "generation": {
+        "temperature": "sampling temperature; p and H are taken under it",
+        "max_completion_length": "tokens per completion",
+        "use_vllm": "generate with vLLM (GPU)",
+        "vllm_mode": "colocate or server",
+    },
+    "launch and logging": {
+        "num_processes": "processes to launch with accelerate (one per GPU)",
+        "accelerate_config": "an accelerate config file, or a shipped name such as zero3",
+        "report_to": "none, wandb, tensorboard, ...",
+        "push_to_hub": "upload the model and its card to the Hub",
+    },
+}
+"""{group title: {option: one-line description}}. Each token rule adds its own group (its spec's
 ``presentation.help_title`` and ``presentation.help_options``) after "data and rewards". A test checks that every
 option exists."""
 
 
-def option_groups() -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
+def option_groups() -> list[tuple[str, tuple[tuple[str, str], ...]]]:
     """The groups of ``train -h``: the fixed ones, with each token rule's group after "data and rewards"."""
-    rules = tuple(
-        (spec.presentation.help_title, spec.presentation.help_options)
-        for spec in switched_rules()
-        if spec.presentation.help_title
-    )
-    split = next(index for index, (title, _) in enumerate(GROUPS) if title == "data and rewards") + 1
-    return GROUPS[:split] + rules + GROUPS[split:]
+    groups = [(title, tuple(options.items())) for title, options in GROUPS.items()]
+    split = list(GROUPS).index("data and rewards") + 1
+    rules = [(spec.presentation.help_title, spec.presentation.help_options) for spec in switched_rules()]
+    return groups[:split] + [rule for rule in rules if rule[0]] + groups[split:]
 
 
 WIDTH = 30
@@ -129,6 +105,17 @@ def short_help() -> str:
         "  stapo-trl train --config RECIPE.yaml --method grpo --seed 1 --output_dir outputs/grpo-seed1",
     ]
     return "\n".join(lines)
+
+
+def train_help(argv: list[str]) -> bool:
+    """Print ``train -h``, or for ``--help-all`` the parser's listing of every option, if ``argv`` asks for it."""
+    if HELP_ALL_FLAG in argv:
+        make_train_parser().print_help()
+    elif "-h" in argv or "--help" in argv:
+        print(short_help())
+    else:
+        return False
+    return True
 
 
 EVAL_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (

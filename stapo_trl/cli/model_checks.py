@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from transformers import AutoConfig, AutoTokenizer
+
 from ..model_paths import looks_like_path
 from .recipe import RecipeError
-
-# transformers is imported where a model is checked, so that `stapo-trl train -h` loads none.
 
 SHARD_INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 NOT_GENERATIVE_HEADS = (
@@ -93,8 +93,6 @@ def check_chat_template(tokenizer, name: str) -> None:
 
 def load_checked_tokenizer_and_config(model_path: str, name: str, *, revision, trust_remote_code: bool):
     """The tokenizer and config of the policy, after every check above; Hub and cache misses are named."""
-    from transformers import AutoConfig, AutoTokenizer
-
     check_shards(model_path)
     try:
         config = AutoConfig.from_pretrained(model_path, revision=revision, trust_remote_code=trust_remote_code)

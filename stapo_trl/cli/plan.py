@@ -16,8 +16,7 @@ class BatchPlan:
 
     A generation samples `completions_per_generation` completions (`num_generations` per prompt); they are split into
     micro-batches of `per_device_train_batch_size` on each process, and every `gradient_accumulation_steps`
-    micro-batches make one optimizer step. TRL reuses a generation `num_iterations` times.
-    """
+    micro-batches make one optimizer step. TRL reuses a generation `num_iterations` times."""
 
     world_size: int
     per_device_train_batch_size: int
@@ -52,8 +51,7 @@ def batch_plan(config: Any, *, world_size: int, generation_batch_size_given: boo
 
     `config` may have been built in a process of another size (a dry run on a laptop for an 8-GPU node), so its
     derived `steps_per_generation` is recomputed here: from `generation_batch_size` when the recipe gave that, and
-    taken as given otherwise. Raises `ValueError` when the sizes do not divide, naming the values to change.
-    """
+    taken as given otherwise. Raises `ValueError` when the sizes do not divide, naming the values to change."""
     if world_size < 1:
         raise ValueError(f"The world size must be at least 1 process, got {world_size}.")
     per_device = config.per_device_train_batch_size
@@ -188,16 +186,15 @@ def format_plan(request: Any) -> str:
         head = "stapo-trl's CPU LM head" if script.cpu_lm_head else "TRL's torch fallback of its fused LM head"
         precision += f", CPU ({head}; {describe_frozen_layer_replay(training, script, plan.world_size)})"
     stop = f"{training.max_steps} optimizer steps" if training.max_steps > 0 else f"{training.num_train_epochs} epochs"
+    rewards = ", ".join(script.reward_funcs)
+    if script.reward_model_name_or_path:
+        rewards += f", reward model {script.reward_model_name_or_path}"
     rows = [
         ("recipe", str(request.recipe_path) if request.recipe_path else "(command line only)"),
         ("method", f"{preset.name}: {preset.summary}"),
         ("model", describe_model(model, training, script)),
         ("dataset", data),
-        (
-            "rewards",
-            ", ".join(script.reward_funcs)
-            + (f", reward model {script.reward_model_name_or_path}" if script.reward_model_name_or_path else ""),
-        ),
+        ("rewards", rewards),
         ("token rule", describe_token_rule(training)),
         ("loss", loss),
         ("generation", generation),

@@ -113,11 +113,9 @@ def check_output_dir(output_dir: str, resume_from_checkpoint, overwrite: bool) -
             path = directory / name
             shutil.rmtree(path) if path.is_dir() else path.unlink()
         return f"overwrite_output_dir: deleted the earlier run's {_shown(found)} in {output_dir}"
-    hints = []
+    hints = ["replace it with --overwrite_output_dir true", "or choose another --output_dir"]
     if last_complete_checkpoint(directory) is not None:
-        hints.append("continue it with --resume_from_checkpoint last")
-    hints.append("replace it with --overwrite_output_dir true")
-    hints.append("or choose another --output_dir")
+        hints.insert(0, "continue it with --resume_from_checkpoint last")
     advice = "; ".join(hints)
     raise RecipeError(
         f"output_dir {output_dir!r} holds an earlier run ({_shown(found)}), which this run would overwrite. "

@@ -3,8 +3,7 @@
 Precedence, lowest first: `STAPOConfig`'s defaults, the selected method's preset (`stapo_trl.methods`), the recipe's
 keys, then command-line flags. The parser is TRL's `TrlParser` over `TrainScriptArguments`, `STAPOConfig` and TRL's
 `ModelConfig`. Keys that none of them defines are accepted only when they are `accelerate launch` options (as
-`trl grpo` hands them to accelerate) or `accelerate_config`; anything else fails with the closest valid name.
-"""
+`trl grpo` hands them to accelerate) or `accelerate_config`; anything else fails with the closest valid name."""
 
 from __future__ import annotations
 
@@ -146,19 +145,17 @@ def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
     return recipe
 
 
-def _split_config_flag(argv: list[str]) -> tuple[str | None, list[str]]:
-    rest, config = [], None
-    iterator = iter(argv)
-    for token in iterator:
-        if token == "--config":
-            config = next(iterator, None)
-            if config is None:
-                raise RecipeError("--config needs the path of a YAML recipe.")
-        elif token.startswith("--config="):
-            config = token.split("=", 1)[1]
+def split_flags(argv: list[str], names) -> tuple[dict[str, str | None], list[str]]:
+    """The last value of each of the flags ``names`` in ``argv`` (``--name value`` or ``--name=value``; None for a
+    flag that ends ``argv``), and the other tokens."""
+    values, rest, tokens = {}, [], iter(argv)
+    for token in tokens:
+        name, has_value, value = token.partition("=")
+        if name in names:
+            values[name] = value if has_value else next(tokens, None)
         else:
             rest.append(token)
-    return config, rest
+    return values, rest
 
 
 def _flag_value(argv: list[str], name: str) -> str | None:
@@ -332,10 +329,19 @@ def _spell_checkpointing_for_this_transformers(
     return recipe, renamed
 
 
-def _refuse_stray_arguments(remaining: list[str], launch_options: dict[str, argparse.Action]) -> None:
-    """Refuse a token left over after parsing that is neither an `accelerate launch` option nor that option's value:
-    `stapo-trl train` takes no positional arguments (`trl grpo` refuses them too), and a leftover would otherwise
-    reach the `accelerate launch` command line."""
+def _refuse_stray_arguments(remaining: list[str], actions: dict, launch_options: dict[str, argparse.Action]) -> None:
+    """Refuse a token left over after parsing that is neither an `accelerate launch` option nor that option's value,
+    an unknown option first: `stapo-trl train` takes no positional arguments (`trl grpo` refuses them too), and a
+    leftover would otherwise reach the `accelerate launch` command line."""
+    for token in remaining:
+        if token.startswith("-"):
+            name = token.lstrip("-").split("=", 1)[0]
+            if name != ACCELERATE_CONFIG_KEY and (name not in launch_options or name in actions):
+                hint = STALE_KEYS.get(name) or TRL_GRPO_REFUSED.get(name)
+                raise RecipeError(
+                    f"Unknown argument {token}."
+                    + (f" {hint}." if hint else _suggest(name, list(actions) + list(launch_options)))
+                )
     expects_value = False
     for token in remaining:
         if expects_value:
@@ -355,8 +361,10 @@ def _refuse_stray_arguments(remaining: list[str], launch_options: dict[str, argp
 
 def parse_train_args(argv: list[str]) -> TrainRequest:
     """Resolve `stapo-trl train [--config RECIPE] [--key value ...]` without loading a model or data."""
-    config_arg, cli_args = _split_config_flag(list(argv))
-    recipe_path = Path(config_arg) if config_arg is not None else None
+    flags, cli_args = split_flags(argv, ("--config",))
+    if "--config" in flags and flags["--config"] is None:
+        raise RecipeError("--config needs the path of a YAML recipe.")
+    recipe_path = Path(flags["--config"]) if "--config" in flags else None
     recipe = load_recipe(recipe_path) if recipe_path is not None else {}
     where = str(recipe_path) if recipe_path is not None else "command line"
 
@@ -367,9 +375,8 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
     launch_options = _option_names(_launch_parser())
     launch_actions = {name: action for name, action in launch_options.items() if name not in actions}
 
-    unknown = [key for key in recipe if key not in actions and key not in launch_actions]
-    unknown = [key for key in unknown if key not in RESERVED_KEYS and key != ACCELERATE_CONFIG_KEY]
-    if unknown:
+    known = {*actions, *launch_actions, *RESERVED_KEYS, ACCELERATE_CONFIG_KEY}
+    if unknown := [key for key in recipe if key not in known]:
         lines = []
         for key in unknown:
             reason = STALE_KEYS.get(key) or TRL_GRPO_REFUSED.get(key)
@@ -408,9 +415,7 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
     notes = []
     cpu_stand_in = False
     dry_run = "--dry_run" in cli_args or bool(dataclass_values.get("dry_run"))
-    wants_half = any(dataclass_values.get(key) for key in ("bf16", "fp16")) or any(
-        f"--{key}" in cli_args for key in ("bf16", "fp16")
-    )
+    wants_half = any(dataclass_values.get(key) or f"--{key}" in cli_args for key in ("bf16", "fp16"))
     if dry_run and wants_half and "use_cpu" not in given_keys and not torch.cuda.is_available():
         dataclass_values["use_cpu"] = True
         cpu_stand_in = True
@@ -427,16 +432,7 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
     except ValueError as error:
         raise RecipeError(f"{where}: {error}") from None
 
-    for token in remaining:
-        if token.startswith("-"):
-            name = token.lstrip("-").split("=", 1)[0]
-            if name != ACCELERATE_CONFIG_KEY and (name not in launch_options or name in actions):
-                hint = STALE_KEYS.get(name) or TRL_GRPO_REFUSED.get(name)
-                raise RecipeError(
-                    f"Unknown argument {token}."
-                    + (f" {hint}." if hint else _suggest(name, list(actions) + list(launch_options)))
-                )
-    _refuse_stray_arguments(remaining, launch_options)
+    _refuse_stray_arguments(remaining, actions, launch_options)
     cli_launch_tokens = list(remaining)
     if "--accelerate_config" in remaining:
         index = remaining.index("--accelerate_config")

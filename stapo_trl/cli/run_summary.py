@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..diagnostics.report_figures import plot_training_curves
 from ..diagnostics.token_dump import read_dump
 from ..file_and_metric_names import (
     METRICS_FILE,
@@ -49,8 +50,6 @@ def record_finished_run(
     the run's start (`time.perf_counter`), for its total time. File names are relative to ``output_dir``:
     run_summary.json is pushed to the Hub with the model."""
     directory = Path(output_dir)
-    from ..diagnostics.report_figures import plot_training_curves  # loads transformers (through .resume)
-
     files = {
         "checkpoint": ".",
         "model card": "README.md",

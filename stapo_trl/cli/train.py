@@ -17,8 +17,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import accelerate.commands.launch as accelerate_launch
 from accelerate import PartialState
+from peft import PeftModel
+from transformers import AutoConfig, ProgressCallback
+from trl import get_peft_config, get_quantization_config
 
+from ..callbacks import EXIT_CODES, MetricsFileCallback, StepSummaryProgressCallback, StopAtCheckpointOnSignal
 from ..data import load_dapo_math
 from ..data.arithmetic import ARITHMETIC, load_arithmetic
 from ..data.selection import drop_long_prompts, random_subset, split_heldout
@@ -26,19 +31,21 @@ from ..errors import UserCodeError
 from ..file_and_metric_names import METRICS_FILE, RECIPE_FILE
 from ..gguf import gguf_checkpoint, hub_source, is_gguf_reference
 from ..model_paths import local_model_problem
+from ..resume import last_complete_checkpoint, resolve_resume_checkpoint
 from ..rewards import get_reward_func
 from ..run_record import RunRecord
 from ..storage import storage_problem, write_text_atomically
+from ..trl_boundary.hooks import save_model_without_push, set_model_name_or_path
 from .heldout import heldout_metrics, log_at_train_begin, log_metrics
-from .help import HELP_ALL_FLAG, short_help
 from .model_checks import load_checked_tokenizer_and_config
 from .plan import format_plan
-from .recipe import RecipeError, TrainRequest, is_launched, make_train_parser, parse_train_args
+from .preflight import VLLM_MISSING, OutputDirLock, check_output_dir, check_vllm, vllm_installed
+from .recipe import RecipeError, TrainRequest, is_launched, parse_train_args, split_flags
 from .run_summary import DATASET_DESCRIPTIONS, console_summary, plot_model_name, record_finished_run
 
-# Imported where they are used: transformers, TRL and PEFT (and `stapo_trl.trainer`, `.trl_boundary`, `.callbacks`,
-# `.resume` and `.preflight`, which import them), the evaluation package and the CPU paths, so that `stapo-trl train
-# -h` loads none of them and `--dry_run` no more than TRL's argument parser needs.
+# `stapo-trl train -h` is answered before this module is imported (`stapo_trl.cli.help.train_help`). The trainer, the
+# evaluation package and the CPU runtime are imported where they are used, so that `--dry_run` loads no more than
+# TRL's argument parser needs.
 
 logger = logging.getLogger("stapo_trl")
 
@@ -57,12 +64,11 @@ def _subtract_subsequence(tokens: list[str], subsequence: list[str]) -> list[str
 
 def launch(request: TrainRequest, argv: list[str], launch_tokens: list[str]) -> int:
     """Run `accelerate launch <launch args> -m stapo_trl train <the rest>`, as `trl grpo` does for its scripts."""
-    from accelerate.commands.launch import launch_command, launch_command_parser
-
     child_args = _subtract_subsequence(list(argv), launch_tokens)
-    arguments = launch_command_parser().parse_args([*request.launch_args, "-m", "stapo_trl", "train", *child_args])
+    parser = accelerate_launch.launch_command_parser()
+    arguments = parser.parse_args([*request.launch_args, "-m", "stapo_trl", "train", *child_args])
     with _environment_for_children({"STAPO_TRL_LAUNCHED": "1", **request.launch_environment}):
-        launch_command(arguments)
+        accelerate_launch.launch_command(arguments)
     return 0
 
 
@@ -220,8 +226,6 @@ def load_datasets(script: Any, tokenizer, seed: int):
 
 def last_layers(model_path: str, count: int, revision: str | None, trust_remote_code: bool) -> list[int]:
     """The indices of the model's last `count` transformer layers, read from its config."""
-    from transformers import AutoConfig
-
     config = AutoConfig.from_pretrained(
         model_path, revision=revision, trust_remote_code=trust_remote_code
     ).get_text_config()
@@ -239,10 +243,6 @@ def name_base_model(trainer, model_name_or_path: str) -> str:
     """The base model as it resolves on another machine: the Hub id of a known GGUF file, otherwise
     ``model_name_or_path`` as given (never the GGUF's conversion in this machine's cache). TRL's model card reads it
     from the model's config, so it is set there; `save_final_model` writes it into the saved adapter's config."""
-    from peft import PeftModel
-
-    from ..trl_boundary.hooks import set_model_name_or_path
-
     name = hub_source(model_name_or_path) or model_name_or_path
     model = trainer.accelerator.unwrap_model(trainer.model)
     if isinstance(model, PeftModel):
@@ -261,8 +261,6 @@ def save_final_model(trainer, output_dir: Path, base_model: str | None = None) -
 
     A saved adapter's ``base_model_name_or_path`` is set to ``base_model``. It is written into the file rather than
     into the live PEFT config: PEFT looks a Hub id up on the Hub at every save."""
-    from ..trl_boundary.hooks import save_model_without_push
-
     staging = output_dir / FINAL_STAGING_DIR
     if trainer.accelerator.is_main_process and staging.exists():
         shutil.rmtree(staging)
@@ -301,10 +299,7 @@ def run_training(request: TrainRequest) -> RunRecord | None:
     off), the loss pass reuses the frozen layers' hidden states from generation or from TRL's old-log-prob pass
     (``replay_frozen_layers: false`` turns it off), and colocated vLLM runs on vLLM's CPU backend. vLLM's presence
     is checked first, so that a missing vLLM is reported as such before the runtime asks for its CPU build."""
-    # Imported here, not at the top: the runtime imports TRL's trainer (and vLLM where installed), which `--help` and
-    # `--dry_run` do not need.
-    from ..cpu.runtime import cpu_runtime
-    from .preflight import check_vllm
+    from ..cpu.runtime import cpu_runtime  # imports vLLM where installed
 
     check_vllm(request.training.use_vllm)
     script = request.script
@@ -313,14 +308,8 @@ def run_training(request: TrainRequest) -> RunRecord | None:
 
 
 def train_and_summarize(request: TrainRequest) -> RunRecord | None:
-    from transformers import ProgressCallback
-    from trl import get_peft_config, get_quantization_config
-
-    from ..callbacks import MetricsFileCallback, StepSummaryProgressCallback, StopAtCheckpointOnSignal
     from ..evaluation import greedy_accuracy
-    from ..resume import resolve_resume_checkpoint
     from ..trainer import STAPOTrainer
-    from .preflight import OutputDirLock, check_output_dir
 
     started = time.perf_counter()
     script, training, model_args = request.script, request.training, request.model
@@ -368,13 +357,13 @@ def train_and_summarize(request: TrainRequest) -> RunRecord | None:
             model_path, script.lora_layers, model_args.model_revision, training.trust_remote_code
         )
 
-    model_init_kwargs = {
+    training.model_init_kwargs = {
         "revision": model_args.model_revision,
         "trust_remote_code": training.trust_remote_code,
         "attn_implementation": model_args.attn_implementation,
         "dtype": model_args.dtype,
+        **(training.model_init_kwargs or {}),
     }
-    training.model_init_kwargs = {**model_init_kwargs, **(training.model_init_kwargs or {})}
     trainer = STAPOTrainer(
         model=model_path,
         reward_funcs=reward_funcs,
@@ -407,9 +396,8 @@ def train_and_summarize(request: TrainRequest) -> RunRecord | None:
     interrupt = StopAtCheckpointOnSignal()
     trainer.add_callback(interrupt)
 
-    accuracy_before = evaluate("before") if heldout is not None else None
-    if accuracy_before is not None:
-        trainer.add_callback(log_at_train_begin(trainer, heldout_metrics(accuracy_before)))
+    if heldout is not None:
+        trainer.add_callback(log_at_train_begin(trainer, heldout_metrics(evaluate("before"))))
     training_started = time.perf_counter()
     try:
         trainer.train(resume_from_checkpoint=training.resume_from_checkpoint)
@@ -418,9 +406,8 @@ def train_and_summarize(request: TrainRequest) -> RunRecord | None:
     if interrupt.interrupted:
         raise TrainingInterrupted(trainer.state.global_step, interrupt.signal_received)
     seconds_training = time.perf_counter() - training_started
-    accuracy_after = evaluate("after") if heldout is not None else None
-    if accuracy_after is not None:
-        log_metrics(trainer, heldout_metrics(accuracy_after))
+    if heldout is not None:
+        log_metrics(trainer, heldout_metrics(evaluate("after")))
 
     output_dir = Path(training.output_dir)
     save_final_model(trainer, output_dir, base_model)
@@ -479,14 +466,7 @@ RESUME_FLAGS = ("--resume_from_checkpoint", "--overwrite_output_dir")
 
 def resume_command(request: TrainRequest) -> str:
     """The command that continues ``request``'s run from its newest complete checkpoint."""
-    kept, skip = [], False
-    for token in request.argv:
-        if skip:
-            skip = False
-        elif token in RESUME_FLAGS:
-            skip = True
-        elif not token.startswith(tuple(f"{flag}=" for flag in RESUME_FLAGS)):
-            kept.append(token)
+    kept = split_flags(request.argv, RESUME_FLAGS)[1]
     extra = ["--resume_from_checkpoint", "last"]
     if request.script.overwrite_output_dir:
         extra += ["--overwrite_output_dir", "false"]
@@ -494,8 +474,6 @@ def resume_command(request: TrainRequest) -> str:
 
 
 def interrupted_message(request: TrainRequest) -> str:
-    from ..resume import last_complete_checkpoint
-
     checkpoint = last_complete_checkpoint(request.training.output_dir)
     if checkpoint is None:
         return (
@@ -510,8 +488,6 @@ def interrupted_message(request: TrainRequest) -> str:
 
 def continue_hint(request: TrainRequest) -> str:
     """How to go on after a run stopped early: resume from its newest complete checkpoint, or start again."""
-    from ..resume import last_complete_checkpoint
-
     checkpoint = last_complete_checkpoint(request.training.output_dir)
     if checkpoint is None:
         return "No checkpoint was saved; once fixed, run the same command with --overwrite_output_dir true."
@@ -529,15 +505,6 @@ def user_code_failure(request: TrainRequest, error: BaseException) -> str:
 
 
 def train_command(argv: list[str]) -> int:
-    if HELP_ALL_FLAG in argv:
-        make_train_parser().print_help()
-        return 0
-    if "-h" in argv or "--help" in argv:
-        print(short_help())
-        return 0
-    from ..callbacks import EXIT_CODES  # after the help: these load transformers and PEFT
-    from .preflight import VLLM_MISSING, vllm_installed
-
     with rendezvous_note():  # the training arguments set up torch.distributed from the environment
         request = parse_train_args(argv)
     if request.script.dry_run:
@@ -549,14 +516,10 @@ def train_command(argv: list[str]) -> int:
         return launch(request, argv, request.cli_launch_tokens)
     try:
         run_training(request)
-    except TrainingInterrupted as stopped:
+    except (TrainingInterrupted, KeyboardInterrupt) as stopped:
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"\n{interrupted_message(request)}", file=sys.stderr, flush=True)
-        return EXIT_CODES.get(stopped.signum, 130)
-    except KeyboardInterrupt:
-        if int(os.environ.get("RANK", "0")) == 0:
-            print(f"\n{interrupted_message(request)}", file=sys.stderr, flush=True)
-        return 130
+        return EXIT_CODES.get(getattr(stopped, "signum", None), 130)
     except UserCodeError as error:
         if int(os.environ.get("RANK", "0")) == 0:
             print(user_code_failure(request, error), file=sys.stderr, flush=True)
