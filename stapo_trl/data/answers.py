@@ -14,18 +14,12 @@ def gold_text(gold: Any) -> str | None:
     """
     if gold is None:
         return None
-    if isinstance(gold, bool):
-        return str(gold)
     if isinstance(gold, float):
         if math.isnan(gold) or math.isinf(gold):
             return None
         return str(int(gold)) if gold.is_integer() else repr(gold)
-    if isinstance(gold, int):
-        return str(gold)
     if isinstance(gold, (list, tuple)):
         parts = [gold_text(part) for part in gold]
         parts = [part for part in parts if part]
         return ", ".join(parts) if parts else None
-    text = gold if isinstance(gold, str) else str(gold)
-    text = text.strip()
-    return text or None
+    return str(gold).strip() or None

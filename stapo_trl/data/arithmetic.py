@@ -21,7 +21,7 @@ from collections.abc import Callable
 from datasets import Dataset
 
 from .prompts import PROMPT_STYLES, build_prompt
-from .sources import ROW_FEATURES
+from .sources import ROW_FEATURES, dataset_row
 
 ARITHMETIC = "arithmetic"
 """Pass `dataset_name: arithmetic` in a recipe to train on generated problems."""
@@ -52,21 +52,9 @@ def _multiply(rng: random.Random) -> tuple[str, int]:
 TEMPLATES: tuple[Callable[[random.Random], tuple[str, int]], ...] = (_add, _subtract, _multiply)
 
 WORKED_EXAMPLES: tuple[tuple[str, str, int], ...] = (
-    (
-        "Tom has 3 apples and gets 2 more. How many apples does Tom have now?",
-        "3 + 2 = 5",
-        5,
-    ),
-    (
-        "Sara has 4 boxes with 3 pens in each box. How many pens is that in total?",
-        "4 * 3 = 12",
-        12,
-    ),
-    (
-        "Max had 9 coins and gave away 4. How many coins does Max have left?",
-        "9 - 4 = 5",
-        5,
-    ),
+    ("Tom has 3 apples and gets 2 more. How many apples does Tom have now?", "3 + 2 = 5", 5),
+    ("Sara has 4 boxes with 3 pens in each box. How many pens is that in total?", "4 * 3 = 12", 12),
+    ("Max had 9 coins and gave away 4. How many coins does Max have left?", "9 - 4 = 5", 5),
 )
 """(problem, worked solution, answer) shown by `num_fewshot`. Their names (Tom, Sara, Max) are not in `NAMES`, so a
 worked example is never a training or held-out problem."""
@@ -147,12 +135,8 @@ def load_arithmetic(
         prompts = [fewshot_prompt(question, num_fewshot, prompt_style, system_prompt) for question, _ in problems]
     else:
         prompts = [build_prompt(question, prompt_style, system_prompt) for question, _ in problems]
-    rows = {
-        "id": [f"arithmetic-{split}-{seed}-{index}" for index in range(len(problems))],
-        "problem": [question for question, _ in problems],
-        "answer": [str(answer) for _, answer in problems],
-        "solution": [str(answer) for _, answer in problems],
-        "prompt": prompts,
-        "data_source": [ARITHMETIC] * len(problems),
-    }
-    return Dataset.from_dict(rows, features=ROW_FEATURES)
+    rows = [
+        dataset_row(f"arithmetic-{split}-{seed}-{index}", question, str(answer), prompt, ARITHMETIC)
+        for index, ((question, answer), prompt) in enumerate(zip(problems, prompts, strict=True))
+    ]
+    return Dataset.from_list(rows, features=ROW_FEATURES)

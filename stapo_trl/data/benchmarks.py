@@ -11,7 +11,7 @@ from datasets import Dataset
 
 from .answers import gold_text
 from .prompts import PROMPT_STYLES, build_prompt
-from .sources import ROW_FEATURES, DatasetSchemaError, load_source
+from .sources import ROW_FEATURES, DatasetSchemaError, dataset_row, load_source
 
 
 @dataclass(frozen=True)
@@ -26,8 +26,8 @@ class BenchmarkSpec:
     title: str
     hub_id: str
     split: str
-    problem_fields: tuple[str, ...]
-    answer_fields: tuple[str, ...]
+    problem_fields: tuple[str, ...] = ("problem",)
+    answer_fields: tuple[str, ...] = ("answer",)
     id_fields: tuple[str, ...] = ("id",)
     context_fields: tuple[str, ...] = ()
     samples_per_problem: int = 4
@@ -36,59 +36,46 @@ class BenchmarkSpec:
 
 _SPECS = (
     BenchmarkSpec(
-        name="aime24",
-        title="AIME 2024",
-        hub_id="HuggingFaceH4/aime_2024",
-        split="train",
-        problem_fields=("problem",),
-        answer_fields=("answer",),
+        "aime24",
+        "AIME 2024",
+        "HuggingFaceH4/aime_2024",
+        "train",
         samples_per_problem=32,
         aliases=("aime2024", "aime_2024"),
     ),
     BenchmarkSpec(
-        name="aime25",
-        title="AIME 2025",
-        hub_id="math-ai/aime25",
-        split="test",
-        problem_fields=("problem",),
-        answer_fields=("answer",),
-        samples_per_problem=32,
-        aliases=("aime2025", "aime_2025"),
+        "aime25", "AIME 2025", "math-ai/aime25", "test", samples_per_problem=32, aliases=("aime2025", "aime_2025")
     ),
     BenchmarkSpec(
-        name="amc23",
-        title="AMC 2023",
-        hub_id="math-ai/amc23",
-        split="test",
+        "amc23",
+        "AMC 2023",
+        "math-ai/amc23",
+        "test",
         problem_fields=("question", "problem"),
-        answer_fields=("answer",),
         samples_per_problem=32,
         aliases=("amc", "amc2023"),
     ),
     BenchmarkSpec(
-        name="math500",
-        title="MATH-500",
-        hub_id="HuggingFaceH4/MATH-500",
-        split="test",
-        problem_fields=("problem",),
-        answer_fields=("answer",),
+        "math500",
+        "MATH-500",
+        "HuggingFaceH4/MATH-500",
+        "test",
         id_fields=("unique_id", "id"),
         aliases=("math-500", "math_500"),
     ),
     BenchmarkSpec(
-        name="minerva",
-        title="Minerva Math",
-        hub_id="math-ai/minervamath",
-        split="test",
+        "minerva",
+        "Minerva Math",
+        "math-ai/minervamath",
+        "test",
         problem_fields=("question", "problem"),
-        answer_fields=("answer",),
         aliases=("minervamath", "minerva_math"),
     ),
     BenchmarkSpec(
-        name="olympiadbench",
-        title="OlympiadBench",
-        hub_id="math-ai/olympiadbench",
-        split="test",
+        "olympiadbench",
+        "OlympiadBench",
+        "math-ai/olympiadbench",
+        "test",
         problem_fields=("question", "problem"),
         answer_fields=("final_answer", "answer"),
         context_fields=("context",),
@@ -110,11 +97,6 @@ def benchmark_spec(name: str) -> BenchmarkSpec:
     return BENCHMARKS[key]
 
 
-def _strip_inline_math(text: str) -> str:
-    match = _INLINE_MATH.match(text.strip())
-    return match.group(1).strip() if match else text.strip()
-
-
 def benchmark_answer(value: Any) -> str | None:
     """A gold answer as the rewards expect it: `$...$` removed, integers without leading zeros ("033" -> "33"),
     integral floats without ".0" (27.0 -> "27"), and lists (OlympiadBench) joined with ", "."""
@@ -125,7 +107,8 @@ def benchmark_answer(value: Any) -> str | None:
     text = gold_text(value)
     if text is None:
         return None
-    text = _strip_inline_math(text)
+    match = _INLINE_MATH.match(text)  # gold_text's text is stripped already
+    text = match.group(1).strip() if match else text
     if _INTEGER.match(text):
         text = str(int(text))
     return text or None
@@ -180,14 +163,8 @@ def load_benchmark(
                 f"{label}: row {index} has no usable answer in {answer_field!r}: {row[answer_field]!r}."
             )
         row_id = row[id_field] if id_field else None
-        return {
-            "id": str(row_id) if row_id is not None else f"{spec.name}-{index}",
-            "problem": problem,
-            "answer": answer,
-            "solution": answer,
-            "prompt": build_prompt(problem, prompt_style, system_prompt),
-            "data_source": spec.name,
-        }
+        row_id = str(row_id) if row_id is not None else f"{spec.name}-{index}"
+        return dataset_row(row_id, problem, answer, build_prompt(problem, prompt_style, system_prompt), spec.name)
 
     return raw.map(
         normalize, with_indices=True, remove_columns=columns, features=ROW_FEATURES, desc=f"Formatting {spec.title}"

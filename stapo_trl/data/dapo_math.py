@@ -11,7 +11,7 @@ from datasets import Dataset
 
 from .answers import gold_text
 from .prompts import PROMPT_STYLES, build_prompt, extract_problem
-from .sources import ROW_FEATURES, DatasetSchemaError, load_source
+from .sources import ROW_FEATURES, DatasetSchemaError, dataset_row, load_source
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ def _kind(value: Any) -> str:
 def _normalize_rows(
     batch: dict[str, list], indices: list[int], *, schema: str, style: str, system_prompt: str | None, label: str
 ):
-    out: dict[str, list] = {name: [] for name in ROW_FEATURES}
+    rows = []
     for offset, index in enumerate(indices):
         if schema == "verl":
             original = _user_text(batch["prompt"][offset], index, label)
@@ -118,19 +118,15 @@ def _normalize_rows(
         extra_info = batch["extra_info"][offset] if "extra_info" in batch else None
         row_id = extra_info.get("index") if isinstance(extra_info, dict) else None
         problem = extract_problem(original)
-        out["id"].append(str(row_id) if row_id is not None else str(index))
-        out["problem"].append(problem)
-        out["answer"].append(gold)
-        out["solution"].append(gold)
-        out["prompt"].append(build_prompt(problem, style, system_prompt, original=original))
-        source = batch["data_source"][offset] if "data_source" in batch else None
-        out["data_source"].append(source or "math_dapo")
-    return out
+        prompt = build_prompt(problem, style, system_prompt, original=original)
+        source = (batch["data_source"][offset] if "data_source" in batch else None) or "math_dapo"
+        rows.append(dataset_row(str(index if row_id is None else row_id), problem, gold, prompt, source))
+    return {name: [row[name] for row in rows] for name in ROW_FEATURES}
 
 
-def dedupe_by_problem(dataset: Dataset) -> tuple[Dataset, DedupReport]:
-    """Keep the first row of each problem (whitespace-insensitive) and drop rows without a gold answer or with an
-    empty problem text (which would otherwise all count as one problem).
+def dedupe_by_problem(dataset: Dataset, *, dedupe: bool = True) -> tuple[Dataset, DedupReport]:
+    """Keep the first row of each problem (whitespace-insensitive; every row with `dedupe=False`) and drop rows
+    without a gold answer or with an empty problem text (which would otherwise all count as one problem).
 
     DAPO-Math-17K's published file repeats each of its ~17.4k problems about 100 times; a few problems appear with
     different gold answers, which are counted in the report and resolved by keeping the first.
@@ -150,8 +146,8 @@ def dedupe_by_problem(dataset: Dataset) -> tuple[Dataset, DedupReport]:
             continue
         key = " ".join(problem.split())
         seen = first_row.get(key)
-        if seen is None:
-            first_row[key] = row
+        if seen is None or not dedupe:
+            first_row.setdefault(key, row)
             keep.append(row)
         elif answers[seen] != answer:
             conflicts.add(key)
@@ -237,22 +233,7 @@ def load_dapo_math(
         num_proc=num_proc,
         desc="Formatting DAPO-Math-17K",
     )
-    if dedupe:
-        dataset, report = dedupe_by_problem(dataset)
-    else:
-        missing = sum(answer is None for answer in dataset["answer"])
-        empty = sum(
-            answer is not None and not problem.strip()
-            for problem, answer in zip(dataset["problem"], dataset["answer"], strict=True)
-        )
-        if missing or empty:
-            dataset = dataset.filter(
-                lambda row: row["answer"] is not None and bool(row["problem"].strip()),
-                desc="Dropping rows without an answer or a prompt",
-            )
-        report = DedupReport(
-            rows_before=len(raw), rows_after=len(dataset), rows_without_answer=missing, rows_without_problem=empty
-        )
+    dataset, report = dedupe_by_problem(dataset, dedupe=dedupe)
     logger.info("%s: %s", label, report)
     if len(dataset) == 0:
         answer_field = "reward_model.ground_truth" if schema == "verl" else "solution"

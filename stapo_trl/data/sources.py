@@ -28,6 +28,12 @@ ROW_FEATURES = Features(
 )
 """The columns every stapo-trl loader returns; `solution` repeats `answer` because TRL rewards read `solution`."""
 
+
+def dataset_row(row_id: str, problem: str, answer: str | None, prompt: list[dict], data_source: str) -> dict:
+    """One row in the `ROW_FEATURES` columns, `solution` repeating `answer`."""
+    return dict(id=row_id, problem=problem, answer=answer, solution=answer, prompt=prompt, data_source=data_source)
+
+
 _FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv", ".arrow": "arrow"}
 
 

@@ -144,8 +144,7 @@ class TransformersBackend:
         self.model = model.to(device).eval()
         self.device = device
         eos = self.model.generation_config.eos_token_id
-        if eos is None:
-            eos = self.tokenizer.eos_token_id
+        eos = self.tokenizer.eos_token_id if eos is None else eos
         self.eos_token_ids = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else next(iter(self.eos_token_ids), 0)
@@ -154,17 +153,11 @@ class TransformersBackend:
         self.model = None
 
     def _decode(self, token_ids: list[int], max_new_tokens: int) -> Generation:
-        kept: list[int] = []
-        stopped = False
-        for token in token_ids:
-            if token in self.eos_token_ids:
-                stopped = True
-                kept.append(token)
-                break
-            kept.append(token)
-        text = self.tokenizer.decode(kept, skip_special_tokens=True)
-        finish = "stop" if stopped or len(kept) < max_new_tokens else "length"
-        return Generation(text=text, num_tokens=len(kept), finish_reason=finish)
+        """The sample up to and including its first end-of-sequence token."""
+        stop = next((index for index, token in enumerate(token_ids) if token in self.eos_token_ids), None)
+        kept = token_ids if stop is None else token_ids[: stop + 1]
+        finish = "stop" if stop is not None or len(kept) < max_new_tokens else "length"
+        return Generation(self.tokenizer.decode(kept, skip_special_tokens=True), len(kept), finish)
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParameters) -> list[list[Generation]]:
         jobs = [(r, position) for r, request in enumerate(requests) for position in range(len(request.sample_indices))]
@@ -207,14 +200,9 @@ class VLLMBackend:
         from vllm import LLM
 
         self.spec = spec
-        options: dict[str, Any] = {
-            "model": spec.weights,
-            "tokenizer": spec.tokenizer,
-            "dtype": spec.dtype,
-            "tensor_parallel_size": spec.tensor_parallel_size,
-            "gpu_memory_utilization": spec.gpu_memory_utilization,
-            "trust_remote_code": spec.trust_remote_code,
-        }
+        same = ("dtype", "tensor_parallel_size", "gpu_memory_utilization", "trust_remote_code")
+        options: dict[str, Any] = {"model": spec.weights, "tokenizer": spec.tokenizer}
+        options.update({name: getattr(spec, name) for name in same})
         if spec.max_model_len is not None:
             options["max_model_len"] = spec.max_model_len
         self.lora_request = None

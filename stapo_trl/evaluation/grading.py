@@ -57,11 +57,6 @@ class Grader:
         grades = []
         for index in range(len(completions)):
             sample_scores = {name: scores[name][index] for name in self.names}
-            grades.append(
-                Grade(
-                    scores=sample_scores,
-                    extracted={name: extracted[name][index] for name in self.names},
-                    correct=any(score is not None and score > 0 for score in sample_scores.values()),
-                )
-            )
+            correct = any(score is not None and score > 0 for score in sample_scores.values())
+            grades.append(Grade(sample_scores, {name: extracted[name][index] for name in self.names}, correct))
         return grades

@@ -42,13 +42,7 @@ class GreedyAccuracy:
         return None if self.answered is None or not self.total else self.answered / self.total
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "accuracy": self.accuracy,
-            "standard_error": self.standard_error,
-            "correct": self.correct,
-            "total": self.total,
-            "format_rate": self.format_rate,
-        }
+        return {key: getattr(self, key) for key in ("accuracy", "standard_error", "correct", "total", "format_rate")}
 
     def __str__(self) -> str:
         text = f"{self.accuracy:.3f} ± {self.standard_error:.3f} ({self.correct}/{self.total})"

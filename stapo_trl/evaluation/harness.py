@@ -142,10 +142,7 @@ def _settings_fingerprint(config: EvalConfig, model: ResolvedModel, temperature:
         "adapter": model.adapter,
         "temperature": temperature,
         "top_p": top_p,
-        "max_new_tokens": config.max_new_tokens,
-        "prompt_style": config.prompt_style,
-        "system_prompt": config.system_prompt,
-        "chat_template": config.chat_template,
+        **{key: getattr(config, key) for key in ("max_new_tokens", "prompt_style", "system_prompt", "chat_template")},
         "graders": list(config.graders),
         "seed": config.seed,
         "sources": {name: config.source_for(name) for name in config.benchmarks},
@@ -156,8 +153,7 @@ def _pending_requests(
     problems: dict[str, list[Problem]], config: EvalConfig, store: SampleStore, chunk: int
 ) -> list[list[tuple[Problem, GenerationRequest]]]:
     """The missing samples, as chunks of at most `chunk` samples (a problem's samples may span chunks)."""
-    chunks: list[list[tuple[Problem, GenerationRequest]]] = []
-    current: list[tuple[Problem, GenerationRequest]] = []
+    chunks: list[list[tuple[Problem, GenerationRequest]]] = [[]]
     size = 0
     for name, rows in problems.items():
         k = config.samples_for(name)
@@ -166,14 +162,12 @@ def _pending_requests(
             while missing:
                 take, missing = missing[: chunk - size], missing[chunk - size :]
                 key = f"{name}/{problem.problem_id}"
-                current.append((problem, GenerationRequest(key, problem.prompt_token_ids, tuple(take))))
+                chunks[-1].append((problem, GenerationRequest(key, problem.prompt_token_ids, tuple(take))))
                 size += len(take)
                 if size >= chunk:
-                    chunks.append(current)
-                    current, size = [], 0
-    if current:
-        chunks.append(current)
-    return chunks
+                    chunks.append([])
+                    size = 0
+    return [part for part in chunks if part]
 
 
 def _generate_and_grade(
@@ -213,31 +207,22 @@ def _generate_and_grade(
 
 
 def _score_setting(
-    config: EvalConfig, store: SampleStore, problems: dict[str, list[Problem]], partial: dict[str, bool]
+    config: EvalConfig, store: SampleStore, problems: dict[str, list[Problem]]
 ) -> tuple[dict[str, Any], float | None]:
     scores = {}
     for name in config.benchmarks:
-        records = store.for_benchmark(name)
-        wanted = {problem.problem_id for problem in problems[name]}
+        wanted, k = {problem.problem_id for problem in problems[name]}, config.samples_for(name)
         records = [
-            record
-            for record in records
-            if record["problem_id"] in wanted and record["sample"] < config.samples_for(name)
+            record for record in store.for_benchmark(name) if record["problem_id"] in wanted and record["sample"] < k
         ]
         if not records:
             continue
-        score = score_benchmark(
-            name, records, graders=config.graders, expected_samples=len(wanted) * config.samples_for(name)
-        )
-        score.partial = partial[name]
+        score = score_benchmark(name, records, graders=config.graders, expected_samples=len(wanted) * k)
+        # Partial: fewer problems than the benchmark has (shipped samples, a subset, or max_problems).
+        score.partial = len(problems[name]) < FULL_SIZES[name]
         scores[name] = score.to_dict()
     average = sum(score["avg_at_k"] for score in scores.values()) / len(scores) if scores else None
     return scores, average
-
-
-def _is_partial(name: str, count: int) -> bool:
-    """Whether fewer problems were evaluated than the benchmark has (shipped samples, a subset, or max_problems)."""
-    return count < FULL_SIZES[name]
 
 
 def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) -> EvalResult:
@@ -249,15 +234,12 @@ def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) ->
     """
     started = time.perf_counter()
     model = resolve_model(config.model, adapter=config.adapter, base_model=config.base_model, label=config.label)
-    if config.method is not None:
-        model = replace(model, method=config.method)
-    if config.model_size is not None:
-        model = replace(model, size=config.model_size)
+    overrides = {"method": config.method, "size": config.model_size}
+    model = replace(model, **{key: value for key, value in overrides.items() if value is not None})
     output_dir = Path(config.output_dir or Path("evals") / model.label)
     backend_name = backend.name if backend is not None else choose_backend(config)
     tokenizer = load_tokenizer(model, config.trust_remote_code)
     problems = load_problems(config, tokenizer)
-    partial = {name: _is_partial(name, len(rows)) for name, rows in problems.items()}
     grader = Grader(config.graders)
     chunk = config.batch_size or DEFAULT_BATCH_SIZE.get(backend_name.split()[0], 16)
     chunk *= max(1, config.data_parallel_size)
@@ -298,7 +280,7 @@ def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) ->
                         f"{part[-1][0].benchmark}, problems {_problems_done(problems, config, store)}/{total_problems}"
                     )
                 progress.close()
-            scores, average = _score_setting(config, store, problems, partial)
+            scores, average = _score_setting(config, store, problems)
             settings_summary.append(
                 {
                     "name": name,
@@ -316,14 +298,7 @@ def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) ->
             owned_backend.close()
 
     summary = {
-        "model": {
-            "label": model.label,
-            "reference": model.reference,
-            "weights": model.weights,
-            "adapter": model.adapter,
-            "method": model.method,
-            "size": model.size,
-        },
+        "model": {key: getattr(model, key) for key in ("label", "reference", "weights", "adapter", "method", "size")},
         "settings": settings_summary,
         "max_new_tokens": config.max_new_tokens,
         "prompt_style": config.prompt_style,
@@ -332,10 +307,9 @@ def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) ->
         "seed": config.seed,
         "seconds_this_run": round(time.perf_counter() - started, 1),
     }
-    rows = summary_rows(summary, with_paper=config.paper_comparison)
-    for other in compared:
-        rows += summary_rows(other, with_paper=config.paper_comparison)
-    rows = _unique_rows(rows)
+    rows = _unique_rows(
+        row for item in (summary, *compared) for row in summary_rows(item, with_paper=config.paper_comparison)
+    )
     table = markdown_table(rows)
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
@@ -345,14 +319,12 @@ def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) ->
     return EvalResult(summary=summary, table=table, output_dir=output_dir)
 
 
-def _unique_rows(rows):
-    seen, unique = set(), []
+def _unique_rows(rows) -> list:
+    """The first row of each (source, model, setting)."""
+    unique = {}
     for row in rows:
-        key = (row.source, row.model, row.setting)
-        if key not in seen:
-            seen.add(key)
-            unique.append(row)
-    return unique
+        unique.setdefault((row.source, row.model, row.setting), row)
+    return list(unique.values())
 
 
 def _problems_done(problems: dict[str, list[Problem]], config: EvalConfig, store: SampleStore) -> int:
@@ -364,18 +336,14 @@ def _problems_done(problems: dict[str, list[Problem]], config: EvalConfig, store
 
 
 def _build_backend(config: EvalConfig, model: ResolvedModel, backend_name: str) -> GenerationBackend:
+    same = ("dtype", "trust_remote_code", "device", "tensor_parallel_size", "gpu_memory_utilization", "max_model_len")
     spec = BackendSpec(
         kind=backend_name,
         weights=model.weights,
         tokenizer=model.tokenizer,
         adapter=model.adapter,
-        dtype=config.dtype,
-        trust_remote_code=config.trust_remote_code,
         batch_size=config.batch_size or DEFAULT_BATCH_SIZE["transformers"],
-        device=config.device,
-        tensor_parallel_size=config.tensor_parallel_size,
-        gpu_memory_utilization=config.gpu_memory_utilization,
-        max_model_len=config.max_model_len,
+        **{name: getattr(config, name) for name in same},
     )
     if config.data_parallel_size > 1:
         devices = config.tensor_parallel_size if backend_name == "vllm" else None

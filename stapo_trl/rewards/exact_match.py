@@ -18,7 +18,6 @@ BOXED_WINDOW_CHARS = 100
 def _grade(
     completions: Sequence[Any],
     solution: Sequence[Any] | None,
-    *,
     reward_name: str,
     window: int,
     extract: Callable[[str], str | None],
@@ -32,10 +31,7 @@ def _grade(
         prediction = None if raw is None else normalize_final_answer(raw)
         extracted.append(prediction)
         normalized_gold = None if gold is None else normalize_final_answer(gold)
-        if not normalized_gold:
-            scores.append(None)
-            continue
-        scores.append(1.0 if prediction == normalized_gold else -1.0)
+        scores.append(None if not normalized_gold else 1.0 if prediction == normalized_gold else -1.0)
     if log_extra is not None:
         log_extra(f"{reward_name}/extracted", extracted)
     return scores
@@ -53,14 +49,7 @@ def dapo_reward(
     §2.4 "Rule-based Reward Modeling"). A gold answer that is missing or normalizes to nothing gives None,
     which TRL skips.
     """
-    return _grade(
-        completions,
-        solution,
-        reward_name="dapo_reward",
-        window=DAPO_WINDOW_CHARS,
-        extract=last_answer_line,
-        log_extra=log_extra,
-    )
+    return _grade(completions, solution, "dapo_reward", DAPO_WINDOW_CHARS, last_answer_line, log_extra)
 
 
 def boxed_reward(
@@ -75,11 +64,4 @@ def boxed_reward(
     compared exactly: the strict-box rule JustRL trains with. A gold answer that is missing or normalizes to nothing
     gives None, which TRL skips.
     """
-    return _grade(
-        completions,
-        solution,
-        reward_name="boxed_reward",
-        window=BOXED_WINDOW_CHARS,
-        extract=last_boxed_content,
-        log_extra=log_extra,
-    )
+    return _grade(completions, solution, "boxed_reward", BOXED_WINDOW_CHARS, last_boxed_content, log_extra)

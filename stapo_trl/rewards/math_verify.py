@@ -52,12 +52,13 @@ class Verdict:
     detail: str | None = None
 
 
+_EXITED = Verdict("error", "worker", detail="the math-verify worker exited unexpectedly")
+
+
 class _VerifierProcess:
     """One math-verify child process, used by one thread at a time."""
 
     def __init__(self) -> None:
-        self._process: subprocess.Popen | None = None
-        self._buffer = b""
         self._start()
 
     def _start(self) -> None:
@@ -122,14 +123,12 @@ class _VerifierProcess:
             self._process.stdin.flush()
         except (BrokenPipeError, OSError):
             self.kill()
-            return Verdict("error", "worker", detail="the math-verify worker exited unexpectedly")
+            return _EXITED
         line = self._read_line(timeout + grace)
         if line is None:
             alive = self.alive
             self.kill()
-            if alive:
-                return Verdict("timeout", "worker")
-            return Verdict("error", "worker", detail="the math-verify worker exited unexpectedly")
+            return Verdict("timeout", "worker") if alive else _EXITED
         return Verdict(**json.loads(line))
 
 

@@ -78,21 +78,18 @@ def completion_text(completion: Any) -> str:
 
 def pair_up(completions: Sequence[Any], solution: Sequence[Any] | None, reward_name: str):
     """Texts and gold answers of one call, checked to be one gold answer per completion."""
-    if isinstance(completions, (str, bytes, dict)) or not hasattr(completions, "__len__"):
-        raise TypeError(
-            f"{reward_name}: `completions` must be a list with one completion per sample, got "
-            f"{type(completions).__name__}."
-        )
+
+    def require_list(value: Any, name: str, one: str) -> None:
+        if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__len__"):
+            raise TypeError(f"{reward_name}: `{name}` must be a list with one {one}, got {type(value).__name__}.")
+
+    require_list(completions, "completions", "completion per sample")
     if solution is None:
         raise ValueError(
             f"{reward_name} needs the gold answers in a `solution` column (one per completion); none was passed. "
             "Load data with stapo_trl.data.load_dapo_math or load_benchmark, which add that column."
         )
-    if isinstance(solution, (str, bytes, dict)) or not hasattr(solution, "__len__"):
-        raise TypeError(
-            f"{reward_name}: `solution` must be a list with one gold answer per completion, "
-            f"got {type(solution).__name__}."
-        )
+    require_list(solution, "solution", "gold answer per completion")
     solution = list(solution)
     if len(solution) != len(completions):
         raise ValueError(
