@@ -89,22 +89,31 @@ def sharding(is_fsdp_enabled: bool) -> str | None:
 
 
 @contextmanager
-def side_effect_free_pass(model: torch.nn.Module):
-    """Run a forward that changes nothing but its result: dropout off (every module in eval mode, each module's mode
-    restored afterwards), and the torch, CUDA, NumPy and Python random streams forked, so that the training run draws
-    the same numbers with or without this pass."""
-    modes = [(module, module.training) for module in model.modules()]
+def restored_random_streams():
+    """Restore torch's (CPU and current CUDA device), NumPy's and Python's random streams on exit."""
     python_state, numpy_state = random.getstate(), np.random.get_state()
     cuda_devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
     with torch.random.fork_rng(devices=cuda_devices):
+        try:
+            yield
+        finally:
+            random.setstate(python_state)
+            np.random.set_state(numpy_state)
+
+
+@contextmanager
+def side_effect_free_pass(model: torch.nn.Module):
+    """Run a forward that changes nothing but its result: dropout off (every module in eval mode, each module's mode
+    restored afterwards), and the random streams restored (`restored_random_streams`), so that the training run draws
+    the same numbers with or without this pass."""
+    modes = [(module, module.training) for module in model.modules()]
+    with restored_random_streams():
         model.eval()
         try:
             yield
         finally:
             for module, training in modes:
                 module.training = training
-            random.setstate(python_state)
-            np.random.set_state(numpy_state)
 
 
 ModelHeadPass = Callable[..., tuple[torch.Tensor, torch.Tensor | None, Any]]

@@ -105,15 +105,11 @@ class STARERule(TokenRuleSpec):
             )
 
     def make_controller(self, config: Any) -> STAREController:
+        """The controller configured by the ``stare_<field>`` fields (``stare_gate`` is its ``gate_mode``)."""
+        configured = ("target_entropy", "positive_weight", "negative_weight", "adaptive", "alpha")
+        configured += ("max_positive_weight", "min_negative_weight")
         return STAREController(
-            target_entropy=config.stare_target_entropy,
-            positive_weight=config.stare_positive_weight,
-            negative_weight=config.stare_negative_weight,
-            adaptive=config.stare_adaptive,
-            alpha=config.stare_alpha,
-            max_positive_weight=config.stare_max_positive_weight,
-            min_negative_weight=config.stare_min_negative_weight,
-            gate_mode=config.stare_gate,
+            **{name: getattr(config, f"stare_{name}") for name in configured}, gate_mode=config.stare_gate
         )
 
     def params(self, config: Any, step: StepContext, controller: STAREController | None) -> dict[str, Any]:
