@@ -29,11 +29,9 @@ class STAPOConfig(*rule_config_mixins(), TokenDumpConfigMixin, GradientProbeConf
     r"""
     Configuration class for [`STAPOTrainer`]: every [`~trl.GRPOConfig`] argument, plus the fields of every registered
     token rule (the S2T mask: `use_s2t_mask`, `prob_threshold`, `entropy_quantile`; STARE: `use_stare` and the
-    `stare_*` fields; see each rule's config mixin in `stapo_trl.token_rules`), your own token rules, the silenced-token dump (the fields of
-    [`~stapo_trl.diagnostics.token_dump_config.TokenDumpConfigMixin`]) and the gradient probe
-    ([`~stapo_trl.gradient_probe.GradientProbeConfigMixin`]).
-
-    Each field's help metadata says what it does.
+    `stare_*` fields; see each rule's config mixin in `stapo_trl.token_rules`), your own token rules, the
+    silenced-token dump ([`~stapo_trl.diagnostics.token_dump_config.TokenDumpConfigMixin`]) and the gradient probe
+    ([`~stapo_trl.gradient_probe.GradientProbeConfigMixin`]). Each field's help metadata says what it does.
 
     Defaults that follow the paper where TRL's differ, or could drift: `epsilon_high=0.28`, `beta=0.0`,
     `loss_type="dapo"`.
@@ -119,14 +117,12 @@ class STAPOConfig(*rule_config_mixins(), TokenDumpConfigMixin, GradientProbeConf
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}. STAPO uses 'dapo'.")
         self._validate_sampling_and_steps()
-        if self.token_stats_source not in TOKEN_STATS_SOURCES:
-            raise ValueError(
-                f"token_stats_source must be one of {TOKEN_STATS_SOURCES}, got {self.token_stats_source!r}."
-            )
-        if self.token_stats_backend not in TOKEN_STATS_BACKENDS:
-            raise ValueError(
-                f"token_stats_backend must be one of {TOKEN_STATS_BACKENDS}, got {self.token_stats_backend!r}."
-            )
+        for name, allowed in {
+            "token_stats_source": TOKEN_STATS_SOURCES,
+            "token_stats_backend": TOKEN_STATS_BACKENDS,
+        }.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}.")
         problem = backend_unavailable(self.token_stats_backend)
         if problem is not None:
             raise ValueError(
