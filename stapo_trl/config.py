@@ -18,6 +18,7 @@ from .diagnostics.token_dump_config import TokenDumpConfigMixin
 from .fused_stats import TOKEN_STATS_BACKENDS, backend_unavailable
 from .gradient_probe import GradientProbeConfigMixin
 from .token_rules import TOKEN_RULES, active_rule_names, rule_config_mixins, shadow_rule_names, switched_rules
+from .token_rules.registry import changed_fields
 from .token_stats import TOKEN_STATS_SOURCES
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
@@ -286,19 +287,11 @@ class STAPOConfig(*rule_config_mixins(), TokenDumpConfigMixin, GradientProbeConf
         read = {name for spec in specs if spec.name in used for name in (*spec.fields, *spec.reads_fields)}
         for spec in specs:
             spec.validate(self, spec.name in used)
-            defaults = {item.name: item for item in dataclasses.fields(spec.config_mixin)} if spec.config_mixin else {}
-            changed = [
-                name
-                for name, item in defaults.items()
-                if name != spec.switch and name not in read and getattr(self, name) != _default(item)
-            ]
+            changed = changed_fields(self, spec.config_mixin) if spec.config_mixin else []
+            changed = [name for name in changed if name != spec.switch and name not in read]
             if changed:
                 method = f" (or method: {spec.method.name})" if spec.method is not None else ""
                 raise ValueError(
                     f"{', '.join(changed)} set, but {spec.switch}=False, so they would be ignored. Set "
                     f"{spec.switch}=True{method}, or remove them."
                 )
-
-
-def _default(item: dataclasses.Field):
-    return item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default

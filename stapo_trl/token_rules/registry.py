@@ -316,6 +316,16 @@ def shadow_rule_names(config: Any) -> list[str]:
     return ordered + [name for name in getattr(config, "shadow_token_rules", None) or [] if name not in ordered]
 
 
+def changed_fields(config: Any, mixin: type) -> list[str]:
+    """The fields of the dataclass ``mixin`` whose value in ``config`` differs from their default."""
+    return [
+        item.name
+        for item in dataclasses.fields(mixin)
+        if getattr(config, item.name)
+        != (item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default)
+    ]
+
+
 def rule_config_mixins() -> tuple[type, ...]:
     """The config mixins of the registered rules, in apply order (`STAPOConfig` inherits them all)."""
     return tuple(spec.config_mixin for spec in switched_rules() if spec.config_mixin is not None)
@@ -412,14 +422,11 @@ def apply_token_rules(
         )
         if call.shadow:
             shadow_stats[call.name] = dict(result.stats)
-            dropped = torch.zeros_like(keep) if result.keep is None else keep & ~result.keep
-            shadow_silenced[call.name] = dropped
+            shadow_silenced[call.name] = torch.zeros_like(keep) if result.keep is None else keep & ~result.keep
             continue
         if result.keep is not None:
             keep = keep & result.keep
         if result.weights is not None:
             weights = result.weights if weights is None else weights * result.weights
         stats[call.name] = dict(result.stats)
-    return ComposedTokenRules(
-        keep=keep, weights=weights, stats=stats, shadow_stats=shadow_stats, shadow_silenced=shadow_silenced
-    )
+    return ComposedTokenRules(keep, weights, stats, shadow_stats, shadow_silenced)

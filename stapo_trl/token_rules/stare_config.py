@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .registry import changed_fields
 from .stare import STARE_VARIANTS
 from .stare_controller import GATE_MODES
 
@@ -128,10 +129,7 @@ class STAREConfigMixin:
             )
         if not used:
             return
-        defaults = type(self).__dataclass_fields__
-        changed = [
-            name for name in defaults if name.startswith("stare_") and getattr(self, name) != defaults[name].default
-        ]
+        changed = changed_fields(self, STAREConfigMixin)
         unused = []
         if self.stare_variant == "O1" and "stare_negative_weight" in changed:
             unused.append("stare_negative_weight applies only to stare_variant='C2'")
