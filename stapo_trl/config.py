@@ -255,16 +255,15 @@ class STAPOConfig(*rule_config_mixins(), TokenDumpConfigMixin, GradientProbeConf
                     "(it then runs before your rules)."
                 )
         for field_name in ("token_rules", "shadow_token_rules"):
-            for name in getattr(self, field_name):
+            listed = getattr(self, field_name)
+            for name in listed:
                 if name not in TOKEN_RULES:
                     raise ValueError(
                         f"{field_name} lists {name!r}, which is not registered. Registered rules: "
                         f"{', '.join(sorted(TOKEN_RULES))}. Import the module that registers it (with "
                         "@stapo_trl.token_rules.register_token_rule) before creating the config."
                     )
-            duplicates = sorted(
-                {name for name in getattr(self, field_name) if getattr(self, field_name).count(name) > 1}
-            )
+            duplicates = sorted({name for name in listed if listed.count(name) > 1})
             if duplicates:
                 raise ValueError(f"{field_name} lists {', '.join(duplicates)} more than once.")
         both = [name for name in self.shadow_token_rules if name in self.active_token_rules]

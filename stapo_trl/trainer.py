@@ -55,14 +55,8 @@ from .resume import EpochSeededSampler, resolve_resume_checkpoint
 from .reward_errors import reward_function_error, warn_about_infinite_rewards
 from .rewards import resolve_reward_funcs
 from .run_record import RunRecord, build_run_record, read_run_record
-from .token_rules import (
-    RuleCall,
-    StepContext,
-    apply_token_rules,
-    candidates_below,
-    get_token_rule,
-    per_token_advantages,
-)
+from .token_rules import RuleCall, StepContext, apply_token_rules, candidates_below, get_token_rule
+from .token_rules.registry import per_token_advantages
 from .token_stats import TokenStatistics
 from .trl_boundary.hooks import HookedGRPOTrainer, disable_gradient_checkpointing, get_config_model_id
 

@@ -53,8 +53,8 @@ from .s2t import (  # noqa: E402
     spurious_token_mask,
 )
 from .stare import STARE_VARIANTS, STAREWeights, stare_token_weights, top_share_mask  # noqa: E402
-from .stare_config import STARE_SELECTION_POOLS, STAREConfigMixin  # noqa: E402
 from .stare_controller import GATE_MODES, STAREController  # noqa: E402
+from .stare_rule import STARE_SELECTION_POOLS, STAREConfigMixin  # noqa: E402
 
 __all__ = [
     "LAST",
