@@ -18,6 +18,7 @@ from .diagnostics.token_dump_config import TokenDumpConfigMixin
 from .fused_stats import TOKEN_STATS_BACKENDS, backend_unavailable
 from .gradient_probe import GradientProbeConfigMixin
 from .token_rules import TOKEN_RULES, active_rule_names, rule_config_mixins, shadow_rule_names, switched_rules
+from .token_rules.registry import changed_fields
 from .token_stats import TOKEN_STATS_SOURCES
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
@@ -29,11 +30,9 @@ class STAPOConfig(*rule_config_mixins(), TokenDumpConfigMixin, GradientProbeConf
     r"""
     Configuration class for [`STAPOTrainer`]: every [`~trl.GRPOConfig`] argument, plus the fields of every registered
     token rule (the S2T mask: `use_s2t_mask`, `prob_threshold`, `entropy_quantile`; STARE: `use_stare` and the
-    `stare_*` fields; see each rule's config mixin in `stapo_trl.token_rules`), your own token rules, the silenced-token dump (the fields of
-    [`~stapo_trl.diagnostics.token_dump_config.TokenDumpConfigMixin`]) and the gradient probe
-    ([`~stapo_trl.gradient_probe.GradientProbeConfigMixin`]).
-
-    Each field's help metadata says what it does.
+    `stare_*` fields; see each rule's config mixin in `stapo_trl.token_rules`), your own token rules, the
+    silenced-token dump ([`~stapo_trl.diagnostics.token_dump_config.TokenDumpConfigMixin`]) and the gradient probe
+    ([`~stapo_trl.gradient_probe.GradientProbeConfigMixin`]). Each field's help metadata says what it does.
 
     Defaults that follow the paper where TRL's differ, or could drift: `epsilon_high=0.28`, `beta=0.0`,
     `loss_type="dapo"`.
@@ -119,14 +118,12 @@ class STAPOConfig(*rule_config_mixins(), TokenDumpConfigMixin, GradientProbeConf
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}. STAPO uses 'dapo'.")
         self._validate_sampling_and_steps()
-        if self.token_stats_source not in TOKEN_STATS_SOURCES:
-            raise ValueError(
-                f"token_stats_source must be one of {TOKEN_STATS_SOURCES}, got {self.token_stats_source!r}."
-            )
-        if self.token_stats_backend not in TOKEN_STATS_BACKENDS:
-            raise ValueError(
-                f"token_stats_backend must be one of {TOKEN_STATS_BACKENDS}, got {self.token_stats_backend!r}."
-            )
+        for name, allowed in {
+            "token_stats_source": TOKEN_STATS_SOURCES,
+            "token_stats_backend": TOKEN_STATS_BACKENDS,
+        }.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}.")
         problem = backend_unavailable(self.token_stats_backend)
         if problem is not None:
             raise ValueError(
@@ -258,16 +255,15 @@ class STAPOConfig(*rule_config_mixins(), TokenDumpConfigMixin, GradientProbeConf
                     "(it then runs before your rules)."
                 )
         for field_name in ("token_rules", "shadow_token_rules"):
-            for name in getattr(self, field_name):
+            listed = getattr(self, field_name)
+            for name in listed:
                 if name not in TOKEN_RULES:
                     raise ValueError(
                         f"{field_name} lists {name!r}, which is not registered. Registered rules: "
                         f"{', '.join(sorted(TOKEN_RULES))}. Import the module that registers it (with "
                         "@stapo_trl.token_rules.register_token_rule) before creating the config."
                     )
-            duplicates = sorted(
-                {name for name in getattr(self, field_name) if getattr(self, field_name).count(name) > 1}
-            )
+            duplicates = sorted({name for name in listed if listed.count(name) > 1})
             if duplicates:
                 raise ValueError(f"{field_name} lists {', '.join(duplicates)} more than once.")
         both = [name for name in self.shadow_token_rules if name in self.active_token_rules]
@@ -290,19 +286,11 @@ class STAPOConfig(*rule_config_mixins(), TokenDumpConfigMixin, GradientProbeConf
         read = {name for spec in specs if spec.name in used for name in (*spec.fields, *spec.reads_fields)}
         for spec in specs:
             spec.validate(self, spec.name in used)
-            defaults = {item.name: item for item in dataclasses.fields(spec.config_mixin)} if spec.config_mixin else {}
-            changed = [
-                name
-                for name, item in defaults.items()
-                if name != spec.switch and name not in read and getattr(self, name) != _default(item)
-            ]
+            changed = changed_fields(self, spec.config_mixin) if spec.config_mixin else []
+            changed = [name for name in changed if name != spec.switch and name not in read]
             if changed:
                 method = f" (or method: {spec.method.name})" if spec.method is not None else ""
                 raise ValueError(
                     f"{', '.join(changed)} set, but {spec.switch}=False, so they would be ignored. Set "
                     f"{spec.switch}=True{method}, or remove them."
                 )
-
-
-def _default(item: dataclasses.Field):
-    return item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default

@@ -10,11 +10,12 @@ GRPO loss), and backpropagates each:
   GRPO with S2T in shadow measures exactly what STAPO would remove;
 - ``kept``: the other loss tokens, so that ``g_silenced + g_kept`` is the gradient of the loss before any rule;
 - two *count-matched baselines*, as many tokens as the silenced set, drawn uniformly without replacement on each
-  process from its own tokens: ``random_positive`` from the loss tokens of positive-advantage responses, and
-  ``random_candidate`` from S2T's candidates (``p < prob_threshold``, positive advantage; only when S2T runs,
-  applied or in shadow). S2T's tokens are positive-advantage tokens by construction, and with a +1/-1 reward and few
-  right answers a right response's ``|A|`` is many times a wrong one's, so any set of positive tokens carries more
-  than its token share of the gradient: the baselines measure that selection effect in the same batch.
+  process from its own tokens, by a generator seeded from the run's seed, the step and the process:
+  ``random_positive`` from the loss tokens of positive-advantage responses, and ``random_candidate`` from S2T's
+  candidates (only when S2T runs, applied or in shadow). S2T's tokens are positive-advantage tokens by construction,
+  and with a +1/-1 reward and few right answers a right response's ``|A|`` is many times a wrong one's, so any set of
+  positive tokens carries more than its token share of the gradient: the baselines measure that selection effect in
+  the same batch.
 
 For each set it logs ``<set>_grad_sq_share = |g_set|^2 / |g_silenced + g_kept|^2`` and ``<set>_token_share``, and for
 each baseline ``silenced_share_over_<baseline>``: the silenced set's grad share per token share divided by the
@@ -23,28 +24,23 @@ baseline's (1 means S2T's tokens carry no more than a random draw of the same po
 after a generation, where the importance ratio is 1) and the probe's own cost in ``seconds``.
 
 The split is exact only when the loss is a sum over tokens with a denominator that does not depend on which tokens
-count: ``loss_type`` ``dapo``, ``cispo``, ``vespo`` or ``dr_grpo``, without 20-Entropy's entropy mask, TRL's
-off-policy sequence mask or an entropy bonus; other settings are refused.
+count (`PROBE_LOSS_TYPES`, without 20-Entropy's entropy mask, TRL's off-policy sequence mask or an entropy bonus);
+other settings are refused.
 
-The passes run in the model's own mode, so dropout is applied when training applies it. Every pass over a micro-batch
-starts from the random state that the training's own forward of that micro-batch will start from, so it draws the
-same dropout masks; all random streams are restored afterwards (the run draws the same numbers with or without the
-probe), and the parameters' ``.grad`` are left as found. With one micro-batch per optimizer step and one process,
-``g_silenced + g_kept`` is then the step's training gradient before clipping for GRPO. The baselines' draws use a
-generator of their own, seeded from the run's seed, the step and the process.
+The passes run in the model's own mode (dropout as in training). Each pass over a micro-batch starts from the random
+state that the training's own forward of that micro-batch will start from, so it draws the same dropout masks; the
+random streams and the parameters' ``.grad`` are left as found. With one micro-batch per optimizer step and one
+process, ``g_silenced + g_kept`` is then the step's training gradient before clipping for GRPO.
 """
 
 from __future__ import annotations
 
 import math
-import random
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from .distributed import all_reduce_sum
@@ -57,6 +53,9 @@ from .file_and_metric_names import (
     SILENCED_KEY,
     TOOL_MASK_BEFORE_RULES_KEY,
 )
+from .token_rules import per_token_advantages
+from .token_rules.random_silencing import count_matched_draw
+from .token_stats import restored_random_streams
 
 PROBE_LOSS_TYPES = ("dapo", "cispo", "vespo", "dr_grpo")
 """The loss types whose denominator does not depend on which tokens count, so that the loss splits into the silenced
@@ -138,18 +137,6 @@ def share_over_baseline(set_stats: tuple[float, float], baseline_stats: tuple[fl
     return (set_grad / set_tokens) / (base_grad / base_tokens)
 
 
-def count_matched_draw(pools: list[torch.Tensor], count: int, generator: torch.Generator) -> list[torch.Tensor]:
-    """Draw ``min(count, tokens in the pools)`` tokens uniformly without replacement from the union of ``pools`` (bool
-    masks, one per micro-batch, any shapes), and return the drawn tokens as masks shaped like the pools."""
-    flat = torch.cat([pool.flatten() for pool in pools]) if pools else torch.zeros(0, dtype=torch.bool)
-    positions = flat.nonzero().squeeze(1)
-    take = min(count, positions.numel())
-    order = torch.randperm(positions.numel(), generator=generator)[:take].to(positions.device)
-    drawn = torch.zeros_like(flat)
-    drawn[positions[order]] = True
-    return [part.view_as(pool) for part, pool in zip(drawn.split([p.numel() for p in pools]), pools, strict=True)]
-
-
 def draw_seed(seed: int, global_step: int, process_index: int, salt: int) -> int:
     """The seed of a baseline's generator: one stream per run seed, optimizer step, process and baseline."""
     return ((seed * 1_000_003 + global_step) * 1_009 + process_index) * 17 + salt
@@ -165,18 +152,6 @@ def _set_random_state(state: tuple[torch.Tensor, torch.Tensor | None]) -> None:
     torch.set_rng_state(cpu)
     if cuda is not None:
         torch.cuda.set_rng_state(cuda)
-
-
-@contextmanager
-def restored_random_streams() -> Iterator[None]:
-    """Restore torch's (CPU and current CUDA device), NumPy's and Python's random streams on exit."""
-    torch_state, python_state, numpy_state = _random_state(), random.getstate(), np.random.get_state()
-    try:
-        yield
-    finally:
-        _set_random_state(torch_state)
-        random.setstate(python_state)
-        np.random.set_state(numpy_state)
 
 
 @dataclass
@@ -213,11 +188,10 @@ class GradientProbe:
             if batch.get(TOOL_MASK_BEFORE_RULES_KEY) is not None:
                 loss_mask = loss_mask & batch[TOOL_MASK_BEFORE_RULES_KEY].bool()
             removed = (batch[SILENCED_KEY].bool() | batch[SHADOW_SILENCED_KEY].bool()) & loss_mask
-            advantages = batch[ADVANTAGES_BEFORE_RULES_KEY].detach()
-            advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+            advantages = per_token_advantages(batch[ADVANTAGES_BEFORE_RULES_KEY].detach(), loss_mask)
             loss_masks.append(loss_mask)
             silenced.append(removed)
-            positive.append(loss_mask & (advantages > 0).expand_as(loss_mask))
+            positive.append(loss_mask & (advantages > 0))
             if self.candidate_mask is not None:
                 candidates.append(
                     self.candidate_mask(batch[LOG_PROBS_KEY], batch[ENTROPIES_KEY], advantages, loss_mask)
@@ -270,34 +244,22 @@ class GradientProbe:
             name: all_reduce_sum(torch.cat([g.flatten() for g in grads]) if grads else torch.zeros(0))
             for name, grads in totals.items()
         }
-        counts = {name: sum(int(part.sum()) for part in parts) for name, parts in token_sets.sets.items()}
-        overlaps = {
-            name: sum(
-                int((part & silenced).sum())
-                for part, silenced in zip(token_sets.sets[name], token_sets.sets["silenced"], strict=True)
-            )
-            for name in PROBE_BASELINES
-            if name in token_sets.sets
-        }
-        names = list(counts)
-        reduced = all_reduce_sum(
-            torch.tensor(
-                [sum(int(mask.sum()) for mask in token_sets.loss)]
-                + [counts[name] for name in names]
-                + [overlaps[name] for name in overlaps],
-                dtype=torch.float64,
-            )
-        ).tolist()
-        num_tokens = reduced[0]
-        global_counts = dict(zip(names, reduced[1 : 1 + len(names)], strict=True))
-        global_overlaps = dict(zip(overlaps, reduced[1 + len(names) :], strict=True))
+        sets, silenced = token_sets.sets, token_sets.sets["silenced"]
+        baselines = [name for name in PROBE_BASELINES if name in sets]
+        local = [sum(int(mask.sum()) for mask in token_sets.loss)]
+        local += [sum(int(part.sum()) for part in parts) for parts in sets.values()]
+        for name in baselines:
+            local.append(sum(int((part & removed).sum()) for part, removed in zip(sets[name], silenced, strict=True)))
+        num_tokens, *reduced = all_reduce_sum(torch.tensor(local, dtype=torch.float64)).tolist()
+        global_counts = dict(zip(sets, reduced[: len(sets)], strict=True))
+        global_overlaps = dict(zip(baselines, reduced[len(sets) :], strict=True))
 
         stats = gradient_share_statistics(flat["silenced"], flat["kept"])
         whole_sq = stats["whole_grad_norm"] ** 2
         stats["num_silenced"] = global_counts["silenced"]
         stats["silenced_token_share"] = global_counts["silenced"] / num_tokens if num_tokens else 0.0
         silenced_pair = (stats["silenced_grad_sq_share"], stats["silenced_token_share"])
-        for name in overlaps:
+        for name in baselines:
             grad_sq = float(flat[name].double().square().sum())
             share = grad_sq / whole_sq if whole_sq > 0 else float("nan")
             token_share = global_counts[name] / num_tokens if num_tokens else 0.0

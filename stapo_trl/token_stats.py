@@ -66,19 +66,6 @@ LOGIT_TRANSFORM_ATTRIBUTES = (
 """Config attributes with which TRL's fused head rescales or soft-caps logits; the other backends do neither."""
 
 
-def policy_parts(model: torch.nn.Module, accelerator) -> tuple[Any, Any, torch.nn.Module]:
-    """The transformers model under any DDP/PEFT wrapping, its backbone and its LM head."""
-    unwrapped = accelerator.unwrap_model(model)
-    base = unwrapped.get_base_model() if is_peft_model(unwrapped) else unwrapped
-    return base, base.base_model, base.get_output_embeddings()
-
-
-def logit_transforms(model) -> list[str]:
-    """The attributes of ``model``'s text config that transform logits after the LM head."""
-    text_config = model.config.get_text_config()
-    return [name for name in LOGIT_TRANSFORM_ATTRIBUTES if getattr(text_config, name, None) is not None]
-
-
 def sharding(is_fsdp_enabled: bool) -> str | None:
     """Why the LM head may be sharded outside its module's forward (FSDP, ZeRO-3), or None."""
     if is_fsdp_enabled:
@@ -89,22 +76,31 @@ def sharding(is_fsdp_enabled: bool) -> str | None:
 
 
 @contextmanager
-def side_effect_free_pass(model: torch.nn.Module):
-    """Run a forward that changes nothing but its result: dropout off (every module in eval mode, each module's mode
-    restored afterwards), and the torch, CUDA, NumPy and Python random streams forked, so that the training run draws
-    the same numbers with or without this pass."""
-    modes = [(module, module.training) for module in model.modules()]
+def restored_random_streams():
+    """Restore torch's (CPU and current CUDA device), NumPy's and Python's random streams on exit."""
     python_state, numpy_state = random.getstate(), np.random.get_state()
     cuda_devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
     with torch.random.fork_rng(devices=cuda_devices):
+        try:
+            yield
+        finally:
+            random.setstate(python_state)
+            np.random.set_state(numpy_state)
+
+
+@contextmanager
+def side_effect_free_pass(model: torch.nn.Module):
+    """Run a forward that changes nothing but its result: dropout off (every module in eval mode, each module's mode
+    restored afterwards), and the random streams restored (`restored_random_streams`), so that the training run draws
+    the same numbers with or without this pass."""
+    modes = [(module, module.training) for module in model.modules()]
+    with restored_random_streams():
         model.eval()
         try:
             yield
         finally:
             for module, training in modes:
                 module.training = training
-            random.setstate(python_state)
-            np.random.set_state(numpy_state)
 
 
 ModelHeadPass = Callable[..., tuple[torch.Tensor, torch.Tensor | None, Any]]
@@ -164,8 +160,11 @@ class TokenStatistics:
         self.generation_statistics_required = generation_statistics_required
         self.sharded_by = sharding(fsdp)
         base, _, lm_head = self.policy_parts()
-        self.logit_transforms = logit_transforms(base)
-        not_covered = self.logit_transforms + (["vision-language inputs"] if vision_language else [])
+        text_config = base.config.get_text_config()
+        transforms = [name for name in LOGIT_TRANSFORM_ATTRIBUTES if getattr(text_config, name, None) is not None]
+        self.logit_transforms = transforms
+        """The attributes of the model's text config that transform logits after the LM head."""
+        not_covered = transforms + (["vision-language inputs"] if vision_language else [])
         self.backend = resolve_backend(
             backend,
             accelerator.device,
@@ -182,7 +181,10 @@ class TokenStatistics:
         self._generation: _Generation | None = None
 
     def policy_parts(self) -> tuple[Any, Any, torch.nn.Module]:
-        return policy_parts(self._get_model(), self._accelerator)
+        """The transformers model under any DDP/PEFT wrapping, its backbone and its LM head."""
+        unwrapped = self._accelerator.unwrap_model(self._get_model())
+        base = unwrapped.get_base_model() if is_peft_model(unwrapped) else unwrapped
+        return base, base.base_model, base.get_output_embeddings()
 
     # ------------------------------------------------------------------ one training generation
     def begin_generation(self, *, record_generate: bool) -> None:
@@ -268,7 +270,7 @@ class TokenStatistics:
         completion_mask = batch["completion_mask"]
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         attention_mask = torch.cat([batch["prompt_mask"], completion_mask], dim=1)
-        num_completion_tokens = completion_ids.size(1)
+        logits_to_keep = completion_ids.size(1)
         chunk = self.chunk_size
 
         with disable_gradient_checkpointing(model, self._gradient_checkpointing_kwargs):
@@ -278,7 +280,7 @@ class TokenStatistics:
                     model,
                     input_ids,
                     attention_mask,
-                    num_completion_tokens,
+                    logits_to_keep,
                     batch_size=chunk,
                     compute_entropy=True,
                     **multimodal,
@@ -299,7 +301,7 @@ class TokenStatistics:
                         input_ids=input_ids[start:end], attention_mask=attention_mask[start:end], use_cache=False
                     ).last_hidden_state
                 # The hidden state at position j predicts token j + 1.
-                hidden = hidden[:, -num_completion_tokens - 1 : -1].to(weight.device)
+                hidden = hidden[:, -logits_to_keep - 1 : -1].to(weight.device)
                 with maybe_gather_lm_head_ctx(weight, bias):
                     chunk_log_probs, chunk_entropies = token_logprob_entropy(
                         hidden,

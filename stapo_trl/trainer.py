@@ -56,6 +56,7 @@ from .reward_errors import reward_function_error, warn_about_infinite_rewards
 from .rewards import resolve_reward_funcs
 from .run_record import RunRecord, build_run_record, read_run_record
 from .token_rules import RuleCall, StepContext, apply_token_rules, candidates_below, get_token_rule
+from .token_rules.registry import per_token_advantages
 from .token_stats import TokenStatistics
 from .trl_boundary.hooks import HookedGRPOTrainer, disable_gradient_checkpointing, get_config_model_id
 
@@ -110,23 +111,18 @@ class STAPOTrainer(HookedGRPOTrainer):
     Takes every argument of [`~trl.GRPOTrainer`]; `args` should be a [`STAPOConfig`] (a `GRPOConfig` is converted,
     keeping its values).
 
-    At the start of each optimizer step, the tokens of all its micro-batches, across processes, form one pool. A token
-    of a positive-advantage response with `p < prob_threshold` is a candidate; candidates whose entropy is below the
-    `entropy_quantile`-th quantile of the candidates' entropies are silenced, and the loss is renormalized over the
-    kept tokens (see the module docstring for how).
-
-    The S2T mask is one of the token rules of `stapo_trl.token_rules`, which apply in order
-    (`args.active_token_rules`), each seeing the tokens the rules before it kept; `args.shadow_token_rules` are
-    computed and logged without being applied. A rule's stateful controller (STARE's gate and weights) lives in
-    `self.rule_controllers`, is updated once per generation from the batch's mean token entropy under the generating
-    policy, saved with each checkpoint and restored by `resume_from_checkpoint`.
+    At the start of each optimizer step, the token rules of `stapo_trl.token_rules` (`args.active_token_rules`, the
+    S2T mask among them) apply in order to the tokens of all its micro-batches, across processes, as one pool, each
+    seeing the tokens the rules before it kept; `args.shadow_token_rules` are computed and logged without being
+    applied. The loss is renormalized over the kept tokens (see the module docstring for how). A rule's stateful
+    controller (STARE's gate and weights) lives in `self.rule_controllers`, is updated once per generation from the
+    batch's mean token entropy under the generating policy, saved with each checkpoint and restored on resume.
 
     Where `p` and `H` come from is `self.token_stats` ([`~stapo_trl.token_stats.TokenStatistics`]), per
     `token_stats_source`:
 
-    - `"generation"` (default): the policy that generated the batch, from TRL's old-log-prob pass when TRL runs it,
-      else recorded while `generate()` samples, else one no-grad pass per generation (`generation_stats_blocker`
-      says why recording is not possible). When every generation feeds exactly one optimizer step
+    - `"generation"` (default): the policy that generated the batch (`generation_stats_blocker` says why they cannot
+      be recorded while `generate()` samples, when not). When every generation feeds exactly one optimizer step
       (`steps_per_generation == gradient_accumulation_steps`, `num_iterations == 1`) that policy *is* the policy
       being optimized, so the mask equals the loss-time mask. Otherwise the statistics are stale by at most
       `steps_per_generation / gradient_accumulation_steps * num_iterations - 1` updates.
@@ -136,9 +132,8 @@ class STAPOTrainer(HookedGRPOTrainer):
     Evaluation losses are reported without the rules: they change training gradients only.
 
     With `dump_silenced_tokens`, each step's silenced tokens (text, context, `p`, `H`, advantage) go to
-    `output_dir/silenced_tokens.jsonl`, bounded and sampled (see [`~stapo_trl.diagnostics.SilencedTokenDump`]). The
-    model card ([`create_model_card`], written by TRL on checkpoint saves and `push_to_hub`) adds the method, its
-    thresholds, the final token-rule statistics, evaluation results and the recipe to TRL's card.
+    `output_dir/silenced_tokens.jsonl`, bounded and sampled (see [`~stapo_trl.diagnostics.SilencedTokenDump`]).
+    [`create_model_card`] adds the STAPO sections to TRL's model card.
 
     Built inside `stapo_trl.cpu.cpu_runtime`, it attaches the runtime's frozen-layer replay to its model (the CPU LM
     head and colocated vLLM on the CPU need no trainer: the block turns them on).
@@ -323,10 +318,7 @@ class STAPOTrainer(HookedGRPOTrainer):
     @staticmethod
     def _mean_token_entropy(batch: dict[str, Any]) -> float:
         """Mean entropy of the loss tokens of a batch (before the rules), over all processes."""
-        loss_mask = STAPOTrainer._loss_mask_before_rules(batch).bool() & torch.isfinite(batch[ENTROPIES_KEY])
-        entropies = batch[ENTROPIES_KEY].double()
-        total, count = all_reduce_sum(torch.stack([entropies[loss_mask].sum(), loss_mask.sum().double()])).tolist()
-        return total / count if count else float("nan")
+        return STAPOTrainer._mean_entropy(batch[ENTROPIES_KEY], STAPOTrainer._loss_mask_before_rules(batch).bool())
 
     def on_optimizer_step_start(self, step_batches: list[dict[str, Any]]) -> None:
         if self.token_stats is not None:
@@ -432,30 +424,30 @@ class STAPOTrainer(HookedGRPOTrainer):
             batch["num_items_in_batch"] = batch[NUM_ITEMS_BEFORE_RULES_KEY] - silenced_at_generation_scale
             advantages = batch[ADVANTAGES_BEFORE_RULES_KEY]
             if batch_weights is not None:
-                advantages = (advantages if advantages.dim() == 2 else advantages.unsqueeze(1)) * batch_weights
+                advantages = per_token_advantages(advantages, batch_weights) * batch_weights
             batch["advantages"] = advantages
             batch[SILENCED_KEY] = batch_silenced
             batch[SHADOW_SILENCED_KEY] = batch_shadow
             batch[TOKEN_WEIGHTS_KEY] = batch_weights
-        self._log_token_rule_stats(composed, self._step_mean_entropy(entropies, loss_mask))
+        self._log_token_rule_stats(composed, self._mean_entropy(entropies, loss_mask))
         return composed.stats
 
     @staticmethod
-    def _step_mean_entropy(entropies: torch.Tensor, loss_mask: torch.Tensor) -> float:
+    def _mean_entropy(entropies: torch.Tensor, loss_mask: torch.Tensor) -> float:
+        """Mean finite entropy over ``loss_mask``, over all processes (NaN without one)."""
         counted = loss_mask & torch.isfinite(entropies)
-        total, count = all_reduce_sum(torch.stack([entropies.double()[counted].sum(), counted.sum().double()]))
-        return float(total / count) if count > 0 else float("nan")
+        total, count = all_reduce_sum(
+            torch.stack([entropies.double()[counted].sum(), counted.sum().double()])
+        ).tolist()
+        return total / count if count else float("nan")
 
     def _log_token_rule_stats(self, composed, mean_entropy: float) -> None:
-        for rule, rule_stats in composed.stats.items():
-            for key, value in rule_stats.items():
-                self.log_metric(rule_metric(rule, key), value)
-        for rule, rule_stats in composed.shadow_stats.items():
-            for key, value in rule_stats.items():
-                self.log_metric(shadow_metric(rule, key), value)
-        for rule, controller in self.rule_controllers.items():
-            for key, value in controller.metrics().items():
-                self.log_metric(rule_metric(rule, key), value)
+        logged = [(rule_metric, composed.stats), (shadow_metric, composed.shadow_stats)]
+        logged.append((rule_metric, {rule: c.metrics() for rule, c in self.rule_controllers.items()}))
+        for metric, by_rule in logged:
+            for rule, rule_stats in by_rule.items():
+                for key, value in rule_stats.items():
+                    self.log_metric(metric(rule, key), value)
         self.log_metric(TOKEN_STATS_MEAN_ENTROPY, mean_entropy)
 
     # ------------------------------------------------------------------ model card

@@ -32,6 +32,7 @@ from stapo_trl.file_and_metric_names import (
     NUM_ITEMS_BEFORE_RULES_KEY,
     SILENCED_KEY,
 )
+from stapo_trl.token_rules import per_token_advantages
 
 from .models import ModelFactory, answer_distance_reward, arithmetic_rows, build_tokenizer
 from .training import build_trainer, config_classes, free_memory, recipe_config, scratch_dir, stapo_settings, train
@@ -248,13 +249,7 @@ def report(section, plan, recorded: list[dict], items_scale: int, result) -> Non
     log_probs = torch.cat([step["log_probs"].flatten() for step in recorded])[loss_tokens]
     entropies = torch.cat([step["entropies"].flatten() for step in recorded])[loss_tokens]
     positive = torch.cat(
-        [
-            (step["advantages"].unsqueeze(-1) if step["advantages"].dim() == 1 else step["advantages"])
-            .gt(0)
-            .expand_as(step["loss_mask"])
-            .flatten()
-            for step in recorded
-        ]
+        [per_token_advantages(step["advantages"], step["loss_mask"]).gt(0).flatten() for step in recorded]
     )[loss_tokens]
     section.record(
         "loss tokens in responses with positive advantage",

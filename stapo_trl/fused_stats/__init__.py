@@ -29,10 +29,48 @@ import torch
 
 from ..cpu.logprob_entropy import blocked_logprob_entropy
 from .liger import is_liger_available, liger_logprob_entropy, liger_unavailable
-from .reference import naive_logprob_entropy
-from .trl_kernel import trl_logprob_entropy
 
 logger = logging.getLogger(__name__)
+
+TRL_VOCAB_CHUNK_SIZE = 32768
+
+
+def trl_logprob_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Differentiable ``(log_probs [N], entropies [N])`` via TRL's ``ChunkedLogProbFunction``, the kernel behind its
+    fused LM head: Triton on GPU, torch tiles of 4096 tokens x 32768 vocabulary entries elsewhere."""
+    from trl.kernels import ChunkedLogProbFunction  # here, so that importing this package loads no TRL
+
+    log_probs, entropies, *_ = ChunkedLogProbFunction.apply(
+        hidden, weight, bias, targets, float(temperature), TRL_VOCAB_CHUNK_SIZE, None, 1.0, ("entropy",)
+    )
+    return log_probs, entropies
+
+
+def naive_logprob_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(log_probs [N], entropies [N])`` from materialized logits, in ``promote_types(dtype, float32)``."""
+    compute_dtype = torch.promote_types(hidden.dtype, torch.float32)
+    logits = hidden.to(compute_dtype) @ weight.to(compute_dtype).t()
+    if bias is not None:
+        logits = logits + bias.to(compute_dtype)
+    log_softmax = torch.log_softmax(logits / temperature, dim=-1)
+    log_probs = log_softmax.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    entropies = -(log_softmax.exp() * log_softmax).sum(-1)
+    return log_probs, entropies
+
 
 BackendFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 

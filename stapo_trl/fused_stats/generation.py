@@ -57,7 +57,6 @@ class GenerationStatsRecorder:
         self._log_probs: list[torch.Tensor] = []
         self._entropies: list[torch.Tensor] = []
         self._products: torch.Tensor | None = None
-        self._calls = 0
 
     @contextmanager
     def attached(self, model: torch.nn.Module, lm_head: torch.nn.Module):
@@ -76,7 +75,6 @@ class GenerationStatsRecorder:
         input_ids = kwargs.get("input_ids", args[0] if args else None)
         if self._pending is not None and input_ids is not None:
             self._take(input_ids[:, -1])
-        self._calls += 1
 
     def _after_lm_head(self, module, args, output):
         logits = (output[:, -1, :] if output.dim() == 3 else output).detach().float()
@@ -101,15 +99,10 @@ class GenerationStatsRecorder:
             last = len(self._log_probs)
             if last < completion_ids.size(1):
                 self._take(completion_ids[:, last])
-        if not self._log_probs or len(self._log_probs) != len(self._entropies):
+        rows, columns = completion_ids.shape
+        if not self._log_probs or len(self._log_probs) != len(self._entropies) or len(self._log_probs) < columns:
             return None
-        if len(self._log_probs) < completion_ids.size(1):
-            return None
-        columns = completion_ids.size(1)
-        rows = completion_ids.size(0)
         recorded = self._log_probs[:columns] + self._entropies[:columns]
         if any(values.dim() != 1 or values.size(0) != rows for values in recorded):
             return None
-        log_probs = torch.stack(self._log_probs[:columns], dim=1)
-        entropies = torch.stack(self._entropies[:columns], dim=1)
-        return log_probs, entropies
+        return torch.stack(self._log_probs[:columns], dim=1), torch.stack(self._entropies[:columns], dim=1)

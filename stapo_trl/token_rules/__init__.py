@@ -1,13 +1,7 @@
 """Token rules: pure tensor functions that decide which completion tokens feed the policy gradient, and how much,
-each registered with a spec that describes it to the rest of stapo-trl.
-
-- :mod:`.registry`: :class:`TokenRuleSpec`, :class:`TokenRuleResult`, :class:`RuleMetric` (a statistic a rule
-  logs, its meaning, unit and run summaries), :func:`register_token_rule_spec`, :func:`register_token_rule` (for a
-  plain function) and :func:`apply_token_rules`.
-- :mod:`.s2t`, :mod:`.s2t_rule`: the S2T spurious-token mask of STAPO, and its fields and spec, registered as
-  ``"s2t"``.
-- :mod:`.stare`, :mod:`.stare_config`, :mod:`.stare_controller`, :mod:`.stare_rule`: STARE's surprisal-guided
-  advantage weights, its configuration fields, its target-entropy gate, and its spec, registered as ``"stare"``.
+each registered with a spec (:mod:`.registry`) that describes it to the rest of stapo-trl: the S2T mask of STAPO
+(:mod:`.s2t`, :mod:`.s2t_rule`, ``"s2t"``), STARE's advantage weights (:mod:`.stare` and the ``stare_*`` modules,
+``"stare"``) and RANDOM silencing (:mod:`.random_silencing`).
 
 Importing this package imports every module in it, so a rule's module registers its spec without being listed
 anywhere else. Nothing here imports TRL, so verl or a hand-written loop can use these directly.
@@ -38,6 +32,7 @@ from .registry import (
     active_rule_names,
     apply_token_rules,
     get_token_rule,
+    per_token_advantages,
     register_token_rule,
     register_token_rule_spec,
     registered_rules,
@@ -58,8 +53,8 @@ from .s2t import (  # noqa: E402
     spurious_token_mask,
 )
 from .stare import STARE_VARIANTS, STAREWeights, stare_token_weights, top_share_mask  # noqa: E402
-from .stare_config import STARE_SELECTION_POOLS, STAREConfigMixin  # noqa: E402
 from .stare_controller import GATE_MODES, STAREController  # noqa: E402
+from .stare_rule import STARE_SELECTION_POOLS, STAREConfigMixin  # noqa: E402
 
 __all__ = [
     "LAST",
@@ -92,6 +87,7 @@ __all__ = [
     "get_token_rule",
     "linear_quantiles",
     "logit_grad_sq_norm_lower_bound",
+    "per_token_advantages",
     "register_token_rule",
     "register_token_rule_spec",
     "registered_rules",

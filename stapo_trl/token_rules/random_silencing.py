@@ -28,10 +28,23 @@ from .registry import (
     RuleSetting,
     TokenRuleResult,
     TokenRuleSpec,
+    per_token_advantages,
     register_token_rule_spec,
     validate_token_inputs,
 )
 from .s2t import check_s2t_thresholds, spurious_token_mask
+
+
+def count_matched_draw(pools: list[torch.Tensor], count: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """Draw ``min(count, tokens in the pools)`` tokens uniformly without replacement from the union of ``pools`` (bool
+    masks, one per micro-batch, any shapes), and return the drawn tokens as masks shaped like the pools."""
+    flat = torch.cat([pool.flatten() for pool in pools]) if pools else torch.zeros(0, dtype=torch.bool)
+    positions = flat.nonzero().squeeze(1)
+    take = min(count, positions.numel())
+    order = torch.randperm(positions.numel(), generator=generator)[:take].to(positions.device)
+    drawn = torch.zeros_like(flat)
+    drawn[positions[order]] = True
+    return [part.view_as(pool) for part, pool in zip(drawn.split([p.numel() for p in pools]), pools, strict=True)]
 
 
 def random_silencing_mask(
@@ -45,33 +58,21 @@ def random_silencing_mask(
     seed: int = 0,
 ) -> tuple[torch.Tensor, dict[str, float | int]]:
     """Silence, uniformly at random among the positive-advantage loss tokens, as many tokens as
-    :func:`~stapo_trl.token_rules.spurious_token_mask` would silence with the same thresholds.
+    :func:`~stapo_trl.token_rules.spurious_token_mask` would silence with the same inputs and thresholds. ``seed``
+    seeds the draw's own generator.
 
-    Args:
-        log_probs, entropies, advantages, loss_mask: as for :func:`~stapo_trl.token_rules.spurious_token_mask`.
-        prob_threshold, entropy_quantile: S2T's thresholds, which fix how many tokens are silenced.
-        seed: seeds the draw (a generator of its own; torch's global random stream is untouched).
-
-    Returns:
-        ``(silenced, stats)``: a bool ``[B, T]`` mask of the drawn tokens, and global statistics: ``num_tokens``,
-        ``num_positive`` (positive-advantage loss tokens), ``num_silenced`` (equal to S2T's count, unless a process
-        has fewer positive tokens than that), ``silenced_fraction`` and ``num_also_spurious`` (drawn tokens that S2T
-        would have silenced too).
+    Returns ``(silenced, stats)``: a bool ``[B, T]`` mask of the drawn tokens, and global statistics: ``num_tokens``,
+    ``num_positive`` (positive-advantage loss tokens), ``num_silenced`` (equal to S2T's count, unless a process has
+    fewer positive tokens than that), ``silenced_fraction`` and ``num_also_spurious`` (drawn tokens that S2T would
+    have silenced too).
     """
     validate_token_inputs(log_probs, entropies, advantages, loss_mask)
     spurious, _ = spurious_token_mask(
         log_probs, entropies, advantages, loss_mask, prob_threshold=prob_threshold, entropy_quantile=entropy_quantile
     )
     valid = loss_mask.bool()
-    expanded = advantages.detach().unsqueeze(1) if advantages.dim() == 1 else advantages.detach()
-    positive = valid & (expanded > 0).expand_as(valid)
-    positions = positive.flatten().nonzero().squeeze(1)
-    count = min(int(spurious.sum()), positions.numel())
-    generator = torch.Generator(device="cpu").manual_seed(seed)
-    drawn = positions[torch.randperm(positions.numel(), generator=generator)[:count].to(positions.device)]
-    silenced = torch.zeros(valid.numel(), dtype=torch.bool, device=valid.device)
-    silenced[drawn] = True
-    silenced = silenced.view_as(valid)
+    positive = valid & (per_token_advantages(advantages.detach(), valid) > 0)
+    (silenced,) = count_matched_draw([positive], int(spurious.sum()), torch.Generator().manual_seed(seed))
     totals = all_reduce_sum(
         torch.stack([valid.sum(), positive.sum(), silenced.sum(), (silenced & spurious).sum()]).double()
     )
@@ -88,15 +89,7 @@ def random_silencing_mask(
 
 @dataclass
 class RandomSilencingConfigMixin:
-    r"""
-    The switch of RANDOM silencing, the control for S2T.
-
-    Parameters:
-        use_random_silencing (`bool`, *optional*, defaults to `False`):
-            At each optimizer step silence as many positive-advantage loss tokens as S2T would (with
-            `prob_threshold` and `entropy_quantile`), drawn uniformly, and renormalize the loss over the kept
-            tokens. Needs `use_s2t_mask=False`.
-    """
+    """The switch of RANDOM silencing, the control for S2T; its help metadata says what it does."""
 
     use_random_silencing: bool = field(
         default=False,

@@ -10,19 +10,11 @@ weight. Its pure tensor function is called as ``rule(log_probs, entropies, advan
   policy-gradient term, without changing the denominator (STARE's token-mean "not divided by the weights").
 - ``stats``: plain numbers to log, under ``<rule name>/<key>``.
 
-A :class:`TokenRuleSpec` wraps that function with everything the rest of stapo-trl needs to know about the rule: the
-config field that switches it on and the dataclass mixin holding its fields, how it builds its parameters for one
-optimizer step, its optional stateful controller (saved with checkpoints), and how it describes itself to the model
-card, the end-of-run summary, the console line, ``train -h`` and the report (as data: its metrics and their
-meanings, units and run summaries, and the words it is shown with). The trainer, the config, the methods,
-the run record, the card and the CLI iterate over the registry and never name a rule. Adding a rule is one module in
-this package that defines its function and spec and calls :func:`register_token_rule_spec`; the package imports every
-module in it, so no other module changes (its metric table goes into docs/diagnostics.md, which a test compares with
-the spec's ``metrics``).
-
-Rules import nothing from TRL, so verl or a hand-written loop can call them, or :func:`apply_token_rules`, directly.
-A plain function registered with :func:`register_token_rule` gets a minimal spec: it is listed in the config's
-``token_rules`` and takes its keyword arguments from ``token_rule_kwargs``.
+A :class:`TokenRuleSpec` wraps that function with all the rest of stapo-trl needs to know about the rule (see its
+attributes). The trainer, the config, the methods, the run record, the card and the CLI iterate over the registry and
+never name a rule, so adding a rule is one module in this package that registers its spec (and its metric table in
+docs/diagnostics.md, which a test compares with the spec's ``metrics``). Rules import nothing from TRL, so verl or a
+hand-written loop can call them, or :func:`apply_token_rules`, directly.
 """
 
 from __future__ import annotations
@@ -46,15 +38,8 @@ class TokenRuleResult:
     stats: dict[str, float | int] = field(default_factory=dict)
 
 
-class TokenRule(Protocol):
-    def __call__(
-        self,
-        log_probs: torch.Tensor,
-        entropies: torch.Tensor,
-        advantages: torch.Tensor,
-        loss_mask: torch.Tensor,
-        **params: Any,
-    ) -> TokenRuleResult: ...
+TokenRule = Callable[..., TokenRuleResult]
+"""``rule(log_probs, entropies, advantages, loss_mask, **params) -> TokenRuleResult``."""
 
 
 @dataclass(frozen=True)
@@ -331,6 +316,16 @@ def shadow_rule_names(config: Any) -> list[str]:
     return ordered + [name for name in getattr(config, "shadow_token_rules", None) or [] if name not in ordered]
 
 
+def changed_fields(config: Any, mixin: type) -> list[str]:
+    """The fields of the dataclass ``mixin`` whose value in ``config`` differs from their default."""
+    return [
+        item.name
+        for item in dataclasses.fields(mixin)
+        if getattr(config, item.name)
+        != (item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default)
+    ]
+
+
 def rule_config_mixins() -> tuple[type, ...]:
     """The config mixins of the registered rules, in apply order (`STAPOConfig` inherits them all)."""
     return tuple(spec.config_mixin for spec in switched_rules() if spec.config_mixin is not None)
@@ -339,6 +334,12 @@ def rule_config_mixins() -> tuple[type, ...]:
 def working_dtype(tensor: torch.Tensor) -> torch.dtype:
     """At least float32: statistics of bf16 tensors are computed in float32."""
     return torch.promote_types(tensor.dtype, torch.float32)
+
+
+def per_token_advantages(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Per-sequence ``[B]`` advantages broadcast to the ``[B, T]`` shape of ``like`` (a view); ``[B, T]`` ones as
+    given. ``loss_mask & (per_token_advantages(advantages, loss_mask) > 0)`` is the positive-advantage loss tokens."""
+    return advantages.unsqueeze(1).expand_as(like) if advantages.dim() == 1 else advantages
 
 
 def validate_token_inputs(log_probs, entropies, advantages, loss_mask) -> None:
@@ -421,14 +422,11 @@ def apply_token_rules(
         )
         if call.shadow:
             shadow_stats[call.name] = dict(result.stats)
-            dropped = torch.zeros_like(keep) if result.keep is None else keep & ~result.keep
-            shadow_silenced[call.name] = dropped
+            shadow_silenced[call.name] = torch.zeros_like(keep) if result.keep is None else keep & ~result.keep
             continue
         if result.keep is not None:
             keep = keep & result.keep
         if result.weights is not None:
             weights = result.weights if weights is None else weights * result.weights
         stats[call.name] = dict(result.stats)
-    return ComposedTokenRules(
-        keep=keep, weights=weights, stats=stats, shadow_stats=shadow_stats, shadow_silenced=shadow_silenced
-    )
+    return ComposedTokenRules(keep, weights, stats, shadow_stats, shadow_silenced)

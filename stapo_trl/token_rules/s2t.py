@@ -13,10 +13,7 @@ from functools import partial
 import torch
 
 from ..distributed import all_gather_variable, all_reduce_sum
-from .registry import (
-    validate_token_inputs,
-    working_dtype,
-)
+from .registry import per_token_advantages, validate_token_inputs, working_dtype
 
 ENTROPY_PERCENTILES = (0.5, 0.8, 0.99)
 
@@ -92,12 +89,9 @@ def spurious_token_candidates(
     """S2T's candidates (step 1 of Algorithm 1): loss tokens of a positive-advantage response whose probability is
     strictly below ``prob_threshold`` and whose entropy is finite. Shapes as for :func:`spurious_token_mask`; returns
     a bool ``[B, T]`` tensor. It reads only this rank's rows."""
-    advantages = advantages.detach()
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(1)
+    positive = loss_mask.bool() & (per_token_advantages(advantages.detach(), loss_mask) > 0)
     log_probs = log_probs.detach().to(working_dtype(log_probs))
-    finite_entropy = torch.isfinite(entropies.detach())
-    return loss_mask.bool() & (advantages > 0) & (log_probs < math.log(prob_threshold)) & finite_entropy
+    return positive & (log_probs < math.log(prob_threshold)) & torch.isfinite(entropies.detach())
 
 
 def candidates_below(probability_bound: float) -> Callable[..., torch.Tensor]:
@@ -117,21 +111,17 @@ def spurious_token_mask(
 ) -> tuple[torch.Tensor, dict[str, float | int]]:
     """The S2T (silencing spurious tokens) mask of STAPO, Algorithm 1 (arXiv 2602.15620).
 
-    A token that counts in the loss is a *candidate* when its response has a positive advantage and its probability
-    is below ``prob_threshold`` (``log p < log(prob_threshold)``, strict). ``tau_h`` is the ``entropy_quantile``-th
-    quantile (linear interpolation) of the candidates' entropies, pooled over every row given here and over all
-    ranks when ``torch.distributed`` is initialized. A candidate is *spurious* when its entropy is strictly below
-    ``tau_h``: the lowest-entropy share of the low-probability positive tokens is silenced. An empty pool silences
-    nothing.
+    The candidates are :func:`spurious_token_candidates` (``log p < log(prob_threshold)``, strict). ``tau_h`` is the
+    ``entropy_quantile``-th quantile (linear interpolation) of their entropies, pooled over every row given here and
+    over all ranks when ``torch.distributed`` is initialized; candidates whose entropy is strictly below ``tau_h`` are
+    *spurious*, silenced. An empty pool silences nothing. Pass every micro-batch that feeds one optimizer step at once
+    (concatenated along B): the paper pools over the mini-batch, not the micro-batch.
 
     Non-finite statistics (from degenerate or overflowing logits) are a defined case. A token whose entropy is NaN or
-    infinite, or whose log-probability is NaN, is never a candidate: it is never silenced and never in the ``tau_h``
-    pool, but it counts in ``num_tokens``. Non-finite entropies are left out of the entropy percentiles, and tokens
-    whose factor ``A**2 (1 - 2p + sum_v pi_v**2)`` is not finite are left out of ``spurious_logit_grad_sq_share_estimate``.
-    ``log p = -inf`` is ``p = 0``, an ordinary value.
-
-    Pass every micro-batch that feeds one optimizer step at once (concatenated along B): the paper pools over the
-    mini-batch, not the micro-batch.
+    infinite, or whose log-probability is NaN, is never a candidate (never silenced, never in the ``tau_h`` pool), but
+    counts in ``num_tokens``. Non-finite entropies are left out of the entropy percentiles, and tokens whose factor
+    ``A**2 (1 - 2p + sum_v pi_v**2)`` is not finite out of ``spurious_logit_grad_sq_share_estimate``. ``log p = -inf``
+    is ``p = 0``, an ordinary value.
 
     Args:
         log_probs: ``[B, T]`` natural-log probability of each sampled token.
@@ -144,10 +134,10 @@ def spurious_token_mask(
     Returns:
         ``(spurious, stats)``: a bool ``[B, T]`` tensor, True where the token is silenced, and global statistics:
         ``num_tokens``, ``num_candidates``, ``num_spurious``, ``spurious_fraction``, ``entropy_threshold`` (NaN when
-        the pool is empty), ``entropy_p50``/``p80``/``p99`` over all loss tokens, and ``spurious_logit_grad_sq_share_estimate``: the
-        share of ``sum_t A_t**2 (1 - 2p_t + sum_v pi_v**2)`` (the squared logit-gradient norm at ratio 1) that the
-        silenced tokens carry, with ``sum_v pi_v**2`` estimated by :func:`logit_grad_sq_norm_lower_bound`. That
-        share is a formula evaluated at the logits, not a measured gradient of the model's weights.
+        the pool is empty), ``entropy_p50``/``p80``/``p99`` over all loss tokens, and
+        ``spurious_logit_grad_sq_share_estimate``: the share of ``sum_t A_t**2 (1 - 2p_t + sum_v pi_v**2)`` (the
+        squared logit-gradient norm at ratio 1) that the silenced tokens carry, with ``sum_v pi_v**2`` estimated by
+        :func:`logit_grad_sq_norm_lower_bound`: a formula at the logits, not a measured gradient of the weights.
     """
     check_s2t_thresholds(prob_threshold, entropy_quantile)
     validate_token_inputs(log_probs, entropies, advantages, loss_mask)
@@ -155,10 +145,8 @@ def spurious_token_mask(
 
     log_probs = log_probs.detach().to(working_dtype(log_probs))
     entropies = entropies.detach().to(working_dtype(entropies))
-    advantages = advantages.detach()
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(1)
     valid = loss_mask.bool()
+    advantages = per_token_advantages(advantages.detach(), valid)
 
     candidates = spurious_token_candidates(log_probs, entropies, advantages, valid, prob_threshold=prob_threshold)
     pool = all_gather_variable(entropies[candidates])

@@ -26,20 +26,8 @@ from .s2t import check_s2t_thresholds, spurious_token_mask
 
 @dataclass
 class S2TConfigMixin:
-    r"""
-    The parameters of the S2T (silencing spurious tokens) mask of STAPO.
-
-    Parameters:
-        use_s2t_mask (`bool`, *optional*, defaults to `True`):
-            Silence spurious tokens and renormalize the loss over the kept ones (under `dr_grpo` and `luspo`, whose
-            denominators count no tokens, silenced tokens only leave the numerator). With `False`, training is
-            exactly GRPO.
-        prob_threshold (`float`, *optional*, defaults to `0.002`):
-            `tau_p`: a token of a positive-advantage response is a candidate when its probability is below this.
-        entropy_quantile (`float`, *optional*, defaults to `0.8`):
-            `q`: candidates whose entropy is below the `q`-quantile of the candidates' entropies (pooled over the
-            whole optimizer step, across processes) are silenced. The paper's "tau_h = 80%".
-    """
+    """The parameters of the S2T (silencing spurious tokens) mask of STAPO; each field's help metadata says what it
+    does."""
 
     use_s2t_mask: bool = field(
         default=True,
@@ -64,6 +52,13 @@ class S2TConfigMixin:
             "'tau_h = 80 percent' is 0.8 (the later revision uses 0.75)."
         },
     )
+
+
+_RENAMED = {  # metric: the statistic of spurious_token_mask it logs, where the names differ
+    "silenced_fraction": "spurious_fraction",
+    "num_silenced": "num_spurious",
+    "logit_grad_sq_share_estimate": "spurious_logit_grad_sq_share_estimate",
+}
 
 
 class S2TRule(TokenRuleSpec):
@@ -149,17 +144,9 @@ class S2TRule(TokenRuleSpec):
     )
 
     def apply(self, log_probs, entropies, advantages, loss_mask, **params) -> TokenRuleResult:
+        """Logs every statistic of :func:`spurious_token_mask` but ``num_tokens``, under the metrics' names."""
         spurious, stats = spurious_token_mask(log_probs, entropies, advantages, loss_mask, **params)
-        logged = {
-            "silenced_fraction": stats["spurious_fraction"],
-            "num_silenced": stats["num_spurious"],
-            "num_candidates": stats["num_candidates"],
-            "entropy_threshold": stats["entropy_threshold"],
-            "entropy_p50": stats["entropy_p50"],
-            "entropy_p80": stats["entropy_p80"],
-            "entropy_p99": stats["entropy_p99"],
-            "logit_grad_sq_share_estimate": stats["spurious_logit_grad_sq_share_estimate"],
-        }
+        logged = {metric.statistic: stats[_RENAMED.get(metric.statistic, metric.statistic)] for metric in self.metrics}
         return TokenRuleResult(keep=~spurious, stats=logged)
 
     def validate(self, config: Any, used: bool) -> None:

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 
 from ..distributed import all_gather_variable, all_reduce_sum
-from .registry import TokenRuleResult, validate_token_inputs, working_dtype
+from .registry import per_token_advantages, validate_token_inputs, working_dtype
 
 STARE_VARIANTS = ("O1", "C2")
 
@@ -118,10 +118,8 @@ def stare_token_weights(
     validate_token_inputs(log_probs, log_probs, advantages, loss_mask)
 
     surprisal = -log_probs.detach().to(working_dtype(log_probs))
-    advantages = advantages.detach()
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(1)
     valid = loss_mask.bool()
+    advantages = per_token_advantages(advantages.detach(), valid)
     positive = valid & (advantages > 0)
     negative = valid & (advantages < 0)
 
@@ -136,44 +134,18 @@ def stare_token_weights(
         weights = weights.masked_fill(selected_positive, positive_weight)
         weights = weights.masked_fill(selected_negative, negative_weight)
 
-    counts = torch.stack(
-        [
-            valid.sum(),
-            positive.sum(),
-            negative.sum(),
-            selected_positive.sum(),
-            selected_negative.sum(),
-        ]
-    ).double()
-    weight_sum = weights.double()[valid].sum().reshape(1)
-    totals = torch.cat([counts, weight_sum])
+    counted = (valid, positive, negative, selected_positive, selected_negative)
+    counts = torch.stack([mask.sum() for mask in counted]).double()
+    totals = torch.cat([counts, weights.double()[valid].sum().reshape(1)])
     if across_processes if reduce_statistics is None else reduce_statistics:
         totals = all_reduce_sum(totals)
-    num_tokens, num_positive, num_negative, num_selected_positive, num_selected_negative = (
-        int(count) for count in totals[:5].tolist()
-    )
-    stats = {
-        "num_tokens": num_tokens,
-        "num_positive": num_positive,
-        "num_negative": num_negative,
-        "num_selected_positive": num_selected_positive,
-        "num_selected_negative": num_selected_negative,
-        "selected_positive_fraction": num_selected_positive / num_tokens if num_tokens else 0.0,
-        "selected_negative_fraction": num_selected_negative / num_tokens if num_tokens else 0.0,
+    names = ("num_tokens", "num_positive", "num_negative", "num_selected_positive", "num_selected_negative")
+    stats = {name: int(count) for name, count in zip(names, totals[:5].tolist(), strict=True)}
+    num_tokens = stats["num_tokens"]
+    stats |= {
+        "selected_positive_fraction": stats["num_selected_positive"] / num_tokens if num_tokens else 0.0,
+        "selected_negative_fraction": stats["num_selected_negative"] / num_tokens if num_tokens else 0.0,
         "mean_weight": float(totals[5]) / num_tokens if num_tokens else 1.0,
         "gate_on": float(gate_on),
     }
     return STAREWeights(weights, selected_positive, selected_negative, stats)
-
-
-def stare_rule(
-    log_probs: torch.Tensor,
-    entropies: torch.Tensor,
-    advantages: torch.Tensor,
-    loss_mask: torch.Tensor,
-    **params,
-) -> TokenRuleResult:
-    """:func:`stare_token_weights` as a token rule, taking its keyword arguments: weights only, no token is dropped.
-    Entropies are not used."""
-    result = stare_token_weights(log_probs, advantages, loss_mask, **params)
-    return TokenRuleResult(weights=result.weights, stats=result.stats)

@@ -18,6 +18,8 @@ from verl.utils import tensordict_utils as tu
 from verl.workers.engine.utils import prepare_micro_batches
 from verl.workers.utils.padding import left_right_2_no_padding
 
+from ..token_rules import per_token_advantages
+
 PAD_TOKEN = 0
 
 
@@ -63,8 +65,7 @@ def actor_mini_batch(
     responses = torch.where(response_mask.bool(), torch.arange(10, 10 + width).expand(rows, width), PAD_TOKEN)
     attention_mask = torch.cat([prompt_attention, response_mask], dim=1)
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(1).expand(rows, width)
+    advantages = per_token_advantages(advantages, response_mask)
     data = tu.get_tensordict(
         {
             "prompts": prompts,

@@ -282,7 +282,7 @@ def test_the_backend_is_called_trl_fused_head_not_trl():
 
 def test_stare_and_dump_fields_come_from_their_mixins():
     from stapo_trl.diagnostics.token_dump_config import TokenDumpConfigMixin
-    from stapo_trl.token_rules.stare_config import STAREConfigMixin
+    from stapo_trl.token_rules.stare_rule import STAREConfigMixin
 
     stare = {field.name for field in dataclasses.fields(STAREConfigMixin)}
     dump = {field.name for field in dataclasses.fields(TokenDumpConfigMixin)}

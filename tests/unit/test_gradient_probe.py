@@ -10,13 +10,9 @@ from trl import GRPOConfig, GRPOTrainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
 from stapo_trl.file_and_metric_names import NUM_ITEMS_BEFORE_RULES_KEY
-from stapo_trl.gradient_probe import (
-    GradientProbe,
-    count_matched_draw,
-    gradient_share_statistics,
-    share_over_baseline,
-)
+from stapo_trl.gradient_probe import GradientProbe, gradient_share_statistics, share_over_baseline
 from stapo_trl.token_rules import spurious_token_candidates
+from stapo_trl.token_rules.random_silencing import count_matched_draw
 from stapo_trl.token_stats import side_effect_free_pass
 
 PROB_THRESHOLD = 0.2
