@@ -22,7 +22,8 @@ parts, and ``generate`` is the colocated engine's generation:
 Each part is measured in process CPU time (user + system of all threads) and in wall time, and the peak resident
 memory of generate, the loss forward and the backward is recorded (VmHWM reset as each starts). With `--floors` the
 script also measures this CPU's GEMM rate on the step's own matrix shapes and prints, for each part, the FLOPs of its
-GEMMs and the time those FLOPs take at that rate: the floor that no implementation of that part can beat here.
+GEMMs and the time those FLOPs take at that rate: the floor that no implementation of that part can beat here
+(with a vLLM recipe, `vllm_floors`: the engine's generation, the old-log-prob pass, the loss forward and backward).
 """
 
 from __future__ import annotations
@@ -234,7 +235,24 @@ def install_vllm_timers(clock: Clock, timed) -> None:
         return
     from trl import GRPOTrainer
 
-    timed(CPUColocatedVLLMGeneration, "generate", "generate")
+    original_generate = CPUColocatedVLLMGeneration.generate
+
+    def generate(self, prompts, *args, **kwargs):
+        with clock.part("generate"):
+            output = original_generate(self, prompts, *args, **kwargs)
+        completions = output[1]
+        clock.shapes["vllm_generate"].append(
+            {
+                "rows": len(prompts),
+                "distinct_prompts": len({tuple(prompt) for prompt in prompts}),
+                "prompt_tokens": [len(prompt) for prompt in prompts],
+                "distinct_prompt_tokens": [len(prompt) for prompt in {tuple(prompt) for prompt in prompts}],
+                "completion_tokens": [len(completion) for completion in completions],
+            }
+        )
+        return output
+
+    CPUColocatedVLLMGeneration.generate = generate
     timed(CPUColocatedVLLMGeneration, "sync_weights", "weight_sync")
     original_pass = GRPOTrainer._get_per_token_logps_and_entropies
 
@@ -354,6 +372,87 @@ def floors(shapes: dict, config: dict) -> dict:
     }
 
 
+def vllm_floors(shapes: dict, config: dict) -> dict:
+    """FLOPs and GEMM floors of the vLLM recipe's first step: the engine's generation, TRL's old-log-prob pass and the
+    loss, counted as in `floors`.
+
+    The engine works on unpadded sequences: its prefill is counted over each prompt's own tokens, once per row and,
+    as the lower figure, once per distinct prompt (what vLLM's prefix cache could share; whether it shares prompts
+    scheduled in the same batch is not measured here), and its decode over each completion's own tokens. TRL's
+    old-log-prob pass runs every layer over the padded batch without gradients, its head over the completion
+    positions; the loss runs the layers from ``first_trainable_layer`` on (the rest replayed from that pass)."""
+    generation = shapes["vllm_generate"][0]
+    hidden, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    layers, trainable = config["num_hidden_layers"], config["lora_layers"]
+    kv = config["num_key_value_heads"] * hidden // config["num_attention_heads"]
+    linear = 2 * (hidden * (2 * hidden + 2 * kv) + 3 * hidden * inter)
+    head = 2 * hidden * vocab
+
+    def attention(context: float) -> float:
+        return 2 * 2 * context * hidden
+
+    def prefill(lengths: list[int]) -> float:
+        return layers * sum(length * (linear + attention(length / 2)) for length in lengths)
+
+    decode = sum(
+        completion * (layers * (linear + attention(prompt + completion / 2)) + head)
+        for prompt, completion in zip(generation["prompt_tokens"], generation["completion_tokens"], strict=True)
+    )
+    rows = generation["rows"]
+    micro_batches, covered = [], 0
+    for entry in shapes["loss_batch"]:
+        if covered >= rows:
+            break
+        micro_batches.append(entry)
+        covered += entry[0]
+    padded = sum(entry[0] * (entry[1] + entry[2]) for entry in micro_batches)
+    completion_positions = sum(entry[0] * entry[2] for entry in micro_batches)
+    scored = sum(entry[3] for entry in micro_batches)
+    length = micro_batches[0][1] + micro_batches[0][2]
+    loss_layer = padded * (linear + attention(length / 2))
+    flops = {
+        "generate_prefill_every_row": prefill(generation["prompt_tokens"]),
+        "generate_prefill_distinct_prompts": prefill(generation["distinct_prompt_tokens"]),
+        "generate_decode": decode,
+        "old_logps_body": layers * loss_layer,
+        "old_logps_head": completion_positions * head,
+        "loss_forward_body": trainable * loss_layer,
+        "loss_forward_head": scored * head,
+        "backward_body": trainable * padded * (linear + 2 * attention(length / 2)),
+        "backward_head": scored * head,
+    }
+    per_micro_batch = rows // len(micro_batches)
+    rates = {
+        "body": gemm_rate(per_micro_batch * length, hidden, inter),
+        "head": gemm_rate(max(1, scored // len(micro_batches)), hidden, vocab),
+        "decode": gemm_rate(rows, hidden, inter),
+    }
+
+    def rate(name: str) -> float:
+        return rates["decode" if "decode" in name else "head" if "head" in name else "body"]
+
+    seconds = {name: value / (rate(name) * 1e9) for name, value in flops.items()}
+    floor = {
+        "generate": seconds["generate_prefill_distinct_prompts"] + seconds["generate_decode"],
+        "generate_prefill_every_row": seconds["generate_prefill_every_row"] + seconds["generate_decode"],
+        "old_logps": seconds["old_logps_body"] + seconds["old_logps_head"],
+        "loss_forward": seconds["loss_forward_body"] + seconds["loss_forward_head"],
+        "backward": seconds["backward_body"] + seconds["backward_head"],
+    }
+    return {
+        "generation": {key: generation[key] for key in ("rows", "distinct_prompts")}
+        | {
+            "prompt_tokens": sum(generation["prompt_tokens"]),
+            "completion_tokens": sum(generation["completion_tokens"]),
+            "padded_tokens": padded,
+            "scored_tokens": scored,
+        },
+        "gemm_gflop_per_cpu_second": {name: round(value, 1) for name, value in rates.items()},
+        "gflop": {name: round(value / 1e9, 1) for name, value in flops.items()},
+        "floor_cpu_seconds": {name: round(value, 2) for name, value in floor.items()},
+    }
+
+
 def commit() -> str:
     """This checkout's commit, with ``+uncommitted`` when the package or recipes differ from it."""
     head = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True).strip()
@@ -441,7 +540,7 @@ def main() -> None:
             )
         }
         values["lora_layers"] = 8
-        result["floors"] = floors(clock.shapes, values)
+        result["floors"] = (vllm_floors if "vllm_generate" in clock.shapes else floors)(clock.shapes, values)
     for index, step in enumerate(clock.steps, 1):
         parts = "  ".join(f"{name} {cpu:.1f}/{wall:.1f}" for name, (cpu, wall) in step["parts"].items())
         print(f"step {index}: cpu {step['cpu']:.1f} s, wall {step['wall']:.1f} s | {parts}", flush=True)
