@@ -111,18 +111,21 @@ class STAPOTrainer(HookedGRPOTrainer):
     Takes every argument of [`~trl.GRPOTrainer`]; `args` should be a [`STAPOConfig`] (a `GRPOConfig` is converted,
     keeping its values).
 
-    At the start of each optimizer step, the token rules of `stapo_trl.token_rules` (`args.active_token_rules`, the
-    S2T mask among them) apply in order to the tokens of all its micro-batches, across processes, as one pool, each
-    seeing the tokens the rules before it kept; `args.shadow_token_rules` are computed and logged without being
-    applied. The loss is renormalized over the kept tokens (see the module docstring for how). A rule's stateful
-    controller (STARE's gate and weights) lives in `self.rule_controllers`, is updated once per generation from the
-    batch's mean token entropy under the generating policy, saved with each checkpoint and restored on resume.
+    At the start of each optimizer step, the token rules of `stapo_trl.token_rules` (`args.active_token_rules`) apply
+    in order to the tokens of all its micro-batches, across processes, as one pool, each seeing the tokens the rules
+    before it kept. The S2T mask's candidates are the tokens of positive-advantage responses with
+    `p < prob_threshold`; those whose entropy is below the `entropy_quantile`-th quantile of the candidates' entropies
+    are silenced. `args.shadow_token_rules` are computed and logged without being applied. The loss is renormalized
+    over the kept tokens (see the module docstring for how). A rule's stateful controller (STARE's gate and weights)
+    lives in `self.rule_controllers`, is updated once per generation from the batch's mean token entropy under the
+    generating policy, saved with each checkpoint and restored on resume.
 
     Where `p` and `H` come from is `self.token_stats` ([`~stapo_trl.token_stats.TokenStatistics`]), per
     `token_stats_source`:
 
-    - `"generation"` (default): the policy that generated the batch (`generation_stats_blocker` says why they cannot
-      be recorded while `generate()` samples, when not). When every generation feeds exactly one optimizer step
+    - `"generation"` (default): the policy that generated the batch, from TRL's old-log-prob pass when TRL runs it,
+      else recorded while `generate()` samples, else one no-grad pass per generation (`generation_stats_blocker`
+      says why recording is not possible). When every generation feeds exactly one optimizer step
       (`steps_per_generation == gradient_accumulation_steps`, `num_iterations == 1`) that policy *is* the policy
       being optimized, so the mask equals the loss-time mask. Otherwise the statistics are stale by at most
       `steps_per_generation / gradient_accumulation_steps * num_iterations - 1` updates.
