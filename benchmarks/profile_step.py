@@ -281,16 +281,23 @@ def gemm_rate(m: int, k: int, n: int, repeats: int = 3) -> float:
     return 2 * m * k * n / best / 1e9
 
 
-def step_shapes(shapes: dict) -> dict:
-    """The first step's generation (rows, prompt length, generated length, distinct prompts, whether any dropout was
-    active) and loss micro-batches."""
-    rows, prompt_length, total_length, distinct, dropout = shapes["generate"][0]
+def first_micro_batches(loss_batches: list, rows: int) -> list:
+    """The loss micro-batches (``[rows, prompt length, completion length, scored tokens]``) of the first generation of
+    ``rows`` completions."""
     micro_batches, covered = [], 0
-    for entry in shapes["loss_batch"]:
+    for entry in loss_batches:
         if covered >= rows:
             break
         micro_batches.append(entry)
         covered += entry[0]
+    return micro_batches
+
+
+def step_shapes(shapes: dict) -> dict:
+    """The first step's generation (rows, prompt length, generated length, distinct prompts, whether any dropout was
+    active) and loss micro-batches."""
+    rows, prompt_length, total_length, distinct, dropout = shapes["generate"][0]
+    micro_batches = first_micro_batches(shapes["loss_batch"], rows)
     return {
         "rows": rows,
         "prompt_length": prompt_length,
@@ -399,12 +406,7 @@ def vllm_floors(shapes: dict, config: dict) -> dict:
         for prompt, completion in zip(generation["prompt_tokens"], generation["completion_tokens"], strict=True)
     )
     rows = generation["rows"]
-    micro_batches, covered = [], 0
-    for entry in shapes["loss_batch"]:
-        if covered >= rows:
-            break
-        micro_batches.append(entry)
-        covered += entry[0]
+    micro_batches = first_micro_batches(shapes["loss_batch"], rows)
     padded = sum(entry[0] * (entry[1] + entry[2]) for entry in micro_batches)
     completion_positions = sum(entry[0] * entry[2] for entry in micro_batches)
     scored = sum(entry[3] for entry in micro_batches)
