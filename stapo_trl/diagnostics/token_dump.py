@@ -25,6 +25,7 @@ import torch
 from ..distributed import all_reduce_sum, gather_objects, rank, world_size
 from ..file_and_metric_names import SILENCED_TOKENS_FILE, SILENCED_TOKENS_STATS_FILE
 from ..storage import DamagedFileError, append_text, read_json_file, read_json_lines, write_text_atomically
+from ..token_rules import per_token_advantages
 
 LOG10_P_RANGE = (-10.0, 0.0)
 ENTROPY_RANGE = (0.0, 12.0)
@@ -212,8 +213,7 @@ class SilencedTokenDump:
         """
         loss_mask = tokens.loss_mask.bool()
         silenced = tokens.silenced.bool() & loss_mask
-        advantages = tokens.advantages if tokens.advantages.dim() == 2 else tokens.advantages.unsqueeze(1)
-        positive = loss_mask & (advantages > 0)
+        positive = loss_mask & (per_token_advantages(tokens.advantages, loss_mask) > 0)
         masks = (positive, loss_mask & ~positive)
         density = torch.stack([token_density(tokens.log_probs, tokens.entropies, mask) for mask in masks])
         counts = torch.zeros(world_size(), dtype=torch.int64, device=density.device)

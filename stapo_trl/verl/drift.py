@@ -17,6 +17,7 @@ from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, get_policy_loss_fn
 from verl.workers.config.actor import ActorConfig, PolicyLossConfig
 from verl.workers.utils.losses import ppo_loss
 
+from ..token_rules import per_token_advantages
 from .actor_batch import actor_micro_batches, actor_mini_batch, model_output
 from .entropy import entropy_from_ppo_loss
 
@@ -131,7 +132,7 @@ def check_vanilla_reads_global_batch_info() -> list[str]:
         return ["verl's vanilla loss no longer aggregates with config.global_batch_info"]
     tensors, loss, _ = _run_ppo_loss("vanilla")
     mask = tensors["mask"].bool()
-    expected = -(tensors["advantages"].unsqueeze(1).expand_as(mask)[mask]).sum() / mask.sum()
+    expected = -(per_token_advantages(tensors["advantages"], mask)[mask]).sum() / mask.sum()
     if not torch.isclose(loss.double(), expected, atol=1e-12):
         return [f"vanilla token-mean at ratio 1 gave {float(loss)}, expected {float(expected)}"]
     return []
