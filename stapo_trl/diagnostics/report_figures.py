@@ -92,10 +92,11 @@ def line_panel(
 
 
 def masking_panels(runs: list[RunLogs]) -> tuple[LinePanel, LinePanel]:
-    """The silenced fraction (%) of each run's silencing rule and that rule's threshold (S2T's ``tau_h``) over the
-    steps. The legend of the first says how many tokens each run silenced of how many candidates; the titles name
-    the rules. A run whose rule ran in shadow (GRPO with ``shadow_token_rules: [s2t]``) is drawn with what the rule
-    would have silenced, its label saying so."""
+    """The silenced fraction (%) of each run's silencing rule and that rule's threshold over the steps: the metric it
+    summarises as ``threshold_median`` (S2T's ``tau_h``), titled by its `RuleMetric` meaning and unit. The legend of
+    the first says how many tokens each run silenced of how many candidates; the titles name the rules. A run whose
+    rule ran in shadow (GRPO with ``shadow_token_rules: [s2t]``) is drawn with what the rule would have silenced, its
+    label saying so."""
     absent = "no token rule silenced tokens (none was on)"
     fraction, threshold = (LinePanel(title="", series=[], y_floor=0.0) for _ in range(2))
     rules, thresholds = {}, {}  # ordered sets: the rules and threshold titles, in order of first appearance
@@ -111,18 +112,18 @@ def masking_panels(runs: list[RunLogs]) -> tuple[LinePanel, LinePanel]:
         rules[spec.display_name] = None
         if found.defined and all(value == 0.0 for _, value in found.defined):
             fraction.notes.append(f"{label}: 0% at every step")
-        presentation = spec.presentation
-        of = f" of {summary['candidates']} {presentation.candidates_noun}" if "candidates" in summary else ""
+        of = f" of {summary['candidates']} candidates" if "candidates" in summary else ""
         found.label = f"{label}: {summary['silenced_tokens']}{of} silenced"
         fraction.series.append(found)
-        metric = presentation.threshold_statistic
-        line = metric_series(run.history, prefix + spec.metric(metric), label) if metric is not None else None
+        metric = next((metric for metric in spec.metrics if "threshold_median" in dict(metric.summaries)), None)
+        line = metric_series(run.history, prefix + spec.metric(metric.statistic), label) if metric else None
         if line is None:
             threshold.notes.append(f"{label}: {spec.display_name} has no threshold")
             continue
         threshold.series.append(line)
-        threshold.undefined_label = f"no {presentation.candidates_noun}, so no {presentation.threshold_name}"
-        thresholds[presentation.threshold_title] = None
+        definition = metric.meaning.split(";")[0]
+        threshold.undefined_label = f"no candidates, so no {definition.split(':')[0]}"
+        thresholds[f"{definition} ({metric.unit})"] = None
     fraction.title = f"{', '.join(rules) or 'token rule'} silenced fraction of loss tokens (%)"
     threshold.title = "; ".join(thresholds) or "threshold of the silencing rule"
     if threshold.series and not any(series.defined for series in threshold.series):

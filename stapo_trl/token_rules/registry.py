@@ -96,7 +96,8 @@ class RuleMetric:
 
     The report reads these summary keys when a rule has them: ``silenced_fraction`` and ``silenced_tokens`` (a rule
     that drops tokens), ``candidates`` (the pool it drops them from) and ``threshold_median`` (its per-step
-    threshold)."""
+    threshold, which the report also draws as a line: that metric's meaning opens with its symbol and what it is,
+    ``"tau_h: entropy quantile of the candidates; ..."``, and titles the line's panel with its unit)."""
 
     statistic: str
     meaning: str
@@ -143,12 +144,6 @@ class RulePresentation:
     help_title: str | None = None
     help_options: tuple[tuple[str, str], ...] = ()
     """Its group in ``stapo-trl train -h``: ``(field, one-line help)`` pairs."""
-    threshold_statistic: str | None = None
-    """A per-step threshold the rule logs (S2T's ``entropy_threshold``), which `stapo-trl report` draws as a line."""
-    threshold_title: str = ""
-    threshold_name: str = "the threshold"
-    """How the report's notes call the threshold: ``"no candidates, so no tau_h"``."""
-    candidates_noun: str = "candidates"
 
 
 class TokenRuleSpec:

@@ -97,8 +97,8 @@ class S2TRule(TokenRuleSpec):
         ),
         RuleMetric(
             "entropy_threshold",
-            "tau_h; a step without candidates records NaN, which TRL's logger skips (a logging window with none "
-            "shows `None`)",
+            "tau_h: entropy quantile of the candidates; a step without candidates records NaN, which TRL's logger "
+            "skips (a logging window with none shows `None`)",
             "nats",
             (("threshold_median", MEDIAN), ("threshold_last", LAST)),
         ),
@@ -138,9 +138,6 @@ class S2TRule(TokenRuleSpec):
             ("prob_threshold", "tau_p: candidates have p below this (paper: 0.002)"),
             ("entropy_quantile", "tau_h is this quantile of the candidates' entropies (paper: 0.8)"),
         ),
-        threshold_statistic="entropy_threshold",
-        threshold_title="tau_h: entropy quantile of the candidates (nats)",
-        threshold_name="tau_h",
     )
 
     def apply(self, log_probs, entropies, advantages, loss_mask, **params) -> TokenRuleResult:
