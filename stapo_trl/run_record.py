@@ -102,10 +102,9 @@ class RunRecord:
         """The rule whose silenced tokens the report shows: the first, in apply order, whose summary has a silenced
         fraction; for ``shadow``, among the rules run in shadow."""
         summaries = self.shadow_token_rules if shadow else self.token_rules
-        for spec in registered_rules():
-            if "silenced_fraction" in summaries.get(spec.name, {}):
-                return spec.name
-        return None
+        return next(
+            (spec.name for spec in registered_rules() if "silenced_fraction" in summaries.get(spec.name, {})), None
+        )
 
 
 def build_run_record(

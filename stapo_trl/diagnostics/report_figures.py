@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from ..file_and_metric_names import SHADOW_PREFIX
-from ..run_record import build_run_record
-from ..token_rules import TokenRuleSpec, get_token_rule
+from ..run_record import rule_summary
+from ..token_rules import TokenRuleSpec, get_token_rule, registered_rules
 from .plotting import (
     DensityPanel,
     LinePanel,
@@ -200,8 +200,7 @@ def training_curve_panels(records: list[dict], label: str) -> list[LinePanel]:
     passes the method and seed, for example ``stapo, seed 0``): there is no generic default such as "run"."""
     panels = []
     records = training_records(records)
-    rule = build_run_record(records).silencing_rule()
-    spec = get_token_rule(rule) if rule is not None else None
+    spec = next((spec for spec in registered_rules() if "silenced_fraction" in rule_summary(spec, records)), None)
     metric, name = (spec.metric("silenced_fraction"), f"{spec.display_name} ") if spec else ("silenced_fraction", "")
     silenced = (metric, f"{name}silenced fraction (%)", 0.0, 100.0)
     for key, title, y_floor, scale in (*TRAINING_CURVES, OPTIMIZATION_PANELS[0], silenced):

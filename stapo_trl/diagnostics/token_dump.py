@@ -33,15 +33,8 @@ DENSITY_BINS = (40, 48)
 """Histogram bins over log10 p (0.25 decades) and entropy (0.25 nats); values outside are clamped to the edge bins."""
 
 
-def token_density(
-    log_probs: torch.Tensor,
-    entropies: torch.Tensor,
-    mask: torch.Tensor,
-    bins: tuple[int, int] = DENSITY_BINS,
-    log10_p_range: tuple[float, float] = LOG10_P_RANGE,
-    entropy_range: tuple[float, float] = ENTROPY_RANGE,
-) -> torch.Tensor:
-    """Counts ``[bins[0], bins[1]]`` of the tokens where ``mask`` is True over (log10 p, H), as int64.
+def token_density(log_probs: torch.Tensor, entropies: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Counts ``DENSITY_BINS`` of the tokens where ``mask`` is True over (log10 p, H), as int64.
 
     ``log_probs`` are natural-log probabilities and ``entropies`` nats, both ``[B, T]``; ``mask`` is a bool ``[B, T]``.
     Tokens with a non-finite log-prob or entropy are not counted. Values outside the ranges land in the edge bins.
@@ -49,14 +42,15 @@ def token_density(
     log10_p = log_probs.detach().double() / math.log(10)
     entropy = entropies.detach().double()
     selected = mask.bool() & torch.isfinite(log10_p) & torch.isfinite(entropy)
-    counts = torch.zeros(bins, dtype=torch.int64, device=log_probs.device)
+    counts = torch.zeros(DENSITY_BINS, dtype=torch.int64, device=log_probs.device)
     if not bool(selected.any()):
         return counts
     columns = []
-    for values, (low, high), size in ((log10_p, log10_p_range, bins[0]), (entropy, entropy_range, bins[1])):
+    ranges = (LOG10_P_RANGE, ENTROPY_RANGE)
+    for values, (low, high), size in zip((log10_p, entropy), ranges, DENSITY_BINS, strict=True):
         scaled = ((values[selected] - low) / (high - low) * size).floor().long()
         columns.append(scaled.clamp(0, size - 1))
-    flat = columns[0] * bins[1] + columns[1]
+    flat = columns[0] * DENSITY_BINS[1] + columns[1]
     counts.view(-1).index_add_(0, flat, torch.ones_like(flat))
     return counts
 

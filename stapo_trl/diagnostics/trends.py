@@ -37,17 +37,16 @@ class Trend:
             return "rises" if self.slope > 0 else "falls"
         return "no trend beyond its step-to-step scatter"
 
-    def sentence(self, digits: int = 3) -> str:
+    def sentence(self) -> str:
         """The one sentence the summary, the card and the report print for this metric."""
         text = (
-            f"{self.label} {self.first_quarter:.{digits}f} (first quarter of steps) -> "
-            f"{self.last_quarter:.{digits}f} (last quarter)"
+            f"{self.label} {self.first_quarter:.3f} (first quarter of steps) -> {self.last_quarter:.3f} (last quarter)"
         )
         if self.slope is None:
             return f"{text}; {self.verdict} ({self.steps} steps)"
         return (
-            f"{text}; slope {self.slope:+.{digits + 1}f} ± {self.slope_standard_error:.{digits + 1}f} per step over "
-            f"{self.steps} steps: {self.verdict}"
+            f"{text}; slope {self.slope:+.4f} ± {self.slope_standard_error:.4f} per step over {self.steps} steps: "
+            f"{self.verdict}"
         )
 
     def to_dict(self) -> dict:

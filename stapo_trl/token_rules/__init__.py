@@ -10,17 +10,13 @@ anywhere else. Nothing here imports TRL, so verl or a hand-written loop can use 
 import importlib
 import pkgutil
 
-from ..file_and_metric_names import rule_metric, shadow_metric
 from .registry import (
     LAST,
     MEAN,
     MEDIAN,
     STEPS_ABOVE_ZERO,
     SUM,
-    SUMMARY_KINDS,
     TOKEN_RULES,
-    ComposedTokenRules,
-    FunctionRuleSpec,
     RuleCall,
     RuleMethod,
     RuleMetric,
@@ -45,16 +41,14 @@ for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
 from .s2t import (  # noqa: E402
-    ENTROPY_PERCENTILES,
     candidates_below,
     linear_quantiles,
     logit_grad_sq_norm_lower_bound,
     spurious_token_candidates,
     spurious_token_mask,
 )
-from .stare import STARE_VARIANTS, STAREWeights, stare_token_weights, top_share_mask  # noqa: E402
-from .stare_controller import GATE_MODES, STAREController  # noqa: E402
-from .stare_rule import STARE_SELECTION_POOLS, STAREConfigMixin  # noqa: E402
+from .stare import stare_token_weights, top_share_mask  # noqa: E402
+from .stare_controller import STAREController  # noqa: E402
 
 __all__ = [
     "LAST",
@@ -62,22 +56,13 @@ __all__ = [
     "MEDIAN",
     "STEPS_ABOVE_ZERO",
     "SUM",
-    "SUMMARY_KINDS",
-    "ENTROPY_PERCENTILES",
-    "GATE_MODES",
-    "STARE_SELECTION_POOLS",
-    "STARE_VARIANTS",
     "TOKEN_RULES",
-    "ComposedTokenRules",
-    "FunctionRuleSpec",
     "RuleCall",
     "RuleMethod",
     "RuleMetric",
     "RulePresentation",
     "RuleSetting",
-    "STAREConfigMixin",
     "STAREController",
-    "STAREWeights",
     "StepContext",
     "TokenRuleResult",
     "TokenRuleSpec",
@@ -92,8 +77,6 @@ __all__ = [
     "register_token_rule_spec",
     "registered_rules",
     "rule_config_mixins",
-    "rule_metric",
-    "shadow_metric",
     "shadow_rule_names",
     "spurious_token_candidates",
     "spurious_token_mask",
