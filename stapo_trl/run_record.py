@@ -210,8 +210,8 @@ _FORMATTER = _WordingFormatter()
 
 
 def fill(template: str, values: dict[str, Any]) -> str | None:
-    """A rule's wording (`RulePresentation`) filled from ``values``, or None when a field it names is not a finite
-    number there. Beside `str.format`'s specs, ``d`` truncates a float count and ``on/off`` says "on" from 0.5 up."""
+    """A rule's wording (`RulePresentation`, with its format specs) filled from ``values``, or None when a field it
+    names is not a finite number there."""
     names = [name for _, name, _, _ in _FORMATTER.parse(template) if name]
     if not all(is_finite_number(values.get(name)) for name in names):
         return None

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -116,33 +116,26 @@ def token_records(
     return records
 
 
+@dataclass(eq=False)
 class SilencedTokenDump:
     """Writes the bounded dump of one run; call :meth:`record_step` on every process at every optimizer step."""
 
-    def __init__(
-        self,
-        output_dir: str | os.PathLike,
-        tokenizer,
-        *,
-        tokens_per_step: int,
-        max_tokens: int,
-        context_tokens: int,
-        seed: int = 0,
-        probability_bound: float | None = None,
-        is_main_process: bool = True,
-    ):
-        self.directory = Path(output_dir)
+    output_dir: str | os.PathLike
+    tokenizer: Any
+    _: KW_ONLY
+    tokens_per_step: int
+    max_tokens: int
+    context_tokens: int
+    seed: int = 0
+    probability_bound: float | None = None
+    is_main_process: bool = True
+    stats: dict[str, Any] | None = field(default=None, init=False)
+    _opened: bool = field(default=False, init=False)
+
+    def __post_init__(self):
+        self.directory = Path(self.output_dir)
         self.records_path = self.directory / SILENCED_TOKENS_FILE
         self.stats_path = self.directory / SILENCED_TOKENS_STATS_FILE
-        self.tokenizer = tokenizer
-        self.tokens_per_step = tokens_per_step
-        self.max_tokens = max_tokens
-        self.context_tokens = context_tokens
-        self.seed = seed
-        self.probability_bound = probability_bound
-        self.is_main_process = is_main_process
-        self.stats: dict[str, Any] | None = None
-        self._opened = False
 
     def _fresh_stats(self) -> dict[str, Any]:
         return {

@@ -146,7 +146,7 @@ class RandomSilencingRule(TokenRuleSpec):
         ),
     )
 
-    def apply(self, log_probs, entropies, advantages, loss_mask, **params) -> TokenRuleResult:
+    def __call__(self, log_probs, entropies, advantages, loss_mask, **params) -> TokenRuleResult:
         silenced, stats = random_silencing_mask(log_probs, entropies, advantages, loss_mask, **params)
         return TokenRuleResult(keep=~silenced, stats=stats)
 

@@ -177,13 +177,10 @@ class TokenRuleSpec:
     presentation: ClassVar[RulePresentation] = RulePresentation()
 
     # --- the rule itself
-    def apply(
+    def __call__(
         self, log_probs: torch.Tensor, entropies: torch.Tensor, advantages: torch.Tensor, loss_mask: torch.Tensor, **p
     ) -> TokenRuleResult:
         raise NotImplementedError
-
-    def __call__(self, log_probs, entropies, advantages, loss_mask, **params) -> TokenRuleResult:
-        return self.apply(log_probs, entropies, advantages, loss_mask, **params)
 
     def metric(self, statistic: str) -> str:
         return rule_metric(self.name, statistic)
@@ -236,7 +233,7 @@ class FunctionRuleSpec(TokenRuleSpec):
         self.name = name
         self.function = function
 
-    def apply(self, log_probs, entropies, advantages, loss_mask, **params) -> TokenRuleResult:
+    def __call__(self, log_probs, entropies, advantages, loss_mask, **params) -> TokenRuleResult:
         return self.function(log_probs, entropies, advantages, loss_mask, **params)
 
     def __repr__(self) -> str:

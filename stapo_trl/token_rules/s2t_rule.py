@@ -140,7 +140,7 @@ class S2TRule(TokenRuleSpec):
         ),
     )
 
-    def apply(self, log_probs, entropies, advantages, loss_mask, **params) -> TokenRuleResult:
+    def __call__(self, log_probs, entropies, advantages, loss_mask, **params) -> TokenRuleResult:
         """Logs every statistic of :func:`spurious_token_mask` but ``num_tokens``, under the metrics' names."""
         spurious, stats = spurious_token_mask(log_probs, entropies, advantages, loss_mask, **params)
         logged = {metric.statistic: stats[_RENAMED.get(metric.statistic, metric.statistic)] for metric in self.metrics}

@@ -4,6 +4,7 @@ statistics it logs."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,67 +110,6 @@ class STAREConfigMixin:
         },
     )
 
-    def validate_stare_fields(self, used: bool = True) -> None:
-        """Check the STARE fields; ``used`` says whether STARE runs, so that the settings that only some variants and
-        modes read are checked against the ones it runs with."""
-        if isinstance(self.stare_variant, str):
-            self.stare_variant = self.stare_variant.upper()
-        if self.stare_variant not in STARE_VARIANTS:
-            raise ValueError(f"stare_variant must be one of {STARE_VARIANTS}, got {self.stare_variant!r}.")
-        if self.stare_gate not in GATE_MODES:
-            raise ValueError(f"stare_gate must be one of {GATE_MODES}, got {self.stare_gate!r}.")
-        if self.stare_selection_pool not in STARE_SELECTION_POOLS:
-            raise ValueError(
-                f"stare_selection_pool must be one of {STARE_SELECTION_POOLS}, got {self.stare_selection_pool!r}."
-            )
-        if not 0.0 < self.stare_top_surprisal_share <= 1.0:
-            raise ValueError(
-                f"stare_top_surprisal_share must be in (0, 1], got {self.stare_top_surprisal_share}. It is a "
-                "fraction: the paper's P = 10% is 0.1."
-            )
-        if self.stare_positive_weight <= 0 or self.stare_negative_weight <= 0:
-            raise ValueError(
-                f"stare_positive_weight ({self.stare_positive_weight}) and stare_negative_weight "
-                f"({self.stare_negative_weight}) must be positive: they multiply advantages, and a weight of 0 or "
-                "below would drop or flip a token's update."
-            )
-        if self.stare_target_entropy < 0:
-            raise ValueError(
-                f"stare_target_entropy is an entropy in nats and must be >= 0, got {self.stare_target_entropy}."
-            )
-        if self.stare_alpha < 0:
-            raise ValueError(f"stare_alpha must be >= 0, got {self.stare_alpha}.")
-        if self.stare_max_positive_weight < 1.0 or not 0.0 < self.stare_min_negative_weight <= 1.0:
-            raise ValueError(
-                f"The adaptive clamps must satisfy stare_max_positive_weight >= 1 and 0 < stare_min_negative_weight "
-                f"<= 1, got {self.stare_max_positive_weight} and {self.stare_min_negative_weight}."
-            )
-        if not used:
-            return
-        changed = changed_fields(self, STAREConfigMixin)
-        unused = []
-        if self.stare_variant == "O1" and "stare_negative_weight" in changed:
-            unused.append("stare_negative_weight applies only to stare_variant='C2'")
-        if not self.stare_adaptive:
-            unused += [
-                f"{name} applies only with stare_adaptive=True"
-                for name in ("stare_alpha", "stare_max_positive_weight", "stare_min_negative_weight")
-                if name in changed
-            ]
-        if unused:
-            raise ValueError(f"These STARE settings would be ignored: {'; '.join(unused)}.")
-        if self.stare_adaptive:
-            if not 1.0 <= self.stare_positive_weight <= self.stare_max_positive_weight:
-                raise ValueError(
-                    f"With stare_adaptive=True, stare_positive_weight ({self.stare_positive_weight}) must start inside "
-                    f"its clamp [1, stare_max_positive_weight={self.stare_max_positive_weight}]."
-                )
-            if self.stare_variant == "C2" and not self.stare_min_negative_weight <= self.stare_negative_weight <= 1.0:
-                raise ValueError(
-                    f"With stare_adaptive=True, stare_negative_weight ({self.stare_negative_weight}) must start inside "
-                    f"its clamp [stare_min_negative_weight={self.stare_min_negative_weight}, 1]."
-                )
-
 
 class STARERule(TokenRuleSpec):
     """STARE's surprisal-guided advantage weights: weights only, no token is dropped. Entropies are not used by the
@@ -236,12 +176,67 @@ class STARERule(TokenRuleSpec):
         ),
     )
 
-    def apply(self, log_probs, entropies, advantages, loss_mask, **params) -> TokenRuleResult:
+    def __call__(self, log_probs, entropies, advantages, loss_mask, **params) -> TokenRuleResult:
         result = stare_token_weights(log_probs, advantages, loss_mask, **params)
         return TokenRuleResult(weights=result.weights, stats=result.stats)
 
     def validate(self, config: Any, used: bool) -> None:
-        config.validate_stare_fields(used)
+        if isinstance(config.stare_variant, str):
+            config.stare_variant = config.stare_variant.upper()
+        for item in dataclasses.fields(STAREConfigMixin):
+            choices = tuple(item.metadata.get("choices", ()))
+            if choices and getattr(config, item.name) not in choices:
+                raise ValueError(f"{item.name} must be one of {choices}, got {getattr(config, item.name)!r}.")
+        if not 0.0 < config.stare_top_surprisal_share <= 1.0:
+            raise ValueError(
+                f"stare_top_surprisal_share must be in (0, 1], got {config.stare_top_surprisal_share}. It is a "
+                "fraction: the paper's P = 10% is 0.1."
+            )
+        if config.stare_positive_weight <= 0 or config.stare_negative_weight <= 0:
+            raise ValueError(
+                f"stare_positive_weight ({config.stare_positive_weight}) and stare_negative_weight "
+                f"({config.stare_negative_weight}) must be positive: they multiply advantages, and a weight of 0 or "
+                "below would drop or flip a token's update."
+            )
+        if config.stare_target_entropy < 0:
+            raise ValueError(
+                f"stare_target_entropy is an entropy in nats and must be >= 0, got {config.stare_target_entropy}."
+            )
+        if config.stare_alpha < 0:
+            raise ValueError(f"stare_alpha must be >= 0, got {config.stare_alpha}.")
+        if config.stare_max_positive_weight < 1.0 or not 0.0 < config.stare_min_negative_weight <= 1.0:
+            raise ValueError(
+                f"The adaptive clamps must satisfy stare_max_positive_weight >= 1 and 0 < stare_min_negative_weight "
+                f"<= 1, got {config.stare_max_positive_weight} and {config.stare_min_negative_weight}."
+            )
+        if not used:
+            return
+        changed = changed_fields(config, STAREConfigMixin)
+        unused = []
+        if config.stare_variant == "O1" and "stare_negative_weight" in changed:
+            unused.append("stare_negative_weight applies only to stare_variant='C2'")
+        if not config.stare_adaptive:
+            unused += [
+                f"{name} applies only with stare_adaptive=True"
+                for name in ("stare_alpha", "stare_max_positive_weight", "stare_min_negative_weight")
+                if name in changed
+            ]
+        if unused:
+            raise ValueError(f"These STARE settings would be ignored: {'; '.join(unused)}.")
+        if config.stare_adaptive:
+            if not 1.0 <= config.stare_positive_weight <= config.stare_max_positive_weight:
+                raise ValueError(
+                    f"With stare_adaptive=True, stare_positive_weight ({config.stare_positive_weight}) must start "
+                    f"inside its clamp [1, stare_max_positive_weight={config.stare_max_positive_weight}]."
+                )
+            if (
+                config.stare_variant == "C2"
+                and not config.stare_min_negative_weight <= config.stare_negative_weight <= 1.0
+            ):
+                raise ValueError(
+                    f"With stare_adaptive=True, stare_negative_weight ({config.stare_negative_weight}) must start "
+                    f"inside its clamp [stare_min_negative_weight={config.stare_min_negative_weight}, 1]."
+                )
         if self.is_on(config) and config.top_entropy_quantile < 1.0:
             raise ValueError(
                 f"use_stare=True conflicts with top_entropy_quantile={config.top_entropy_quantile}: STARE takes its "
