@@ -18,15 +18,7 @@ from ..file_and_metric_names import HELDOUT_RESULTS_FILE
 from ..run_record import RunRecord, rule_summary_line, trend_sentences
 from ..storage import read_json_lines
 from ..token_rules import registered_rules
-from .report_figures import (
-    FIGURE_TITLES,
-    FIGURES,
-    plot_masking,
-    plot_metric,
-    plot_optimization,
-    plot_token_density,
-    plot_top_silenced,
-)
+from .report_figures import FIGURE_TITLES, plot_report_figures
 from .run_logs import ReportError, RunLogs, load_run
 from .token_dump import silenced_token_line
 
@@ -194,18 +186,9 @@ def write_report(
         for directory, label in zip(directories, _unique_labels(directories, labels), strict=True)
     ]
     output_dir = Path(output_dir)
-    paths = {name: output_dir / file_name for name, file_name in FIGURES.items()}
-    figures = {
-        "entropy": plot_metric(runs, "entropy", "mean token entropy (nats)", paths["entropy"], y_floor=0.0),
-        "reward": plot_metric(runs, "reward", "mean reward", paths["reward"]),
-        "masking": plot_masking(runs, paths["masking"]),
-        "optimization": plot_optimization(runs, paths["optimization"]),
-    }
+    figures = plot_report_figures(runs, output_dir, top_tokens)
     notes = []
-    if any(run.dump_stats is not None for run in runs):
-        figures["token_density"] = plot_token_density(runs, paths["token_density"])
-        figures["top_silenced_tokens"] = plot_top_silenced(runs, paths["top_silenced_tokens"], top_tokens)
-    else:
+    if "token_density" not in figures:
         notes.append(
             "No run has a silenced-token dump, so the p-H density and the top silenced tokens are left out. Train with "
             "`dump_silenced_tokens: true` to get them."

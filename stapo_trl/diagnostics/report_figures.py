@@ -218,26 +218,6 @@ def plot_training_curves(records: list[dict], path: str | Path, *, label: str, t
     return plot_line_panels(training_curve_panels(records, label), path, panel_size=(3.9, 3.2), title=title, dpi=110)
 
 
-def plot_optimization(runs: list[RunLogs], path: Path) -> Path:
-    """The gradient norm, completion length, clipped share and (when the gradient probe ran) the silenced tokens'
-    share of the squared gradient norm over the steps, one line per run."""
-    panels = [
-        line_panel(runs, key, title, scale=scale, y_floor=y_floor)
-        for key, title, y_floor, scale in OPTIMIZATION_PANELS
-    ]
-    return plot_line_panels(panels, path, panel_size=(4.4, 3.4))
-
-
-def plot_metric(runs: list[RunLogs], key: str, label: str, path: Path, y_floor: float | None = None) -> Path:
-    """One metric over the steps, one line per run, on shared axes."""
-    return plot_line_panels([line_panel(runs, key, label, y_floor=y_floor)], path, panel_size=(6, 3.6))
-
-
-def plot_masking(runs: list[RunLogs], path: Path) -> Path:
-    """The silenced fraction (%) and the silencing rule's threshold over the steps, one line per run."""
-    return plot_line_panels(masking_panels(runs), path, panel_size=(5.5, 3.8))
-
-
 def _density_extent(stats: dict[str, Any]) -> tuple[float, float, float, float]:
     density = stats["density"]
     return (*density["log10_p_range"], *density["entropy_range"])
@@ -264,18 +244,32 @@ def density_limits(runs: list[RunLogs]) -> tuple[float, float] | None:
     return min(limit[0] for limit in limits), max(limit[1] for limit in limits)
 
 
-def plot_token_density(runs: list[RunLogs], path: Path) -> Path:
-    """Where the positive-advantage loss tokens sit over (log10 p, H), per run on shared axes, with the silencing
-    region of the run's rule (for S2T ``p < prob_threshold`` and ``H < tau_h``, the run's median ``tau_h``) and the
-    dumped silenced tokens."""
-    return plot_density_panels(
-        [density_panel(run) for run in runs],
-        path,
-        limits=density_limits(runs),
-        title="Positive-advantage completion tokens over probability and entropy",
-    )
-
-
-def plot_top_silenced(runs: list[RunLogs], path: Path, limit: int = 15) -> Path:
-    """The most frequent silenced tokens of each run's dump, as horizontal bars, or the reason there are none."""
-    return plot_token_bars([token_bars(run, limit) for run in runs], path, limit)
+def plot_report_figures(runs: list[RunLogs], output_dir: Path, top_tokens: int) -> dict[str, Path]:
+    """Draw the report's figures into ``output_dir`` (`FIGURES`), every run on shared axes: entropy and reward over
+    the steps, the silenced fraction and threshold (`masking_panels`) and the `OPTIMIZATION_PANELS`; when a run has a
+    silenced-token dump, also the p-H density of positive-advantage tokens (`density_panel`) and the ``top_tokens``
+    most frequent silenced tokens (`token_bars`). Returns the written figures by name."""
+    paths = {name: output_dir / file_name for name, file_name in FIGURES.items()}
+    optimization = [
+        line_panel(runs, key, title, scale=scale, y_floor=y_floor)
+        for key, title, y_floor, scale in OPTIMIZATION_PANELS
+    ]
+    line_figures = {
+        "entropy": ([line_panel(runs, "entropy", "mean token entropy (nats)", y_floor=0.0)], (6, 3.6)),
+        "reward": ([line_panel(runs, "reward", "mean reward")], (6, 3.6)),
+        "masking": (masking_panels(runs), (5.5, 3.8)),
+        "optimization": (optimization, (4.4, 3.4)),
+    }
+    figures = {
+        name: plot_line_panels(panels, paths[name], panel_size=size) for name, (panels, size) in line_figures.items()
+    }
+    if any(run.dump_stats is not None for run in runs):
+        figures["token_density"] = plot_density_panels(
+            [density_panel(run) for run in runs],
+            paths["token_density"],
+            limits=density_limits(runs),
+            title="Positive-advantage completion tokens over probability and entropy",
+        )
+        bars = [token_bars(run, top_tokens) for run in runs]
+        figures["top_silenced_tokens"] = plot_token_bars(bars, paths["top_silenced_tokens"], top_tokens)
+    return figures

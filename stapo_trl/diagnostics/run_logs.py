@@ -29,8 +29,7 @@ class RunLogs:
     label: str
     directory: Path
     history: list[dict[str, Any]]
-    """The log's per-step training records, which the figures draw (the end-of-training summary record, which has
-    ``train_runtime``, and the evaluation records, with ``eval_*`` keys, are left out)."""
+    """The log's training steps (`read_history`), which the figures draw."""
     source: Path
     record: RunRecord
     """The run's facts, built from the whole log and the dump, which the tables and text show."""
@@ -68,6 +67,12 @@ def read_log(source: Path) -> list[dict[str, Any]]:
             f"{source} cannot be read ({error}); the file is damaged. Point the report at a checkpoint-N/ of the run, "
             "whose trainer_state.json holds the log up to that step."
         ) from None
+
+
+def read_history(source: Path) -> list[dict[str, Any]]:
+    """The per-step training records of a ``trainer_state.json`` or ``metrics.jsonl`` (the end-of-training summary
+    record, which has ``train_runtime``, and the evaluation records, with ``eval_*`` keys, are left out)."""
+    return [record for record in read_log(source) if "step" in record and is_training_record(record)]
 
 
 def load_run(directory: str | Path, label: str | None = None) -> RunLogs:
