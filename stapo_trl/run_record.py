@@ -20,7 +20,8 @@ from .diagnostics.trends import Trend, finite_series, is_finite_number, run_tren
 from .file_and_metric_names import RUN_SUMMARY_FILE, SHADOW_PREFIX
 from .gradient_probe import PROBE_METRIC_PREFIX
 from .storage import read_json_file, write_text_atomically
-from .token_rules import LAST, MEAN, MEDIAN, STEPS_ABOVE_ZERO, SUM, TokenRuleSpec, registered_rules
+from .token_rules import TokenRuleSpec, registered_rules
+from .token_rules.registry import LAST, MEAN, MEDIAN, STEPS_ABOVE_ZERO, SUM
 
 OPTIMIZATION_METRICS = ("grad_norm", "completions/mean_length", "clip_ratio/region_mean")
 """TRL's statistics of the updates that the record summarises, beside every ``gradient_probe/*`` statistic."""

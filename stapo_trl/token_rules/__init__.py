@@ -11,17 +11,10 @@ import importlib
 import pkgutil
 
 from .registry import (
-    LAST,
-    MEAN,
-    MEDIAN,
-    STEPS_ABOVE_ZERO,
-    SUM,
     TOKEN_RULES,
     RuleCall,
     RuleMethod,
     RuleMetric,
-    RulePresentation,
-    RuleSetting,
     StepContext,
     TokenRuleResult,
     TokenRuleSpec,
@@ -30,7 +23,6 @@ from .registry import (
     get_token_rule,
     per_token_advantages,
     register_token_rule,
-    register_token_rule_spec,
     registered_rules,
     rule_config_mixins,
     shadow_rule_names,
@@ -51,17 +43,10 @@ from .stare import stare_token_weights, top_share_mask  # noqa: E402
 from .stare_controller import STAREController  # noqa: E402
 
 __all__ = [
-    "LAST",
-    "MEAN",
-    "MEDIAN",
-    "STEPS_ABOVE_ZERO",
-    "SUM",
     "TOKEN_RULES",
     "RuleCall",
     "RuleMethod",
     "RuleMetric",
-    "RulePresentation",
-    "RuleSetting",
     "STAREController",
     "StepContext",
     "TokenRuleResult",
@@ -74,7 +59,6 @@ __all__ = [
     "logit_grad_sq_norm_lower_bound",
     "per_token_advantages",
     "register_token_rule",
-    "register_token_rule_spec",
     "registered_rules",
     "rule_config_mixins",
     "shadow_rule_names",
