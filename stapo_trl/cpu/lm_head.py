@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import torch
@@ -63,19 +64,14 @@ def handles(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     )
 
 
+@dataclass(eq=False)
 class FusedHeadOp:
     """A drop-in for TRL's ``ChunkedLogProbFunction`` in `add_fused_lm_head`: same ``apply`` arguments, same outputs."""
 
-    def __init__(
-        self,
-        fallback: Any,
-        *,
-        block_rows: int = DEFAULT_BLOCK_ROWS,
-        keep_logits_bytes: int = DEFAULT_KEEP_LOGITS_BYTES,
-    ):
-        self.fallback = fallback
-        self.block_rows = block_rows
-        self.keep_logits_bytes = keep_logits_bytes
+    fallback: Any
+    _: KW_ONLY
+    block_rows: int = DEFAULT_BLOCK_ROWS
+    keep_logits_bytes: int = DEFAULT_KEEP_LOGITS_BYTES
 
     def apply(
         self,
