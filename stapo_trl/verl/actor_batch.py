@@ -21,6 +21,7 @@ from verl.workers.utils.padding import left_right_2_no_padding
 from ..token_rules import per_token_advantages
 
 PAD_TOKEN = 0
+PROMPT_LENGTH = 2
 
 
 @dataclass
@@ -31,22 +32,11 @@ class ActorMicroBatch:
     """The rows of the padded inputs that it holds, in order."""
 
 
-def _prompts(prompt_lengths: list[int], width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded prompt ids and attention."""
-    ids = torch.full((len(prompt_lengths), width), PAD_TOKEN, dtype=torch.long)
-    attention = torch.zeros(len(prompt_lengths), width, dtype=torch.long)
-    for row, length in enumerate(prompt_lengths):
-        ids[row, width - length :] = torch.arange(3, 3 + length)
-        attention[row, width - length :] = 1
-    return ids, attention
-
-
 def actor_mini_batch(
     old_log_probs: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     *,
-    prompt_lengths: list[int] | None = None,
     dp_size: int = 1,
     global_batch_size: int | None = None,
     batch_num_tokens: int | None = None,
@@ -58,9 +48,8 @@ def actor_mini_batch(
     on one rank; pass the sum over ranks otherwise.
     """
     rows, width = response_mask.shape
-    prompt_lengths = prompt_lengths or [2] * rows
-    prompt_width = max(prompt_lengths)
-    prompts, prompt_attention = _prompts(prompt_lengths, prompt_width)
+    prompts = torch.arange(3, 3 + PROMPT_LENGTH).repeat(rows, 1)
+    prompt_attention = torch.ones(rows, PROMPT_LENGTH, dtype=torch.long)
     response_mask = response_mask.to(torch.long)
     responses = torch.where(response_mask.bool(), torch.arange(10, 10 + width).expand(rows, width), PAD_TOKEN)
     attention_mask = torch.cat([prompt_attention, response_mask], dim=1)
