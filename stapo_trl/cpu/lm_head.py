@@ -13,16 +13,8 @@ are asked for; everything else (GPUs, autocast, the head's other outputs ``log_s
 ``is_top1``, a DeepSpeed ZeRO-3 partitioned head) goes to TRL's own op unchanged.
 
 Importing stapo_trl changes nothing. `stapo_trl.cpu.cpu_runtime` turns the CPU head on for its block when the trainer's
-arguments train on the CPU (so ``stapo-trl train`` does, whatever the method; ``cpu_lm_head: false`` turns it off).
-On its own::
-
-    from stapo_trl.cpu.lm_head import apply_cpu_lm_head, revert_cpu_lm_head, cpu_lm_head
-
-    apply_cpu_lm_head()        # from now on; revert_cpu_lm_head() undoes it
-    with cpu_lm_head():        # or only inside the block
-        trainer.train()
-
-It applies process-wide, to models patched before or after the call.
+arguments train on the CPU (so ``stapo-trl train`` does, whatever the method; ``cpu_lm_head: false`` turns it off);
+on its own, `apply_cpu_lm_head` turns it on, process-wide, for models patched before or after the call.
 """
 
 from __future__ import annotations

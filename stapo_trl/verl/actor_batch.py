@@ -87,9 +87,8 @@ def actor_micro_batches(data, micro_batch_size: int) -> list[ActorMicroBatch]:
     return [ActorMicroBatch(micro_batch, micro_batch["row"]) for micro_batch in micro_batches]
 
 
-def model_output(micro_batch, log_probs: torch.Tensor, entropy: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    """The engine's model output for ``micro_batch``: ``log_probs`` (and ``entropy``, unless None) of its rows,
-    given padded ``[B, T]`` over the response, laid out as nested tensors over each whole sequence, shifted by one.
+def model_output(micro_batch, log_probs: torch.Tensor, entropy: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The engine's model output for ``micro_batch``: ``log_probs`` and ``entropy`` of its rows, given padded ``[B, T]`` over the response, laid out as nested tensors over each whole sequence, shifted by one.
 
     Positions outside the response hold 0; autograd flows from the nested values back to ``log_probs``.
     """
@@ -110,7 +109,4 @@ def model_output(micro_batch, log_probs: torch.Tensor, entropy: torch.Tensor | N
         offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
         return torch.nested.nested_tensor_from_jagged(torch.cat(pieces), offsets=offsets)
 
-    output = {"log_probs": nested(log_probs)}
-    if entropy is not None:
-        output["entropy"] = nested(entropy)
-    return output
+    return {"log_probs": nested(log_probs), "entropy": nested(entropy)}
