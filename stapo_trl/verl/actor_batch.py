@@ -88,7 +88,8 @@ def actor_micro_batches(data, micro_batch_size: int) -> list[ActorMicroBatch]:
 
 
 def model_output(micro_batch, log_probs: torch.Tensor, entropy: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The engine's model output for ``micro_batch``: ``log_probs`` and ``entropy`` of its rows, given padded ``[B, T]`` over the response, laid out as nested tensors over each whole sequence, shifted by one.
+    """The engine's model output for ``micro_batch``: ``log_probs`` and ``entropy`` of its rows, given padded
+    ``[B, T]`` over the response, laid out as nested tensors over each whole sequence, shifted by one.
 
     Positions outside the response hold 0; autograd flows from the nested values back to ``log_probs``.
     """
