@@ -49,22 +49,16 @@ from ..trl_boundary.hooks import decoder_layer_cache, decoder_layers
 logger = logging.getLogger(__name__)
 
 
-class _Recorded(torch.nn.Module):
-    """Stands in for the first frozen layer: returns the recorded input of the first trainable layer."""
+class _StandIn(torch.nn.Module):
+    """Stands in for a frozen layer: returns ``recorded`` (for the first frozen layer, the recorded input of the first
+    trainable layer), or its input unchanged when there is none (the other frozen layers)."""
 
-    def __init__(self, hidden_states: torch.Tensor):
+    def __init__(self, recorded: torch.Tensor | None = None):
         super().__init__()
-        self.hidden_states = hidden_states
+        self.recorded = recorded
 
     def forward(self, hidden_states, *args, **kwargs):
-        return self.hidden_states
-
-
-class _PassThrough(torch.nn.Module):
-    """Stands in for the other frozen layers."""
-
-    def forward(self, hidden_states, *args, **kwargs):
-        return hidden_states
+        return hidden_states if self.recorded is None else self.recorded
 
 
 def _rows(value, index: torch.Tensor, batch: int):
@@ -219,26 +213,35 @@ class FrozenPrefixReplay:
             parameter._version for layer in self.layers[: self.first_trainable] for parameter in layer.parameters()
         )
 
-    def _generate(self, generate, *args, **kwargs):
-        chunks: list[torch.Tensor] = []
+    @contextmanager
+    def _first_trainable_inputs(self) -> Iterator[list[torch.Tensor]]:
+        """The first trainable layer's input at each of its calls inside the block, detached; a call on the distinct
+        rows of a shared prefill is copied out to every row."""
+        inputs: list[torch.Tensor] = []
 
         def record(module, args, kwargs):
             hidden_states = args[0].detach() if args else kwargs["hidden_states"].detach()
             inverse = self.prefill_inverse
             if inverse is not None and hidden_states.shape[0] < inverse.shape[0]:
                 hidden_states = hidden_states.index_select(0, inverse)
-            chunks.append(hidden_states)
+            inputs.append(hidden_states)
 
         handle = self.layers[self.first_trainable].register_forward_pre_hook(record, with_kwargs=True)
-        self.generating, self.recording = True, None
-        shared = self._share_prefill(args, kwargs)
         try:
-            output = generate(*args, **kwargs)
+            yield inputs
         finally:
             handle.remove()
-            self.generating, self.prefill_inverse = False, None
-            if shared is not None:
-                self._put_back(shared)
+
+    def _generate(self, generate, *args, **kwargs):
+        with self._first_trainable_inputs() as chunks:
+            self.generating, self.recording = True, None
+            shared = self._share_prefill(args, kwargs)
+            try:
+                output = generate(*args, **kwargs)
+            finally:
+                self.generating, self.prefill_inverse = False, None
+                if shared is not None:
+                    self._put_back(shared)
         sequences = output if isinstance(output, torch.Tensor) else getattr(output, "sequences", None)
         if sequences is None or not chunks:
             return output
@@ -277,7 +280,7 @@ class FrozenPrefixReplay:
 
         self.layers[0] = _SharedPrefill(covered, first, inverse, back_to_the_layers)
         for index in range(1, len(covered)):
-            self.layers[index] = _PassThrough()
+            self.layers[index] = _StandIn()
         return covered
 
     def _put_back(self, layers: list[torch.nn.Module]) -> None:
@@ -324,7 +327,7 @@ class FrozenPrefixReplay:
         frozen = list(self.layers[: self.first_trainable])
         try:
             for index in range(self.first_trainable):
-                self.layers[index] = _Recorded(hidden_states) if index == 0 else _PassThrough()
+                self.layers[index] = _StandIn(hidden_states if index == 0 else None)
             return forward(*args, **kwargs)
         finally:
             self._put_back(frozen)
@@ -332,16 +335,8 @@ class FrozenPrefixReplay:
     def _recording_forward(self, forward, input_ids: torch.Tensor, args: tuple, kwargs: dict):
         """Run every layer, and keep the first trainable layer's input for the rows of ``input_ids``: a recording
         of its own, or more rows of the open one."""
-        inputs: list[torch.Tensor] = []
-
-        def record(module, args, kwargs):
-            inputs.append(args[0].detach() if args else kwargs["hidden_states"].detach())
-
-        handle = self.layers[self.first_trainable].register_forward_pre_hook(record, with_kwargs=True)
-        try:
+        with self._first_trainable_inputs() as inputs:
             output = forward(*args, **kwargs)
-        finally:
-            handle.remove()
         if len(inputs) != 1 or inputs[0].shape[:2] != input_ids.shape:
             return output
         version, recording = self._frozen_version(), self.recording

@@ -13,22 +13,15 @@ are asked for; everything else (GPUs, autocast, the head's other outputs ``log_s
 ``is_top1``, a DeepSpeed ZeRO-3 partitioned head) goes to TRL's own op unchanged.
 
 Importing stapo_trl changes nothing. `stapo_trl.cpu.cpu_runtime` turns the CPU head on for its block when the trainer's
-arguments train on the CPU (so ``stapo-trl train`` does, whatever the method; ``cpu_lm_head: false`` turns it off).
-On its own::
-
-    from stapo_trl.cpu.lm_head import apply_cpu_lm_head, revert_cpu_lm_head, cpu_lm_head
-
-    apply_cpu_lm_head()        # from now on; revert_cpu_lm_head() undoes it
-    with cpu_lm_head():        # or only inside the block
-        trainer.train()
-
-It applies process-wide, to models patched before or after the call.
+arguments train on the CPU (so ``stapo-trl train`` does, whatever the method; ``cpu_lm_head: false`` turns it off);
+on its own, `apply_cpu_lm_head` turns it on, process-wide, for models patched before or after the call.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import torch
@@ -63,19 +56,14 @@ def handles(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     )
 
 
+@dataclass(eq=False)
 class FusedHeadOp:
     """A drop-in for TRL's ``ChunkedLogProbFunction`` in `add_fused_lm_head`: same ``apply`` arguments, same outputs."""
 
-    def __init__(
-        self,
-        fallback: Any,
-        *,
-        block_rows: int = DEFAULT_BLOCK_ROWS,
-        keep_logits_bytes: int = DEFAULT_KEEP_LOGITS_BYTES,
-    ):
-        self.fallback = fallback
-        self.block_rows = block_rows
-        self.keep_logits_bytes = keep_logits_bytes
+    fallback: Any
+    _: KW_ONLY
+    block_rows: int = DEFAULT_BLOCK_ROWS
+    keep_logits_bytes: int = DEFAULT_KEEP_LOGITS_BYTES
 
     def apply(
         self,

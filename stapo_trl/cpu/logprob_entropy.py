@@ -27,6 +27,8 @@ pass itself runs under ``torch.no_grad``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 DEFAULT_BLOCK_ROWS = 1024
@@ -45,13 +47,13 @@ def _slabs(start: int, end: int):
         yield slab_start, min(slab_start + SLAB_ROWS, end)
 
 
+@dataclass
 class _Transform:
     """TRL's logit transform, applied in place, and its derivative."""
 
-    def __init__(self, inverse_temperature: float, softcap: float | None, logit_scale: float):
-        self.inverse_temperature = inverse_temperature
-        self.softcap = softcap
-        self.logit_scale = logit_scale
+    inverse_temperature: float
+    softcap: float | None
+    logit_scale: float
 
     def project(self, hidden_block, weight, bias, out):
         """``out = transform(hidden_block @ weight.T + bias)``."""

@@ -71,27 +71,20 @@ def cpu_runtime(args: Any, *, lm_head: bool = True, replay_frozen_layers: bool =
             trainer = STAPOTrainer(model=..., reward_funcs=..., args=args, train_dataset=...)
             trainer.train()
 
-    `stapo-trl train` runs every method through this block (``run_training``), so a script that builds its
-    `STAPOTrainer` inside it gets the same code paths. ``args`` are the trainer's arguments (a `STAPOConfig` or
-    `GRPOConfig`); pass the ones the trainer gets. When ``args.device`` is not the CPU, the block changes nothing.
-    On the CPU:
+    `stapo-trl train` runs every method through this block (``run_training``). ``args`` are the arguments the
+    trainer gets (a `STAPOConfig` or `GRPOConfig`); when ``args.device`` is not the CPU, the block changes nothing.
+    On the CPU, each part as its module describes:
 
-    - **CPU LM head** (`stapo_trl.cpu.lm_head`; ``lm_head=False`` leaves it off): TRL's fused LM head scores only the
-      labelled positions, with stapo-trl's blocked op. Process-wide, from entering the block to leaving it.
-    - **Colocated vLLM on vLLM's CPU backend** (`stapo_trl.cpu.colocated_vllm`), when ``args`` ask for
-      ``use_vllm=True`` with ``vllm_mode="colocate"``. TRL builds its engine in ``GRPOTrainer.__init__``, so the
-      trainer must be built inside the block; trainers built there keep their adapted engine after it. Entering the
-      block refuses at once when the installed vLLM is missing or is not the CPU build.
-    - **Shared prefill and frozen-layer replay** (`stapo_trl.cpu.frozen_layer_replay`; ``replay_frozen_layers=False``
-      leaves it off). It needs the built model: a `STAPOTrainer` built inside the block attaches it at the end of its
-      ``__init__`` (for another TRL trainer, call `CPURuntime.attach`). It lasts until the block ends, and stays off,
-      with a log line saying why, on a model it does not fit (no frozen bottom layer, dropout in the frozen layers,
-      gradient checkpointing, several processes).
-    - **torch's environment** (`stapo_trl.cpu.environment`: ``OMP_WAIT_POLICY=PASSIVE``, ``THP_MEM_ALLOC_ENABLE=1``).
-      These take effect only when set before torch loads, and by the time a script has its ``args`` torch is loaded.
-      So the block sets none of them: it logs one warning naming the defaults missing from the environment and how
-      to set them (`CPURuntime.environment_not_in_effect` lists them). `stapo-trl train` sets them before it imports
-      torch, so there none is missing. Neither changes torch's thread count.
+    - the CPU LM head (`stapo_trl.cpu.lm_head`; ``lm_head=False`` leaves it off), process-wide while the block runs;
+    - colocated vLLM on vLLM's CPU backend (`stapo_trl.cpu.colocated_vllm`), when ``args`` ask for ``use_vllm=True``
+      with ``vllm_mode="colocate"``: build the trainer inside the block, where TRL builds its engine;
+    - the shared prefill and frozen-layer replay (`stapo_trl.cpu.frozen_layer_replay`; ``replay_frozen_layers=False``
+      leaves it off), until the block ends. It needs the built model: a `STAPOTrainer` built inside the block
+      attaches it at the end of its ``__init__`` (for another TRL trainer, call `CPURuntime.attach`);
+    - torch's environment (`stapo_trl.cpu.environment`), which takes effect only when set before torch loads, as
+      `stapo-trl train` does. By the time a script has its ``args``, torch is loaded: the block sets nothing, and
+      logs one warning naming the defaults missing (`CPURuntime.environment_not_in_effect`) and how to set them.
+      Neither default changes torch's thread count.
 
     Yields the `CPURuntime` that says what is on.
     """

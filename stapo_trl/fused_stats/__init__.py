@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ..cpu.logprob_entropy import blocked_logprob_entropy
-from .liger import is_liger_available, liger_logprob_entropy, liger_unavailable
+from .liger import liger_logprob_entropy, liger_unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -194,9 +194,6 @@ __all__ = [
     "TOKEN_STATS_BACKENDS",
     "TRL_FUSED_HEAD",
     "backend_unavailable",
-    "blocked_logprob_entropy",
-    "is_liger_available",
-    "liger_logprob_entropy",
     "naive_logprob_entropy",
     "resolve_backend",
     "token_logprob_entropy",

@@ -18,7 +18,6 @@ from typing import Any
 import trl
 import trl.trainer.grpo_trainer as trl_grpo_trainer
 from transformers import PretrainedConfig
-from transformers.cache_utils import DynamicLayer
 from trl import GRPOConfig
 from trl.generation.vllm_generation import VLLMGeneration
 
@@ -112,10 +111,6 @@ class Seam:
 
 def _name_or_path() -> list[str]:
     return [] if "_name_or_path" in PretrainedConfig().to_dict() else ["PretrainedConfig has no _name_or_path"]
-
-
-def _reorder_cache() -> list[str]:
-    return [] if callable(getattr(DynamicLayer, "reorder_cache", None)) else ["DynamicLayer has no reorder_cache"]
 
 
 def _vllm_engine_construction() -> list[str]:
@@ -306,7 +301,7 @@ SEAMS: tuple[Seam, ...] = (
         takes(f"{LLAMA}:LlamaDecoderLayer.forward", f"..., {DECODER_CACHE_ARGUMENT}"),
         contains(f"{LLAMA}:LlamaAttention.forward", "cache.update(key_states, value_states, self.layer_idx"),
         contains("transformers.cache_utils:DynamicCache.update", "self.layers[layer_idx].update("),
-        _reorder_cache,
+        has("transformers.cache_utils:DynamicLayer", "reorder_cache"),
     ),
     Seam(
         "TRL helpers",

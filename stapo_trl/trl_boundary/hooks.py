@@ -189,14 +189,6 @@ DECODER_LOOP = ("decoder_layer in", "self.layers[: self.config.num_hidden_layers
 next ones as a tensor."""
 
 
-def decoder_loop_problems(backbone_class: type) -> list[str]:
-    try:
-        source = inspect.getsource(backbone_class.forward)
-    except (OSError, TypeError):
-        return [f"{backbone_class.__name__}.forward has no readable source"]
-    return [f"{backbone_class.__name__}.forward {problem}" for problem in missing(source, *DECODER_LOOP)]
-
-
 DECODER_CACHE_ARGUMENT = "cache"
 """The keyword under which transformers' decoder layers receive the KV cache (``past_key_values`` before 5.x)."""
 
@@ -219,5 +211,10 @@ def decoder_layers(model: torch.nn.Module) -> tuple[torch.nn.ModuleList | None, 
     layers = getattr(backbone, "layers", None)
     if not isinstance(layers, torch.nn.ModuleList):
         return None, [f"{type(model).__name__} has no decoder layer list at base_model.layers"]
-    problems = decoder_loop_problems(type(backbone))
+    label = f"{type(backbone).__name__}.forward"
+    try:
+        source = inspect.getsource(type(backbone).forward)
+    except (OSError, TypeError):
+        return None, [f"{label} has no readable source"]
+    problems = [f"{label} {problem}" for problem in missing(source, *DECODER_LOOP)]
     return (None, problems) if problems else (layers, [])

@@ -87,9 +87,7 @@ def torch_threads_kept_from_vllm() -> Iterator[None]:
     """Puts back ``torch.set_num_threads`` and torch's thread count after the block, in which vLLM's CPU worker may
     replace them.
 
-    Why: vLLM's CPU worker sets torch to one thread "for serving" and replaces ``torch.set_num_threads`` with a
-    function that does nothing, process-wide. Colocated, that process is the trainer. Seam: colocated vLLM on CPU,
-    worker threads."""
+    Why: point 3 (threads) of `stapo_trl.cpu.colocated_vllm`. Seam: colocated vLLM on CPU, worker threads."""
     threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
     try:
         yield

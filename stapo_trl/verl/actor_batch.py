@@ -21,6 +21,7 @@ from verl.workers.utils.padding import left_right_2_no_padding
 from ..token_rules import per_token_advantages
 
 PAD_TOKEN = 0
+PROMPT_LENGTH = 2
 
 
 @dataclass
@@ -31,22 +32,11 @@ class ActorMicroBatch:
     """The rows of the padded inputs that it holds, in order."""
 
 
-def _prompts(prompt_lengths: list[int], width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded prompt ids and attention."""
-    ids = torch.full((len(prompt_lengths), width), PAD_TOKEN, dtype=torch.long)
-    attention = torch.zeros(len(prompt_lengths), width, dtype=torch.long)
-    for row, length in enumerate(prompt_lengths):
-        ids[row, width - length :] = torch.arange(3, 3 + length)
-        attention[row, width - length :] = 1
-    return ids, attention
-
-
 def actor_mini_batch(
     old_log_probs: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     *,
-    prompt_lengths: list[int] | None = None,
     dp_size: int = 1,
     global_batch_size: int | None = None,
     batch_num_tokens: int | None = None,
@@ -58,9 +48,8 @@ def actor_mini_batch(
     on one rank; pass the sum over ranks otherwise.
     """
     rows, width = response_mask.shape
-    prompt_lengths = prompt_lengths or [2] * rows
-    prompt_width = max(prompt_lengths)
-    prompts, prompt_attention = _prompts(prompt_lengths, prompt_width)
+    prompts = torch.arange(3, 3 + PROMPT_LENGTH).repeat(rows, 1)
+    prompt_attention = torch.ones(rows, PROMPT_LENGTH, dtype=torch.long)
     response_mask = response_mask.to(torch.long)
     responses = torch.where(response_mask.bool(), torch.arange(10, 10 + width).expand(rows, width), PAD_TOKEN)
     attention_mask = torch.cat([prompt_attention, response_mask], dim=1)
@@ -98,9 +87,9 @@ def actor_micro_batches(data, micro_batch_size: int) -> list[ActorMicroBatch]:
     return [ActorMicroBatch(micro_batch, micro_batch["row"]) for micro_batch in micro_batches]
 
 
-def model_output(micro_batch, log_probs: torch.Tensor, entropy: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    """The engine's model output for ``micro_batch``: ``log_probs`` (and ``entropy``, unless None) of its rows,
-    given padded ``[B, T]`` over the response, laid out as nested tensors over each whole sequence, shifted by one.
+def model_output(micro_batch, log_probs: torch.Tensor, entropy: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The engine's model output for ``micro_batch``: ``log_probs`` and ``entropy`` of its rows, given padded
+    ``[B, T]`` over the response, laid out as nested tensors over each whole sequence, shifted by one.
 
     Positions outside the response hold 0; autograd flows from the nested values back to ``log_probs``.
     """
@@ -121,7 +110,4 @@ def model_output(micro_batch, log_probs: torch.Tensor, entropy: torch.Tensor | N
         offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
         return torch.nested.nested_tensor_from_jagged(torch.cat(pieces), offsets=offsets)
 
-    output = {"log_probs": nested(log_probs)}
-    if entropy is not None:
-        output["entropy"] = nested(entropy)
-    return output
+    return {"log_probs": nested(log_probs), "entropy": nested(entropy)}

@@ -1,16 +1,11 @@
 """How a registered verl policy loss gets the per-token entropy that verl 0.9.1 computes but does not pass to it.
 
-verl's actor loss, ``verl.workers.utils.losses.ppo_loss``, turns the model output's entropy into a padded
-``[B, T]`` tensor, aligned with ``log_prob`` and ``response_mask``, in its local variable ``entropy``; it then calls
-the registered policy loss with ``(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
-rollout_is_weights)``, without it. :func:`entropy_from_ppo_loss` reads that local from the calling ``ppo_loss`` frame.
-It reads and changes nothing else: verl is not patched, and ``loss_mode`` values other than ours run as before.
-
-The trade-off against a patch (wrapping ``ppo_loss`` to hand the entropy over explicitly): a wrapper would have to be
-installed in every Ray worker before verl's actor binds ``ppo_loss`` (``functools.partial(ppo_loss, ...)`` at
-``init_model``), and it would sit in the loss path of every ``loss_mode``. The read sits only in our losses. Both
-depend on the same unstable detail, a name inside ``ppo_loss``; :mod:`stapo_trl.verl.drift` checks it against the
-installed verl by running ``ppo_loss`` itself.
+verl's actor loss, ``verl.workers.utils.losses.ppo_loss``, holds the model output's entropy, padded to ``[B, T]`` like
+``log_prob`` and ``response_mask``, in its local ``entropy`` when it calls the registered policy loss, which it does
+not pass. :func:`entropy_from_ppo_loss` reads that local from the calling ``ppo_loss`` frame and changes nothing in
+verl: ``loss_mode`` values other than ours run as before. Why a read and not a patch that wraps ``ppo_loss``:
+docs/verl.md, "How the S2T loss gets the entropy". Both depend on a name inside ``ppo_loss``, which
+:mod:`stapo_trl.verl.drift` checks against the installed verl by running ``ppo_loss`` itself.
 
 verl computes the entropy only when ``actor.calculate_entropy`` is true (or ``actor.entropy_coeff`` is not 0); the
 S2T loss refuses to run without it.

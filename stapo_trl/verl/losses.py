@@ -214,9 +214,6 @@ def register_stare_loss(
     return register_policy_loss(name)(loss)
 
 
-LOSS_MODES = ("stapo", "stare", "stare_c2")
-"""The ``loss_mode`` values this plugin registers, with the papers' defaults."""
-
 register_s2t_loss("stapo")
 register_stare_loss("stare")
 register_stare_loss("stare_c2", variant="C2")
