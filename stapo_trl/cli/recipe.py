@@ -60,8 +60,6 @@ class TrainRequest:
     training: Any
     model: Any
     recipe_path: Path | None
-    recipe: dict[str, Any]
-    given_keys: set[str]
     launch_args: list[str]
     cli_launch_tokens: list[str]
     world_size: int
@@ -474,8 +472,6 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
         training=training,
         model=model,
         recipe_path=recipe_path,
-        recipe=recipe,
-        given_keys=given_keys,
         argv=list(argv),
         launch_args=launch_args,
         cli_launch_tokens=cli_launch_tokens,

@@ -7,7 +7,6 @@ import logging
 import os
 import shlex
 import shutil
-import signal
 import sys
 import threading
 import time
@@ -20,7 +19,7 @@ from typing import Any
 import accelerate.commands.launch as accelerate_launch
 from accelerate import PartialState
 from peft import PeftModel
-from transformers import AutoConfig, ProgressCallback
+from transformers import ProgressCallback, Trainer, TrainerCallback
 from trl import get_peft_config, get_quantization_config
 
 from ..callbacks import EXIT_CODES, MetricsFileCallback, StepSummaryProgressCallback, StopAtCheckpointOnSignal
@@ -33,13 +32,11 @@ from ..gguf import gguf_checkpoint, hub_source, is_gguf_reference
 from ..model_paths import local_model_problem
 from ..resume import last_complete_checkpoint, resolve_resume_checkpoint
 from ..rewards import get_reward_func
-from ..run_record import RunRecord
+from ..run_record import HELDOUT_METRICS, RunRecord
 from ..storage import storage_problem, write_text_atomically
 from ..trl_boundary.hooks import save_model_without_push, set_model_name_or_path
-from .heldout import heldout_metrics, log_at_train_begin, log_metrics
-from .model_checks import load_checked_tokenizer_and_config
 from .plan import format_plan
-from .preflight import VLLM_MISSING, OutputDirLock, check_output_dir, check_vllm, vllm_installed
+from .preflight import OutputDirLock, check_output_dir, check_vllm, load_checked_tokenizer_and_config
 from .recipe import RecipeError, TrainRequest, is_launched, parse_train_args, split_flags
 from .run_summary import DATASET_DESCRIPTIONS, console_summary, plot_model_name, record_finished_run
 
@@ -224,12 +221,9 @@ def load_datasets(script: Any, tokenizer, seed: int):
     return train, heldout
 
 
-def last_layers(model_path: str, count: int, revision: str | None, trust_remote_code: bool) -> list[int]:
+def last_layers(config, count: int) -> list[int]:
     """The indices of the model's last `count` transformer layers, read from its config."""
-    config = AutoConfig.from_pretrained(
-        model_path, revision=revision, trust_remote_code=trust_remote_code
-    ).get_text_config()
-    total = getattr(config, "num_hidden_layers", None)
+    total = getattr(config.get_text_config(), "num_hidden_layers", None)
     if total is None:
         raise RecipeError(
             f"lora_layers: the model's config has no num_hidden_layers, so the last {count} are unknown."
@@ -293,12 +287,27 @@ def write_recipe(request: TrainRequest, output_dir: Path) -> Path:
     return write_text_atomically(output_dir / RECIPE_FILE, "\n".join(lines) + "\n")
 
 
+def log_metrics(trainer, metrics: dict[str, float]) -> None:
+    """Log ``metrics`` at the trainer's current step through transformers' `Trainer.log`: into the log history and
+    the ``report_to`` trackers, without TRL's averaging of its own training metrics."""
+    Trainer.log(trainer, dict(metrics))
+
+
+def log_at_train_begin(trainer, metrics: dict[str, float]):
+    """A callback that logs ``metrics`` at step 0 of a fresh run (a resumed run starts later and logs nothing)."""
+
+    class LogAtTrainBegin(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            if state.global_step == 0:
+                log_metrics(trainer, metrics)
+
+    return LogAtTrainBegin()
+
+
 def run_training(request: TrainRequest) -> RunRecord | None:
-    """Load, train, save (with TRL's model card), push if asked, and summarize, inside `stapo_trl.cpu.cpu_runtime`,
-    whatever the method: on the CPU, TRL's fused LM head runs stapo-trl's CPU path (``cpu_lm_head: false`` turns it
-    off), the loss pass reuses the frozen layers' hidden states from generation or from TRL's old-log-prob pass
-    (``replay_frozen_layers: false`` turns it off), and colocated vLLM runs on vLLM's CPU backend. vLLM's presence
-    is checked first, so that a missing vLLM is reported as such before the runtime asks for its CPU build."""
+    """Load, train, save (with TRL's model card), push if asked, and summarize, inside `stapo_trl.cpu.cpu_runtime`
+    (its CPU speed-ups), whatever the method. vLLM's presence is checked first, so that a missing vLLM is reported as
+    such before the runtime asks for its CPU build."""
     from ..cpu.runtime import cpu_runtime  # imports vLLM where installed
 
     check_vllm(request.training.use_vllm)
@@ -340,7 +349,7 @@ def train_and_summarize(request: TrainRequest) -> RunRecord | None:
     model_path = resolve_model_path(model_args.model_name_or_path)
     if state.is_main_process:
         write_recipe(request, Path(training.output_dir))
-    tokenizer, _ = load_checked_tokenizer_and_config(
+    tokenizer, config = load_checked_tokenizer_and_config(
         model_path,
         model_args.model_name_or_path,
         revision=model_args.model_revision,
@@ -353,9 +362,7 @@ def train_and_summarize(request: TrainRequest) -> RunRecord | None:
 
     peft_config = get_peft_config(model_args)
     if script.lora_layers is not None:
-        peft_config.layers_to_transform = last_layers(
-            model_path, script.lora_layers, model_args.model_revision, training.trust_remote_code
-        )
+        peft_config.layers_to_transform = last_layers(config, script.lora_layers)
 
     training.model_init_kwargs = {
         "revision": model_args.model_revision,
@@ -380,7 +387,9 @@ def train_and_summarize(request: TrainRequest) -> RunRecord | None:
 
     heldout_results = {}
 
-    def evaluate(label: str):
+    def heldout_metrics(label: str) -> dict[str, float]:
+        """The held-out greedy evaluation as transformers names evaluation metrics (``eval_*``, `HELDOUT_METRICS`),
+        for the log history and the ``report_to`` trackers; the run's record reads them back."""
         result = heldout_results[label] = greedy_accuracy(
             trainer.model,
             tokenizer,
@@ -391,13 +400,14 @@ def train_and_summarize(request: TrainRequest) -> RunRecord | None:
             show_progress=not training.disable_tqdm,
         )
         logger.info("Held-out greedy accuracy %s training: %s", label, result)
-        return result.to_dict()
+        scores = result.to_dict()
+        return {metric: scores[name] for name, metric in HELDOUT_METRICS.items() if scores.get(name) is not None}
 
     interrupt = StopAtCheckpointOnSignal()
     trainer.add_callback(interrupt)
 
     if heldout is not None:
-        trainer.add_callback(log_at_train_begin(trainer, heldout_metrics(evaluate("before"))))
+        trainer.add_callback(log_at_train_begin(trainer, heldout_metrics("before")))
     training_started = time.perf_counter()
     try:
         trainer.train(resume_from_checkpoint=training.resume_from_checkpoint)
@@ -407,7 +417,7 @@ def train_and_summarize(request: TrainRequest) -> RunRecord | None:
         raise TrainingInterrupted(trainer.state.global_step, interrupt.signal_received)
     seconds_training = time.perf_counter() - training_started
     if heldout is not None:
-        log_metrics(trainer, heldout_metrics(evaluate("after")))
+        log_metrics(trainer, heldout_metrics("after"))
 
     output_dir = Path(training.output_dir)
     save_final_model(trainer, output_dir, base_model)
@@ -455,9 +465,8 @@ class TrainingInterrupted(Exception):
     """A signal (Ctrl-C or SIGTERM, ``signum``) stopped training after optimizer step ``step``, and the trainer saved
     a checkpoint there."""
 
-    def __init__(self, step: int, signum: int = signal.SIGINT):
+    def __init__(self, step: int, signum: int):
         super().__init__(f"interrupted after optimizer step {step}")
-        self.step = step
         self.signum = signum
 
 
@@ -508,8 +517,7 @@ def train_command(argv: list[str]) -> int:
     with rendezvous_note():  # the training arguments set up torch.distributed from the environment
         request = parse_train_args(argv)
     if request.script.dry_run:
-        if request.training.use_vllm and not vllm_installed():
-            request.notes.append(f"{VLLM_MISSING}; a real run on this machine would stop with this error")
+        check_vllm(request.training.use_vllm, dry_run_notes=request.notes)
         print(format_plan(request))
         return 0
     if request.launch_args and not is_launched():
