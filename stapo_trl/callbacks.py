@@ -112,8 +112,7 @@ class StopAtCheckpointOnSignal(TrainerCallback):
     that stopped training, or None.
     """
 
-    def __init__(self, signals=tuple(STOPPING_SIGNALS)) -> None:
-        self.signals = tuple(signals)
+    def __init__(self) -> None:
         self.signal_received: int | None = None
         self._local_signal: int | None = None
         self._previous_handlers: dict[int, object] = {}
@@ -142,18 +141,13 @@ class StopAtCheckpointOnSignal(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         if threading.current_thread() is threading.main_thread():
-            for signum in self.signals:
+            for signum in STOPPING_SIGNALS:
                 self._previous_handlers[signum] = signal.signal(signum, self._handle)
 
-    def _agreed_signal(self) -> int | None:
-        """The signal any process received, agreed on by all of them (this process's alone when not distributed)."""
-        if world_size() == 1:
-            return self._local_signal
-        agreed = int(all_reduce_max(torch.tensor([self._local_signal or 0]))[0])
-        return agreed or None
-
     def on_step_end(self, args, state, control, **kwargs):
-        agreed = self._agreed_signal()
+        agreed = self._local_signal
+        if world_size() > 1:
+            agreed = int(all_reduce_max(torch.tensor([self._local_signal or 0]))[0]) or None
         if agreed is not None:
             self.signal_received = agreed
             control.should_save = True

@@ -17,7 +17,7 @@ from trl import GRPOConfig
 from .diagnostics.token_dump_config import TokenDumpConfigMixin
 from .fused_stats import TOKEN_STATS_BACKENDS, backend_unavailable
 from .gradient_probe import GradientProbeConfigMixin
-from .token_rules import TOKEN_RULES, active_rule_names, rule_config_mixins, shadow_rule_names, switched_rules
+from .token_rules import TOKEN_RULES, active_rule_names, rule_config_mixins, switched_rules
 from .token_rules.registry import changed_fields
 from .token_stats import TOKEN_STATS_SOURCES
 
@@ -162,11 +162,6 @@ class STAPOConfig(*rule_config_mixins(), TokenDumpConfigMixin, GradientProbeConf
     def active_token_rules(self) -> list[str]:
         """The rules the trainer applies, in order: the switched-on built-in rules, then `token_rules`."""
         return active_rule_names(self)
-
-    @property
-    def shadow_rules_in_order(self) -> list[str]:
-        """`shadow_token_rules` in the order the rules apply."""
-        return shadow_rule_names(self)
 
     def _validate_sizes(self) -> None:
         """Counts that must be positive. TRL accepts 0 for several of them and fails later, for example in torch's

@@ -44,12 +44,11 @@ def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
 def all_reduce_max(values: torch.Tensor) -> torch.Tensor:
     """The element-wise maximum of a tensor over all ranks, on the input's device. Under NCCL the reduction runs on
     this process's CUDA device (NCCL reduces only CUDA tensors)."""
-    if world_size() == 1:
-        return values.clone()
     reduced = values.clone()
-    if dist.get_backend() == "nccl" and reduced.device.type != "cuda":
-        reduced = reduced.to(f"cuda:{torch.cuda.current_device()}")
-    dist.all_reduce(reduced, op=dist.ReduceOp.MAX)
+    if world_size() > 1:
+        if dist.get_backend() == "nccl" and reduced.device.type != "cuda":
+            reduced = reduced.to(f"cuda:{torch.cuda.current_device()}")
+        dist.all_reduce(reduced, op=dist.ReduceOp.MAX)
     return reduced.to(values.device)
 
 

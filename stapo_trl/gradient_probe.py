@@ -68,10 +68,6 @@ CandidateMask = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor
 """``(log_probs, entropies, advantages, loss_mask) -> bool [B, T]``: the pool of the ``random_candidate`` baseline."""
 
 
-def probe_metric(statistic: str) -> str:
-    return f"{PROBE_METRIC_PREFIX}/{statistic}"
-
-
 @dataclass
 class GradientProbeConfigMixin:
     """The gradient probe: the silenced tokens' share of the policy gradient at the weights."""
