@@ -12,9 +12,7 @@ import torch.distributed as dist
 
 def world_size() -> int:
     """Number of processes in the default group, or 1 when torch.distributed is not initialized."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
-    return 1
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def all_gather_variable(values: torch.Tensor) -> torch.Tensor:
@@ -54,9 +52,7 @@ def all_reduce_max(values: torch.Tensor) -> torch.Tensor:
 
 def rank() -> int:
     """This process's rank in the default group, or 0 when torch.distributed is not initialized."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
-    return 0
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def gather_objects(value: object) -> list[object]:

@@ -159,14 +159,9 @@ class _StepTokenSets:
 
 
 class GradientProbe:
-    """Measures the shares at the steps it is due. ``loss_fn(model, batch)`` is the trainer's own loss (TRL's
-    ``compute_loss``), called with the batch's ``tool_mask`` narrowed to one set of tokens.
-
-    Args:
-        every: probe every this many optimizer steps, the first included.
-        seed: the run's seed, from which the baselines' draws are seeded.
-        candidate_mask: S2T's candidate pool (``random_candidate``'s), or None when S2T does not run.
-    """
+    """Measures the shares every ``every`` optimizer steps (`gradient_probe_steps`), with the baselines drawn from
+    ``seed`` and the ``random_candidate`` pool ``candidate_mask``. ``loss_fn(model, batch)`` is the trainer's own loss
+    (TRL's ``compute_loss``), called with the batch's ``tool_mask`` narrowed to one set of tokens."""
 
     def __init__(self, every: int, *, seed: int = 0, candidate_mask: CandidateMask | None = None):
         self.every = every

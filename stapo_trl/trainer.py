@@ -82,15 +82,6 @@ def _as_stapo_config(args: TrainingArguments) -> STAPOConfig:
     return config
 
 
-def peft_type(model) -> str | None:
-    """PEFT's name for the type of the model's adapter (``LORA``, ...), or None for a model without one."""
-    if not is_peft_model(model):
-        return None
-    config = next(iter(getattr(model, "peft_config", {}).values()), None)
-    kind = getattr(config, "peft_type", None)
-    return str(getattr(kind, "value", kind)) if kind is not None else None
-
-
 def _check_prompt_column(dataset, environment_factory=None) -> None:
     """Refuse a training dataset without the ``prompt`` column that TRL's generation step reads (TRL itself fails
     with a ``KeyError`` at the first step, after the model has loaded). With an ``environment_factory`` the column is
@@ -462,12 +453,15 @@ class STAPOTrainer(HookedGRPOTrainer):
         trl_data = trl_card.data.to_dict()
         written = read_run_record(self.args.output_dir) or RunRecord()  # the model `stapo-trl train` was given
         source = written.model_source
+        adapter = is_peft_model(self.model)
+        peft_config = next(iter(getattr(self.model, "peft_config", {}).values()), None) if adapter else None
+        peft_type = getattr(peft_config, "peft_type", None)
         facts = CardFacts(
             model_name=model_name or trl_data.get("model_name") or Path(self.args.output_dir).name,
             location=portable_location(self.args.output_dir, self.hub_model_id),
             on_hub=bool(self.hub_model_id),
-            adapter=is_peft_model(self.model),
-            adapter_type=peft_type(self.model),
+            adapter=adapter,
+            adapter_type=str(getattr(peft_type, "value", peft_type)) if peft_type is not None else None,
             base_model=trl_data.get("base_model"),
             dataset=dataset_name,
             tags=[tag for tag in trl_data.get("tags") or [] if tag != "generated_from_trainer"],
@@ -490,7 +484,7 @@ class STAPOTrainer(HookedGRPOTrainer):
         return EpochSeededSampler(sampler)
 
     def save_extra_state(self, output_dir):
-        """Save the rules' controllers and the dump, on disk before ``trainer_state.json`` marks the checkpoint done."""
+        """Save the rules' controllers and the dump, before ``trainer_state.json`` marks the checkpoint complete."""
         if not self.args.should_save:
             return
         for controller in self.rule_controllers.values():
