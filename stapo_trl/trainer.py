@@ -184,8 +184,9 @@ class STAPOTrainer(HookedGRPOTrainer):
                 seed=args.seed,
                 candidate_mask=candidates_below(probability_bound) if probability_bound is not None else None,
             )
-        self.token_dump = (
-            SilencedTokenDump(
+        self.token_dump = None
+        if args.dump_silenced_tokens and running:
+            self.token_dump = SilencedTokenDump(
                 args.output_dir,
                 getattr(self.processing_class, "tokenizer", self.processing_class),
                 tokens_per_step=args.dump_tokens_per_step,
@@ -195,9 +196,6 @@ class STAPOTrainer(HookedGRPOTrainer):
                 probability_bound=probability_bound,
                 is_main_process=self.accelerator.is_main_process,
             )
-            if args.dump_silenced_tokens and running
-            else None
-        )
         attach_to_cpu_runtime(self)
 
     # ------------------------------------------------------------------ statistics
