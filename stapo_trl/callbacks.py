@@ -15,7 +15,6 @@ import torch
 from transformers import ProgressCallback, TrainerCallback
 
 from .distributed import all_reduce_max, world_size
-from .file_and_metric_names import METRICS_FILE
 from .run_record import step_line_parts
 from .storage import append_text, read_json_lines, write_text_atomically
 
@@ -27,37 +26,31 @@ def _clean(value):
 
 
 class MetricsFileCallback(TrainerCallback):
-    """Appends every log record of the main process to `output_dir/metrics.jsonl`, with its step and wall time: the
-    same records as the log history in ``trainer_state.json``, on disk as they are logged rather than only with a
-    checkpoint or at the end.
+    """Appends every log record of the main process to ``path`` (`output_dir/metrics.jsonl` in `stapo-trl train`),
+    with its step and wall time: the same records as the log history in ``trainer_state.json``, on disk as they are
+    logged rather than only with a checkpoint or at the end.
 
     A fresh run (global step 0) starts the file over. A resumed run first drops the records of steps after the
     checkpoint it resumes from (a killed run logged them, and the resumed run logs them again), and the line a kill
     cut off mid-write, then appends: after any kill and resume, each step is in the file once.
     """
 
-    def __init__(self, path: str | Path | None = None):
-        self.path = Path(path) if path is not None else None
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
         self.start = time.perf_counter()
 
     def on_train_begin(self, args, state, control, **kwargs):
-        if self.path is None:
-            self.path = Path(args.output_dir) / METRICS_FILE
         self.start = time.perf_counter()
         if state.is_world_process_zero:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if state.global_step == 0:
                 self.path.write_text("")
             elif self.path.is_file():
-                self._keep_steps_up_to(state.global_step)
-
-    def _keep_steps_up_to(self, step: int) -> None:
-        """Rewrite the file with the records of steps up to ``step`` only, through a temporary file and a rename."""
-        kept = [record for record in read_json_lines(self.path) if record.get("step", 0) <= step]
-        write_text_atomically(self.path, "".join(json.dumps(record) + "\n" for record in kept))
+                kept = [record for record in read_json_lines(self.path) if record.get("step", 0) <= state.global_step]
+                write_text_atomically(self.path, "".join(json.dumps(record) + "\n" for record in kept))
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero or not logs or self.path is None:
+        if not state.is_world_process_zero or not logs:
             return
         record = {"step": state.global_step, "epoch": state.epoch, "wall_seconds": time.perf_counter() - self.start}
         record.update({key: _clean(value) for key, value in logs.items()})
@@ -112,8 +105,7 @@ class StopAtCheckpointOnSignal(TrainerCallback):
     that stopped training, or None.
     """
 
-    def __init__(self, signals=tuple(STOPPING_SIGNALS)) -> None:
-        self.signals = tuple(signals)
+    def __init__(self) -> None:
         self.signal_received: int | None = None
         self._local_signal: int | None = None
         self._previous_handlers: dict[int, object] = {}
@@ -142,18 +134,13 @@ class StopAtCheckpointOnSignal(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         if threading.current_thread() is threading.main_thread():
-            for signum in self.signals:
+            for signum in STOPPING_SIGNALS:
                 self._previous_handlers[signum] = signal.signal(signum, self._handle)
 
-    def _agreed_signal(self) -> int | None:
-        """The signal any process received, agreed on by all of them (this process's alone when not distributed)."""
-        if world_size() == 1:
-            return self._local_signal
-        agreed = int(all_reduce_max(torch.tensor([self._local_signal or 0]))[0])
-        return agreed or None
-
     def on_step_end(self, args, state, control, **kwargs):
-        agreed = self._agreed_signal()
+        agreed = self._local_signal
+        if world_size() > 1:
+            agreed = int(all_reduce_max(torch.tensor([self._local_signal or 0]))[0]) or None
         if agreed is not None:
             self.signal_received = agreed
             control.should_save = True

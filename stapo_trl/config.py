@@ -17,7 +17,7 @@ from trl import GRPOConfig
 from .diagnostics.token_dump_config import TokenDumpConfigMixin
 from .fused_stats import TOKEN_STATS_BACKENDS, backend_unavailable
 from .gradient_probe import GradientProbeConfigMixin
-from .token_rules import TOKEN_RULES, active_rule_names, rule_config_mixins, shadow_rule_names, switched_rules
+from .token_rules import TOKEN_RULES, active_rule_names, rule_config_mixins, switched_rules
 from .token_rules.registry import changed_fields
 from .token_stats import TOKEN_STATS_SOURCES
 
@@ -110,8 +110,7 @@ class STAPOConfig(*rule_config_mixins(), TokenDumpConfigMixin, GradientProbeConf
     )
 
     def __post_init__(self):
-        self._validate_number_types()
-        self._validate_sizes()
+        self._validate_numbers()
         self._resolve_checkpointing_default()
         super().__post_init__()
 
@@ -163,14 +162,19 @@ class STAPOConfig(*rule_config_mixins(), TokenDumpConfigMixin, GradientProbeConf
         """The rules the trainer applies, in order: the switched-on built-in rules, then `token_rules`."""
         return active_rule_names(self)
 
-    @property
-    def shadow_rules_in_order(self) -> list[str]:
-        """`shadow_token_rules` in the order the rules apply."""
-        return shadow_rule_names(self)
-
-    def _validate_sizes(self) -> None:
-        """Counts that must be positive. TRL accepts 0 for several of them and fails later, for example in torch's
-        sampler at the first step."""
+    def _validate_numbers(self) -> None:
+        """Numbers TRL accepts but fails on later: a string in a numeric field (from a dict or YAML read without
+        TrlParser), in a comparison deep inside TRL, transformers or torch; a count below 1 (TRL accepts 0 for
+        several), for example in torch's sampler at the first step."""
+        for item in dataclasses.fields(self):
+            annotation = item.type if isinstance(item.type, str) else getattr(item.type, "__name__", str(item.type))
+            kinds = {kind.strip() for kind in annotation.split("|")}
+            value = getattr(self, item.name)
+            if isinstance(value, str) and kinds & {"int", "float"} and kinds <= {"int", "float", "None"}:
+                raise ValueError(
+                    f"{item.name} must be a number, got the string {value!r}. (YAML 1.1 reads 1e-6 as a string: "
+                    "write 1.0e-6, or load recipes with TrlParser or `stapo-trl train`.)"
+                )
         for name in (
             "per_device_train_batch_size",
             "gradient_accumulation_steps",
@@ -192,19 +196,6 @@ class STAPOConfig(*rule_config_mixins(), TokenDumpConfigMixin, GradientProbeConf
             return
         if self.gradient_checkpointing == names["gradient_checkpointing"].default:
             self.activation_checkpointing = self.gradient_checkpointing
-
-    def _validate_number_types(self) -> None:
-        """A string in a numeric field (from a dict or YAML read without TrlParser) would fail later, in a comparison
-        deep inside TRL, transformers or torch."""
-        for item in dataclasses.fields(self):
-            annotation = item.type if isinstance(item.type, str) else getattr(item.type, "__name__", str(item.type))
-            kinds = {kind.strip() for kind in annotation.split("|")}
-            value = getattr(self, item.name)
-            if isinstance(value, str) and kinds & {"int", "float"} and kinds <= {"int", "float", "None"}:
-                raise ValueError(
-                    f"{item.name} must be a number, got the string {value!r}. (YAML 1.1 reads 1e-6 as a string: "
-                    "write 1.0e-6, or load recipes with TrlParser or `stapo-trl train`.)"
-                )
 
     def _validate_sampling_and_steps(self) -> None:
         """Values TRL accepts here but that fail later inside transformers or torch, or train silently wrong."""

@@ -12,9 +12,7 @@ import torch.distributed as dist
 
 def world_size() -> int:
     """Number of processes in the default group, or 1 when torch.distributed is not initialized."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
-    return 1
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def all_gather_variable(values: torch.Tensor) -> torch.Tensor:
@@ -44,20 +42,17 @@ def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
 def all_reduce_max(values: torch.Tensor) -> torch.Tensor:
     """The element-wise maximum of a tensor over all ranks, on the input's device. Under NCCL the reduction runs on
     this process's CUDA device (NCCL reduces only CUDA tensors)."""
-    if world_size() == 1:
-        return values.clone()
     reduced = values.clone()
-    if dist.get_backend() == "nccl" and reduced.device.type != "cuda":
-        reduced = reduced.to(f"cuda:{torch.cuda.current_device()}")
-    dist.all_reduce(reduced, op=dist.ReduceOp.MAX)
+    if world_size() > 1:
+        if dist.get_backend() == "nccl" and reduced.device.type != "cuda":
+            reduced = reduced.to(f"cuda:{torch.cuda.current_device()}")
+        dist.all_reduce(reduced, op=dist.ReduceOp.MAX)
     return reduced.to(values.device)
 
 
 def rank() -> int:
     """This process's rank in the default group, or 0 when torch.distributed is not initialized."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
-    return 0
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def gather_objects(value: object) -> list[object]:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,10 +67,6 @@ PROBE_BASELINES = ("random_positive", "random_candidate")
 
 CandidateMask = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """``(log_probs, entropies, advantages, loss_mask) -> bool [B, T]``: the pool of the ``random_candidate`` baseline."""
-
-
-def probe_metric(statistic: str) -> str:
-    return f"{PROBE_METRIC_PREFIX}/{statistic}"
 
 
 @dataclass
@@ -142,18 +139,6 @@ def draw_seed(seed: int, global_step: int, process_index: int, salt: int) -> int
     return ((seed * 1_000_003 + global_step) * 1_009 + process_index) * 17 + salt
 
 
-def _random_state() -> tuple[torch.Tensor, torch.Tensor | None]:
-    cuda = torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-    return torch.get_rng_state(), cuda
-
-
-def _set_random_state(state: tuple[torch.Tensor, torch.Tensor | None]) -> None:
-    cpu, cuda = state
-    torch.set_rng_state(cpu)
-    if cuda is not None:
-        torch.cuda.set_rng_state(cuda)
-
-
 @dataclass
 class _StepTokenSets:
     """One bool mask per micro-batch for each token set of the probe."""
@@ -163,14 +148,9 @@ class _StepTokenSets:
 
 
 class GradientProbe:
-    """Measures the shares at the steps it is due. ``loss_fn(model, batch)`` is the trainer's own loss (TRL's
-    ``compute_loss``), called with the batch's ``tool_mask`` narrowed to one set of tokens.
-
-    Args:
-        every: probe every this many optimizer steps, the first included.
-        seed: the run's seed, from which the baselines' draws are seeded.
-        candidate_mask: S2T's candidate pool (``random_candidate``'s), or None when S2T does not run.
-    """
+    """Measures the shares every ``every`` optimizer steps (`gradient_probe_steps`), with the baselines drawn from
+    ``seed`` and the ``random_candidate`` pool ``candidate_mask``. ``loss_fn(model, batch)`` is the trainer's own loss
+    (TRL's ``compute_loss``), called with the batch's ``tool_mask`` narrowed to one set of tokens."""
 
     def __init__(self, every: int, *, seed: int = 0, candidate_mask: CandidateMask | None = None):
         self.every = every
@@ -220,26 +200,23 @@ class GradientProbe:
         parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
         totals = {name: [torch.zeros_like(p, dtype=torch.float32) for p in parameters] for name in token_sets.sets}
         with restored_random_streams():
-            state = _random_state()
             for index, batch in enumerate(step_batches):
-                state_after = None
-                for name, parts in token_sets.sets.items():
-                    part = parts[index]
+                # Each pass but the kept tokens' puts the random streams back, so every pass starts where the training
+                # forward of this micro-batch starts; the kept tokens' pass, always run, runs last and moves them on.
+                for name in sorted(token_sets.sets, key=lambda name: name == "kept"):
+                    part = token_sets.sets[name][index]
                     if name != "kept" and not part.any():
                         continue
-                    _set_random_state(state)
-                    restricted = dict(batch)
-                    restricted["tool_mask"] = part.to(batch["completion_mask"].dtype)
-                    restricted["num_items_in_batch"] = batch[NUM_ITEMS_BEFORE_RULES_KEY]
-                    restricted["advantages"] = batch[ADVANTAGES_BEFORE_RULES_KEY]
-                    loss = loss_fn(model, restricted)
-                    if state_after is None:
-                        state_after = _random_state()
-                    grads = torch.autograd.grad(loss, parameters, allow_unused=True)
+                    with nullcontext() if name == "kept" else restored_random_streams():
+                        restricted = dict(batch)
+                        restricted["tool_mask"] = part.to(batch["completion_mask"].dtype)
+                        restricted["num_items_in_batch"] = batch[NUM_ITEMS_BEFORE_RULES_KEY]
+                        restricted["advantages"] = batch[ADVANTAGES_BEFORE_RULES_KEY]
+                        loss = loss_fn(model, restricted)
+                        grads = torch.autograd.grad(loss, parameters, allow_unused=True)
                     for accumulated, grad in zip(totals[name], grads, strict=True):
                         if grad is not None:
                             accumulated += grad.float()
-                state = state_after
         flat = {
             name: all_reduce_sum(torch.cat([g.flatten() for g in grads]) if grads else torch.zeros(0))
             for name, grads in totals.items()

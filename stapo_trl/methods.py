@@ -16,18 +16,6 @@ from typing import Any
 from .token_rules import get_token_rule, switched_rules
 
 
-def _shared() -> dict[str, Any]:
-    """The JustRL basis, with every switched token rule off."""
-    return {
-        "epsilon": 0.2,
-        "epsilon_high": 0.28,
-        "beta": 0.0,
-        "loss_type": "dapo",
-        "top_entropy_quantile": 1.0,
-        **{spec.switch: False for spec in switched_rules()},
-    }
-
-
 @dataclass(frozen=True)
 class MethodPreset:
     name: str
@@ -37,7 +25,14 @@ class MethodPreset:
 
 
 def _presets() -> dict[str, MethodPreset]:
-    shared = _shared()
+    shared = {
+        "epsilon": 0.2,
+        "epsilon_high": 0.28,
+        "beta": 0.0,
+        "loss_type": "dapo",
+        "top_entropy_quantile": 1.0,
+        **{spec.switch: False for spec in switched_rules()},
+    }
     presets = [
         MethodPreset("grpo", "GRPO", "the same loss without any token rule", dict(shared)),
         MethodPreset(

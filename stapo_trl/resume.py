@@ -76,22 +76,19 @@ def resolve_resume_checkpoint(value: str | bool | None, output_dir: str | os.Pat
     if value is None or value is False or value == "":
         return None
     if value is True or (isinstance(value, str) and value.lower() in LAST_CHECKPOINT_VALUES):
-        checkpoint = last_complete_checkpoint(output_dir)
-        if checkpoint is None:
+        path = last_complete_checkpoint(output_dir)
+        if path is None:
             raise ResumeError(
                 f"resume_from_checkpoint={value!r}, but {output_dir} holds no complete {PREFIX_CHECKPOINT_DIR}-N "
                 f"directory (one with {TRAINER_STATE_FILE}). Start without resume_from_checkpoint, or point it at a "
                 "checkpoint directory."
             )
-        check_checkpoint_files(checkpoint)
-        return str(checkpoint)
-    path = Path(value)
-    if not path.is_dir():
+    elif not Path(value).is_dir():
         raise ResumeError(
             f"resume_from_checkpoint={value!r} is not a directory. Pass a {PREFIX_CHECKPOINT_DIR}-N directory, or "
             "'last' for the newest complete checkpoint of output_dir."
         )
-    if not is_complete_checkpoint(path):
+    elif not is_complete_checkpoint(path := Path(value)):
         newest = last_complete_checkpoint(path.parent)
         hint = f" The newest complete checkpoint is {newest}." if newest is not None else ""
         raise ResumeError(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ from .file_and_metric_names import (
     shadow_metric,
 )
 from .fused_stats.generation import unrecordable_decoding
-from .gradient_probe import GradientProbe, probe_metric
+from .gradient_probe import PROBE_METRIC_PREFIX, GradientProbe
 from .methods import infer_method
 from .model_card import CardFacts, base_model_license, build_model_card, portable_location
 from .paper import PAPER_ID, PAPER_TITLE, STAPO_CITATION
@@ -56,7 +57,7 @@ from .reward_errors import reward_function_error, warn_about_infinite_rewards
 from .rewards import resolve_reward_funcs
 from .run_record import RunRecord, build_run_record, read_run_record
 from .token_rules import RuleCall, StepContext, apply_token_rules, candidates_below, get_token_rule
-from .token_rules.registry import per_token_advantages
+from .token_rules.registry import per_token_advantages, shadow_rule_names
 from .token_stats import TokenStatistics
 from .trl_boundary.hooks import HookedGRPOTrainer, disable_gradient_checkpointing, get_config_model_id
 
@@ -79,15 +80,6 @@ def _as_stapo_config(args: TrainingArguments) -> STAPOConfig:
         config.epsilon_high,
     )
     return config
-
-
-def peft_type(model) -> str | None:
-    """PEFT's name for the type of the model's adapter (``LORA``, ...), or None for a model without one."""
-    if not is_peft_model(model):
-        return None
-    config = next(iter(getattr(model, "peft_config", {}).values()), None)
-    kind = getattr(config, "peft_type", None)
-    return str(getattr(kind, "value", kind)) if kind is not None else None
 
 
 def _check_prompt_column(dataset, environment_factory=None) -> None:
@@ -160,10 +152,9 @@ class STAPOTrainer(HookedGRPOTrainer):
         _check_prompt_column(given.get("train_dataset"), given.get("environment_factory"))
         super().__init__(model, reward_funcs, args, *positional, **kwargs)
         self.token_rules = args.active_token_rules
-        self.shadow_token_rules = args.shadow_rules_in_order
+        self.shadow_token_rules = shadow_rule_names(args)
         running = [get_token_rule(name) for name in (*self.token_rules, *self.shadow_token_rules)]
-        controllers = {spec.name: spec.make_controller(args) for spec in running}
-        self.rule_controllers = {name: c for name, c in controllers.items() if c is not None}
+        self.rule_controllers = {spec.name: c for spec in running if (c := spec.make_controller(args)) is not None}
         if running:
             self.token_stats = TokenStatistics(
                 source=args.token_stats_source,
@@ -181,22 +172,21 @@ class STAPOTrainer(HookedGRPOTrainer):
         probability_bound = next(
             (bound for spec in running if (bound := spec.probability_bound(args)) is not None), None
         )
-        self.gradient_probe = (
-            GradientProbe(
+        self.gradient_probe = None
+        if args.gradient_probe_steps:
+            if self.is_deepspeed_enabled or self.is_fsdp_enabled:
+                raise ValueError(
+                    "gradient_probe_steps backpropagates outside TRL's training step, which DeepSpeed and FSDP do not "
+                    "support here. Measure the gradient share in a run without them, or set gradient_probe_steps: 0."
+                )
+            self.gradient_probe = GradientProbe(
                 args.gradient_probe_steps,
                 seed=args.seed,
                 candidate_mask=candidates_below(probability_bound) if probability_bound is not None else None,
             )
-            if args.gradient_probe_steps
-            else None
-        )
-        if self.gradient_probe is not None and (self.is_deepspeed_enabled or self.is_fsdp_enabled):
-            raise ValueError(
-                "gradient_probe_steps backpropagates outside TRL's training step, which DeepSpeed and FSDP do not "
-                "support here. Measure the gradient share in a run without them, or set gradient_probe_steps: 0."
-            )
-        self.token_dump = (
-            SilencedTokenDump(
+        self.token_dump = None
+        if args.dump_silenced_tokens and running:
+            self.token_dump = SilencedTokenDump(
                 args.output_dir,
                 getattr(self.processing_class, "tokenizer", self.processing_class),
                 tokens_per_step=args.dump_tokens_per_step,
@@ -206,9 +196,6 @@ class STAPOTrainer(HookedGRPOTrainer):
                 probability_bound=probability_bound,
                 is_main_process=self.accelerator.is_main_process,
             )
-            if args.dump_silenced_tokens and running
-            else None
-        )
         attach_to_cpu_runtime(self)
 
     # ------------------------------------------------------------------ statistics
@@ -287,9 +274,7 @@ class STAPOTrainer(HookedGRPOTrainer):
         return rewards
 
     def generate_single_turn(self, prompt_ids, *args, **kwargs):
-        if self.token_stats is None:
-            return super().generate_single_turn(prompt_ids, *args, **kwargs)
-        with self.token_stats.recording_generate():
+        with nullcontext() if self.token_stats is None else self.token_stats.recording_generate():
             return super().generate_single_turn(prompt_ids, *args, **kwargs)
 
     def generate_and_score_completions(self, inputs):
@@ -346,7 +331,7 @@ class STAPOTrainer(HookedGRPOTrainer):
         per_generation //= self.args.gradient_accumulation_steps
         stats["steps_since_generation"] = self.state.global_step % max(per_generation, 1)
         for key, value in stats.items():
-            self.log_metric(probe_metric(key), value)
+            self.log_metric(f"{PROBE_METRIC_PREFIX}/{key}", value)
         return stats
 
     # ------------------------------------------------------------------ the token rules
@@ -432,7 +417,13 @@ class STAPOTrainer(HookedGRPOTrainer):
             batch[SILENCED_KEY] = batch_silenced
             batch[SHADOW_SILENCED_KEY] = batch_shadow
             batch[TOKEN_WEIGHTS_KEY] = batch_weights
-        self._log_token_rule_stats(composed, self._mean_entropy(entropies, loss_mask))
+        logged = [(rule_metric, composed.stats), (shadow_metric, composed.shadow_stats)]
+        logged.append((rule_metric, {rule: c.metrics() for rule, c in self.rule_controllers.items()}))
+        for metric, by_rule in logged:
+            for rule, rule_stats in by_rule.items():
+                for key, value in rule_stats.items():
+                    self.log_metric(metric(rule, key), value)
+        self.log_metric(TOKEN_STATS_MEAN_ENTROPY, self._mean_entropy(entropies, loss_mask))
         return composed.stats
 
     @staticmethod
@@ -444,23 +435,10 @@ class STAPOTrainer(HookedGRPOTrainer):
         ).tolist()
         return total / count if count else float("nan")
 
-    def _log_token_rule_stats(self, composed, mean_entropy: float) -> None:
-        logged = [(rule_metric, composed.stats), (shadow_metric, composed.shadow_stats)]
-        logged.append((rule_metric, {rule: c.metrics() for rule, c in self.rule_controllers.items()}))
-        for metric, by_rule in logged:
-            for rule, rule_stats in by_rule.items():
-                for key, value in rule_stats.items():
-                    self.log_metric(metric(rule, key), value)
-        self.log_metric(TOKEN_STATS_MEAN_ENTROPY, mean_entropy)
-
     # ------------------------------------------------------------------ model card
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
-        """The model card, by the Hub's conventions (see `stapo_trl.model_card`): TRL writes its card, which is then
-        rebuilt with `huggingface_hub`'s `ModelCardData` and `ModelCard`, keeping TRL's training procedure (tracker
-        links, framework versions) and citations, and adding the STAPO sections: the method and its thresholds, the
-        base weights, the run's record (`stapo_trl.run_record`, built from the log history: the token-rule statistics,
-        the trends and the held-out accuracy), the evaluation results found in ``output_dir`` (``*/summary.json`` of
-        `stapo-trl eval`) and the recipe. TRL calls this on every checkpoint save and on `push_to_hub`."""
+        """TRL's card, rebuilt as `stapo_trl.model_card` says (TRL's training procedure keeps its tracker links), with
+        the run's record from the log history and the evaluation results from ``output_dir/*/summary.json``."""
         tags = [tags] if isinstance(tags, str) else list(tags or [])
         method = infer_method(self.args)
         if method not in tags:
@@ -473,12 +451,15 @@ class STAPOTrainer(HookedGRPOTrainer):
         trl_data = trl_card.data.to_dict()
         written = read_run_record(self.args.output_dir) or RunRecord()  # the model `stapo-trl train` was given
         source = written.model_source
+        adapter = is_peft_model(self.model)
+        peft_config = next(iter(getattr(self.model, "peft_config", {}).values()), None) if adapter else None
+        peft_type = getattr(peft_config, "peft_type", None)
         facts = CardFacts(
             model_name=model_name or trl_data.get("model_name") or Path(self.args.output_dir).name,
             location=portable_location(self.args.output_dir, self.hub_model_id),
             on_hub=bool(self.hub_model_id),
-            adapter=is_peft_model(self.model),
-            adapter_type=peft_type(self.model),
+            adapter=adapter,
+            adapter_type=str(getattr(peft_type, "value", peft_type)) if peft_type is not None else None,
             base_model=trl_data.get("base_model"),
             dataset=dataset_name,
             tags=[tag for tag in trl_data.get("tags") or [] if tag != "generated_from_trainer"],
@@ -492,8 +473,7 @@ class STAPOTrainer(HookedGRPOTrainer):
 
     # ------------------------------------------------------------------ checkpoints
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        """`Trainer.train`, resuming only from complete checkpoints (see `stapo_trl.resume`): ``True``,
-        ``"true"`` or ``"last"`` pick the newest complete one, and an interrupted one is refused."""
+        """`Trainer.train`, resuming only from complete checkpoints (`stapo_trl.resume.resolve_resume_checkpoint`)."""
         checkpoint = resolve_resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
         return super().train(checkpoint, *args, **kwargs)
 
@@ -502,8 +482,7 @@ class STAPOTrainer(HookedGRPOTrainer):
         return EpochSeededSampler(sampler)
 
     def save_extra_state(self, output_dir):
-        """Save the rules' controllers and the dump with the optimizer, so both are on disk before transformers writes
-        ``trainer_state.json``, the file that marks a checkpoint complete."""
+        """Save the rules' controllers and the dump, before ``trainer_state.json`` marks the checkpoint complete."""
         if not self.args.should_save:
             return
         for controller in self.rule_controllers.values():
