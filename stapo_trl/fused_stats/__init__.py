@@ -5,19 +5,8 @@ share.
 None of the training backends materializes ``[N, V]`` logits. All are differentiable and return fp32 (or fp64 for
 fp64 inputs), with the temperature applied to the logits as in sampling.
 
-==================  ==========================================================================  =======================
-name                what                                                                        ``auto`` picks it
-==================  ==========================================================================  =======================
-``trl_fused_head``  TRL's fused LM head kernel, ``ChunkedLogProbFunction``. In `STAPOTrainer`,  for models the others
-                    the whole model runs through its own fused head (logit soft-capping and     do not cover, and under
-                    scaling, vision-language inputs and a sharded head included); here, the     FSDP or ZeRO-3
-                    kernel runs on the hidden states and weight you pass
-``torch``           stapo-trl's blocked op, logits never kept (:mod:`stapo_trl.cpu.logprob_     everywhere else (CPU)
-                    entropy`, the op of the CPU LM head)
-``liger``           Liger's ``LigerFusedLinearScaledCrossEntropyFunction``                      CUDA, with liger-kernel
-``naive``           full ``[N, V]`` logits through autograd: a reference for tests and          never
-                    benchmarks, not a ``token_stats_backend``
-==================  ==========================================================================  =======================
+The backends (``trl_fused_head``, ``torch``, ``liger`` and ``naive``, a reference that is not a
+``token_stats_backend``), what each runs and which one ``auto`` picks: docs/semantics.md, "Statistics backends".
 """
 
 from __future__ import annotations

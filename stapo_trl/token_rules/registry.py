@@ -11,10 +11,8 @@ weight. Its pure tensor function is called as ``rule(log_probs, entropies, advan
 - ``stats``: plain numbers to log, under ``<rule name>/<key>``.
 
 A :class:`TokenRuleSpec` wraps that function with all the rest of stapo-trl needs to know about the rule (see its
-attributes). The trainer, the config, the methods, the run record, the card and the CLI iterate over the registry and
-never name a rule, so adding a rule is one module in this package that registers its spec (and its metric table in
-docs/diagnostics.md, which a test compares with the spec's ``metrics``). Rules import nothing from TRL, so verl or a
-hand-written loop can call them, or :func:`apply_token_rules`, directly.
+attributes; docs/semantics.md, "A rule with its own switch, fields and controller", says how the rest of the package
+reads them).
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """STARE: surprisal-guided token-level advantage reweighting (Luo et al., 2026, arXiv 2606.19236, §4.1-4.2).
 
-The valid tokens are split by the sign of their advantage: ``T+`` (A > 0) and ``T-`` (A < 0); A = 0 is never
-selected. In each subset the ``top_surprisal_share`` highest-surprisal tokens (surprisal ``s = -log p``) are selected:
-``L+`` from ``T+`` and ``L-`` from ``T-``. Variant O1 multiplies the advantage of ``L+`` by ``W`` (> 1, amplifying
-entropy-increasing updates); variant C2 also multiplies ``L-`` by ``M`` (< 1, attenuating entropy-decreasing ones).
-Every other token keeps weight 1 and the loss stays a token mean over the valid tokens, not divided by the weights.
-The weights apply only while the target-entropy gate (:class:`~stapo_trl.token_rules.STAREController`) is on.
-
-The selection size is ``k = ceil(P * |T|)``. Ties are resolved by value, not position: a token is selected when its
-surprisal is at least the k-th largest of its pool, so tokens tied at the boundary are all selected (the reference
-code's ``torch.topk`` picks among them arbitrarily). This keeps the selection independent of row order and of how the
-pool is sharded across processes.
+The rule is docs/semantics.md's "STARE"; in the paper's notation: the valid tokens split by the sign of their
+advantage into ``T+`` (A > 0) and ``T-`` (A < 0), the top-surprisal selection ``L+`` of ``T+`` is weighted by ``W``
+(> 1, amplifying entropy-increasing updates), and with variant C2 ``L-`` of ``T-`` by ``M`` (< 1, attenuating
+entropy-decreasing ones), while the target-entropy gate (:class:`~stapo_trl.token_rules.STAREController`) is on.
+Ties at the selection boundary are resolved by value: a token is selected when its surprisal is at least the k-th
+largest of its pool (``k = ceil(P * |T|)``).
 """
 
 from __future__ import annotations

@@ -87,7 +87,8 @@ def torch_threads_kept_from_vllm() -> Iterator[None]:
     """Puts back ``torch.set_num_threads`` and torch's thread count after the block, in which vLLM's CPU worker may
     replace them.
 
-    Why: point 3 (threads) of `stapo_trl.cpu.colocated_vllm`. Seam: colocated vLLM on CPU, worker threads."""
+    Why: the threads row of docs/vllm.md's "What differs from the GPU path". Seam: colocated vLLM on CPU, worker
+    threads."""
     threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
     try:
         yield

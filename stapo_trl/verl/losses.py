@@ -25,26 +25,13 @@ import torch
 from verl.trainer.ppo.core_algos import get_policy_loss_fn, register_policy_loss
 
 from ..distributed import world_size
-from ..token_rules import spurious_token_mask, stare_token_weights
+from ..token_rules import get_token_rule, stare_token_weights
 from ..token_rules.s2t import check_s2t_thresholds
 from .entropy import entropy_from_ppo_loss
 
 BASE_LOSS_MODE = "vanilla"
 ACTOR_PREFIX = "actor/"
 SEQUENCE_MEAN_MODES = ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-
-S2T_METRICS = {
-    "silenced_fraction": "spurious_fraction",
-    "num_silenced": "num_spurious",
-    "num_candidates": "num_candidates",
-    "entropy_threshold": "entropy_threshold",
-    "entropy_p50": "entropy_p50",
-    "entropy_p80": "entropy_p80",
-    "entropy_p99": "entropy_p99",
-    "logit_grad_sq_share_estimate": "spurious_logit_grad_sq_share_estimate",
-}
-"""Our metric name (under ``actor/s2t/``, as stapo-trl logs ``s2t/<name>`` with TRL) and the statistic of
-:func:`~stapo_trl.token_rules.spurious_token_mask` it reports."""
 
 STARE_METRICS = (
     "num_selected_positive",
@@ -103,8 +90,9 @@ def batch_info_over_kept_tokens(
 
 
 def s2t_metrics(stats: dict[str, float | int]) -> dict[str, float]:
-    """S2T's statistics as verl actor metrics; undefined values (``tau_h`` of an empty pool) are left out."""
-    metrics = {f"{ACTOR_PREFIX}s2t/{name}": float(stats[source]) for name, source in S2T_METRICS.items()}
+    """The S2T rule's statistics (named as stapo-trl logs ``s2t/<name>`` with TRL) as verl actor metrics under
+    ``actor/s2t/``; undefined values (``tau_h`` of an empty pool) are left out."""
+    metrics = {f"{ACTOR_PREFIX}s2t/{name}": float(value) for name, value in stats.items()}
     return {name: value for name, value in metrics.items() if math.isfinite(value)}
 
 
@@ -132,7 +120,7 @@ def s2t_policy_loss(
         entropy = entropy_from_ppo_loss(log_prob.shape)
     check_pool_is_data_parallel(config)
     loss_mask = response_mask.bool()
-    spurious, stats = spurious_token_mask(
+    s2t = get_token_rule("s2t")(
         log_prob.detach(),
         entropy.detach(),
         advantages,
@@ -140,12 +128,12 @@ def s2t_policy_loss(
         prob_threshold=prob_threshold,
         entropy_quantile=entropy_quantile,
     )
-    kept = loss_mask & ~spurious
-    with batch_info_over_kept_tokens(config, loss_mask, loss_agg_mode, stats["num_spurious"]):
+    kept = loss_mask & s2t.keep
+    with batch_info_over_kept_tokens(config, loss_mask, loss_agg_mode, s2t.stats["num_silenced"]):
         loss, metrics = get_policy_loss_fn(BASE_LOSS_MODE)(
             old_log_prob, log_prob, advantages, kept, loss_agg_mode, config, rollout_is_weights
         )
-    return loss, {**metrics, **s2t_metrics(stats)}
+    return loss, {**metrics, **s2t_metrics(s2t.stats)}
 
 
 def stare_policy_loss(
