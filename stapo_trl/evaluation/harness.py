@@ -32,13 +32,13 @@ from .backends import (
     SamplingParameters,
     build_backend,
     require_vllm,
+    sampling_label,
 )
 from .chart import plot_results
 from .config import EvalConfig, EvalConfigError
 from .grading import Grader
 from .models import ModelNotFoundError, ResolvedModel, resolve_model
 from .records import SampleStore
-from .sampling import sampling_label
 from .scoring import score_benchmark
 
 # transformers is imported where a tokenizer is loaded: importing the evaluation package loads none.
