@@ -28,13 +28,6 @@ from .text import completion_text, gold_text
 
 # TRL's rewards are imported when one is built: importing the rewards loads no TRL.
 
-register_reward("dapo", description="DAPO: +1/-1 exact match of the last `Answer:` line (final 300 chars).")(
-    dapo_reward
-)
-register_reward("boxed", description="JustRL: +1/-1 exact match of the last \\boxed{} (final 100 chars).")(
-    boxed_reward
-)
-
 
 @register_reward(
     "math_verify", factory=True, description="1/0 symbolic equivalence via math-verify; None if gold unparsable."
