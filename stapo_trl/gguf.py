@@ -44,13 +44,6 @@ def hub_source(reference: str | os.PathLike) -> str | None:
     return GGUF_HUB_SOURCES.get(str(reference))
 
 
-def default_cache_dir() -> Path:
-    """`$STAPO_TRL_CACHE`, else `$XDG_CACHE_HOME/stapo-trl`, else `~/.cache/stapo-trl`."""
-    if os.environ.get("STAPO_TRL_CACHE"):
-        return Path(os.environ["STAPO_TRL_CACHE"]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")).expanduser() / "stapo-trl"
-
-
 def resolve_gguf(reference: str | os.PathLike) -> Path:
     """The GGUF file that `reference` names: a path, or `<package>/<file>.gguf` inside an installed package.
 
@@ -77,11 +70,14 @@ def resolve_gguf(reference: str | os.PathLike) -> Path:
 
 
 def converted_checkpoint_dir(source: Path, cache_dir: str | os.PathLike | None = None) -> Path:
-    """Where the conversion of the GGUF file `source` lives: keyed by its path, size and modification time."""
+    """Where the conversion of the GGUF file `source` lives: keyed by its path, size and modification time, under
+    `cache_dir`, else `$STAPO_TRL_CACHE`, else `$XDG_CACHE_HOME/stapo-trl`, else `~/.cache/stapo-trl`."""
     stat = source.stat()
     digest = hashlib.sha256(f"{source}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
-    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    return root / "gguf" / f"{source.stem}-{digest}"
+    if cache_dir is None:
+        xdg_cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+        cache_dir = os.environ.get("STAPO_TRL_CACHE") or xdg_cache / "stapo-trl"
+    return Path(cache_dir).expanduser() / "gguf" / f"{source.stem}-{digest}"
 
 
 def gguf_checkpoint(reference: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:

@@ -23,24 +23,18 @@ def _code_objects(function: Any) -> set:
     return {code for code in codes if code is not None}
 
 
-def raising_reward_function(error: BaseException, functions: Sequence[Any], names: Sequence[str]) -> str | None:
-    """The name of the reward function whose code raised ``error`` (a frame of its traceback runs that function's
-    code), or whose output TRL refused (TRL's message names it); None when the error came from elsewhere."""
-    codes = {code: name for function, name in zip(functions, names, strict=True) for code in _code_objects(function)}
-    for frame, _ in traceback.walk_tb(error.__traceback__):
-        if frame.f_code in codes:
-            return codes[frame.f_code]
-    message = str(error)
-    if isinstance(error, ValueError) and message.startswith(TRL_REWARD_COUNT_MESSAGE):
-        return message[len(TRL_REWARD_COUNT_MESSAGE) :].split("'", 1)[0]
-    return None
-
-
 def reward_function_error(
     error: BaseException, functions: Sequence[Any], names: Sequence[str], step: int
 ) -> UserCodeError | None:
-    """A `UserCodeError` that names the reward function behind ``error`` and the step, or None when it is not one."""
-    name = raising_reward_function(error, functions, names)
+    """A `UserCodeError` that names the reward function behind ``error`` and the step, or None when the error came
+    from elsewhere. The function is the one whose code raised ``error`` (a frame of its traceback runs that function's
+    code), or whose output TRL refused (TRL's message names it)."""
+    codes = {code: name for function, name in zip(functions, names, strict=True) for code in _code_objects(function)}
+    name = next(
+        (codes[frame.f_code] for frame, _ in traceback.walk_tb(error.__traceback__) if frame.f_code in codes), None
+    )
+    if name is None and isinstance(error, ValueError) and str(error).startswith(TRL_REWARD_COUNT_MESSAGE):
+        name = str(error)[len(TRL_REWARD_COUNT_MESSAGE) :].split("'", 1)[0]
     if name is None:
         return None
     return UserCodeError(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from operator import add, mul, sub
 
 from datasets import Dataset
 
@@ -30,26 +31,12 @@ NAMES = ("Ava", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hugo", "Iris",
 ITEMS = ("apples", "marbles", "stickers", "books", "coins", "pencils", "shells", "cards", "stamps", "cookies")
 SPLITS = ("train", "heldout")
 
-
-def _add(rng: random.Random) -> tuple[str, int]:
-    name, item = rng.choice(NAMES), rng.choice(ITEMS)
-    a, b = rng.randint(2, 12), rng.randint(2, 9)
-    return f"{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?", a + b
-
-
-def _subtract(rng: random.Random) -> tuple[str, int]:
-    name, item = rng.choice(NAMES), rng.choice(ITEMS)
-    a, b = rng.randint(6, 15), rng.randint(1, 5)
-    return f"{name} had {a} {item} and gave away {b}. How many {item} does {name} have left?", a - b
-
-
-def _multiply(rng: random.Random) -> tuple[str, int]:
-    name, item = rng.choice(NAMES), rng.choice(ITEMS)
-    boxes, each = rng.randint(2, 5), rng.randint(2, 5)
-    return f"{name} has {boxes} boxes with {each} {item} in each box. How many {item} is that in total?", boxes * each
-
-
-TEMPLATES: tuple[Callable[[random.Random], tuple[str, int]], ...] = (_add, _subtract, _multiply)
+TEMPLATES: tuple[tuple[str, tuple[int, int], tuple[int, int], Callable[[int, int], int]], ...] = (
+    ("{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?", (2, 12), (2, 9), add),
+    ("{name} had {a} {item} and gave away {b}. How many {item} does {name} have left?", (6, 15), (1, 5), sub),
+    ("{name} has {a} boxes with {b} {item} in each box. How many {item} is that in total?", (2, 5), (2, 5), mul),
+)
+"""(problem template, range of a, range of b, how the answer follows from a and b) for each kind of problem."""
 
 WORKED_EXAMPLES: tuple[tuple[str, str, int], ...] = (
     ("Tom has 3 apples and gets 2 more. How many apples does Tom have now?", "3 + 2 = 5", 5),
@@ -75,7 +62,10 @@ def arithmetic_problems(num_problems: int, *, seed: int = 0, split: str = "train
         attempts += 1
         if attempts > 200 * num_problems + 10_000:
             raise ValueError(f"Could not generate {num_problems} distinct arithmetic problems; ask for fewer.")
-        question, answer = rng.choice(TEMPLATES)(rng)
+        text, a_range, b_range, operation = rng.choice(TEMPLATES)
+        name, item = rng.choice(NAMES), rng.choice(ITEMS)
+        a, b = rng.randint(*a_range), rng.randint(*b_range)
+        question, answer = text.format(name=name, item=item, a=a, b=b), operation(a, b)
         # One stream, split by a hash of the text: train and held-out problems can never coincide.
         if hash_bucket(question) != target or question in seen:
             continue

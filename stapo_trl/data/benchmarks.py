@@ -9,9 +9,8 @@ from typing import Any
 
 from datasets import Dataset
 
-from .answers import gold_text
 from .prompts import PROMPT_STYLES, build_prompt
-from .sources import ROW_FEATURES, DatasetSchemaError, dataset_row, load_source
+from .sources import ROW_FEATURES, DatasetSchemaError, dataset_row, gold_text, load_source
 
 
 @dataclass(frozen=True)
@@ -101,9 +100,7 @@ def benchmark_answer(value: Any) -> str | None:
     """A gold answer as the rewards expect it: `$...$` removed, integers without leading zeros ("033" -> "33"),
     integral floats without ".0" (27.0 -> "27"), and lists (OlympiadBench) joined with ", "."""
     if isinstance(value, (list, tuple)):
-        parts = [benchmark_answer(part) for part in value]
-        parts = [part for part in parts if part]
-        return ", ".join(parts) if parts else None
+        return gold_text([benchmark_answer(part) for part in value])
     text = gold_text(value)
     if text is None:
         return None
@@ -147,6 +144,7 @@ def load_benchmark(
     label = f"{spec.title} source {str(source)!r}"
     raw = load_source(source, split=split or spec.split, label=label, config_name=config_name, sample=spec.name)
     columns = raw.column_names
+
     problem_field = _first_field(spec, columns, spec.problem_fields, "problem", label)
     answer_field = _first_field(spec, columns, spec.answer_fields, "answer", label)
     id_field = next((field for field in spec.id_fields if field in columns), None)

@@ -5,13 +5,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import Any
 
 from datasets import Dataset
 
-from .answers import gold_text
 from .prompts import PROMPT_STYLES, build_prompt, extract_problem
-from .sources import ROW_FEATURES, DatasetSchemaError, dataset_row, load_source
+from .sources import ROW_FEATURES, DatasetSchemaError, dataset_row, gold_text, load_source
 
 logger = logging.getLogger(__name__)
 
@@ -161,34 +160,6 @@ def dedupe_by_problem(dataset: Dataset, *, dedupe: bool = True) -> tuple[Dataset
     return dataset.select(keep), report
 
 
-@overload
-def load_dapo_math(
-    source: str | Path = ...,
-    *,
-    split: str = ...,
-    config_name: str | None = ...,
-    prompt_style: str = ...,
-    system_prompt: str | None = ...,
-    dedupe: bool = ...,
-    num_proc: int | None = ...,
-    return_report: Literal[False] = ...,
-) -> Dataset: ...
-
-
-@overload
-def load_dapo_math(
-    source: str | Path = ...,
-    *,
-    split: str = ...,
-    config_name: str | None = ...,
-    prompt_style: str = ...,
-    system_prompt: str | None = ...,
-    dedupe: bool = ...,
-    num_proc: int | None = ...,
-    return_report: Literal[True],
-) -> tuple[Dataset, DedupReport]: ...
-
-
 def load_dapo_math(
     source: str | Path = DAPO_MATH_HUB_ID,
     *,
@@ -199,7 +170,7 @@ def load_dapo_math(
     dedupe: bool = True,
     num_proc: int | None = None,
     return_report: bool = False,
-):
+) -> Dataset | tuple[Dataset, DedupReport]:
     """DAPO-Math-17K as TRL-ready rows: `id`, `problem`, `answer`, `solution` (the gold answer the rewards read),
     a conversational `prompt`, and `data_source`.
 

@@ -23,11 +23,6 @@ _DAPO_PREFIX_PATTERN = re.compile(
 _DAPO_SUFFIX_PATTERN = re.compile(r'\s*Remember to put your answer on its own line after "Answer:"\.?\s*$')
 
 
-def is_dapo_wrapped(text: str) -> bool:
-    """Whether `text` carries DAPO's instruction before and after the problem."""
-    return bool(_DAPO_PREFIX_PATTERN.search(text)) and bool(_DAPO_SUFFIX_PATTERN.search(text))
-
-
 def extract_problem(text: str) -> str:
     """The bare problem inside a DAPO-wrapped prompt; text without the wrapper is returned stripped."""
     text = _DAPO_PREFIX_PATTERN.sub("", text, count=1)
@@ -35,27 +30,20 @@ def extract_problem(text: str) -> str:
     return text.strip()
 
 
-def user_message(problem: str, style: str, original: str | None = None) -> str:
-    """The user turn for `problem` in a prompt style.
-
-    `dapo` keeps `original` as is when it already carries DAPO's instruction, and wraps the problem otherwise;
-    `boxed` appends `BOXED_INSTRUCTION` to the bare problem.
-    """
-    if style == "dapo":
-        if original is not None and is_dapo_wrapped(original):
-            return original
-        return f"{DAPO_PREFIX}{problem}{DAPO_SUFFIX}"
-    if style == "boxed":
-        return f"{problem}\n\n{BOXED_INSTRUCTION}"
-    raise ValueError(f"Unknown prompt_style {style!r}; choose one of {PROMPT_STYLES}.")
-
-
 def build_prompt(
     problem: str, style: str, system_prompt: str | None = None, original: str | None = None
 ) -> list[dict]:
-    """TRL's conversational prompt: an optional system message and the user message."""
-    messages = []
-    if system_prompt:
-        messages.append({"role": "system", "content": system_prompt})
-    messages.append({"role": "user", "content": user_message(problem, style, original)})
-    return messages
+    """TRL's conversational prompt: an optional system message and the user turn for `problem` in a prompt style.
+
+    `dapo` keeps `original` as is when it already carries DAPO's instruction before and after the problem, and wraps
+    the problem otherwise; `boxed` appends `BOXED_INSTRUCTION` to the bare problem.
+    """
+    if style == "dapo":
+        wrapped = original and _DAPO_PREFIX_PATTERN.search(original) and _DAPO_SUFFIX_PATTERN.search(original)
+        user = original if wrapped else f"{DAPO_PREFIX}{problem}{DAPO_SUFFIX}"
+    elif style == "boxed":
+        user = f"{problem}\n\n{BOXED_INSTRUCTION}"
+    else:
+        raise ValueError(f"Unknown prompt_style {style!r}; choose one of {PROMPT_STYLES}.")
+    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    return [*system, {"role": "user", "content": user}]

@@ -9,18 +9,14 @@ from datasets import Dataset
 logger = logging.getLogger(__name__)
 
 
-def prompt_token_count(tokenizer, prompt: list[dict]) -> int:
-    """Tokens of a conversational prompt once the chat template and the generation prompt are applied."""
-    ids = tokenizer.apply_chat_template(prompt, tokenize=True, add_generation_prompt=True)
-    if hasattr(ids, "keys"):
-        ids = ids["input_ids"]
-    return len(ids)
-
-
 def drop_long_prompts(dataset: Dataset, tokenizer, max_prompt_tokens: int) -> Dataset:
-    """The rows whose chat-formatted prompt has at most `max_prompt_tokens` tokens (verl's
-    `filter_overlong_prompts`). The number dropped is logged; dropping every row is an error."""
-    lengths = [prompt_token_count(tokenizer, prompt) for prompt in dataset["prompt"]]
+    """The rows whose conversational prompt has at most `max_prompt_tokens` tokens once the chat template and the
+    generation prompt are applied (verl's `filter_overlong_prompts`). The number dropped is logged; dropping every
+    row is an error."""
+    lengths = []
+    for prompt in dataset["prompt"]:
+        ids = tokenizer.apply_chat_template(prompt, tokenize=True, add_generation_prompt=True)
+        lengths.append(len(ids["input_ids"] if hasattr(ids, "keys") else ids))
     keep = [index for index, length in enumerate(lengths) if length <= max_prompt_tokens]
     if not keep:
         raise ValueError(

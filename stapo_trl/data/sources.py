@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
+from typing import Any
 
 from datasets import Dataset, DatasetDict, Features, List, Value, load_dataset, load_from_disk
 from datasets.exceptions import DatasetGenerationError
@@ -32,6 +34,26 @@ ROW_FEATURES = Features(
 def dataset_row(row_id: str, problem: str, answer: str | None, prompt: list[dict], data_source: str) -> dict:
     """One row in the `ROW_FEATURES` columns, `solution` repeating `answer`."""
     return dict(id=row_id, problem=problem, answer=answer, solution=answer, prompt=prompt, data_source=data_source)
+
+
+def gold_text(gold: Any) -> str | None:
+    """A gold answer as text, the one form every dataset loader stores and every reward compares against, or None
+    when there is no usable answer.
+
+    Integral floats lose their ".0" (AMC answers are stored as floats on the Hub), lists are joined with ", "
+    (OlympiadBench stores answers as lists), and empty or NaN values give None so that TRL skips the sample.
+    """
+    if gold is None:
+        return None
+    if isinstance(gold, float):
+        if math.isnan(gold) or math.isinf(gold):
+            return None
+        return str(int(gold)) if gold.is_integer() else repr(gold)
+    if isinstance(gold, (list, tuple)):
+        parts = [gold_text(part) for part in gold]
+        parts = [part for part in parts if part]
+        return ", ".join(parts) if parts else None
+    return str(gold).strip() or None
 
 
 _FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv", ".arrow": "arrow"}

@@ -3,6 +3,8 @@ quickstart's before/after measurement (`greedy_accuracy`)."""
 
 from .backends import (
     BACKENDS,
+    DEFAULT_MAX_NEW_TOKENS,
+    SAMPLING_PRESETS,
     BackendSpec,
     BackendUnavailableError,
     DataParallelBackend,
@@ -10,6 +12,7 @@ from .backends import (
     GenerationBackend,
     GenerationRequest,
     SamplingParameters,
+    SamplingPreset,
     TransformersBackend,
     VLLMBackend,
     build_backend,
@@ -21,7 +24,6 @@ from .greedy import GreedyAccuracy, greedy_accuracy
 from .harness import EvalResult, evaluate, load_summary
 from .models import ModelNotFoundError, ResolvedModel, resolve_model
 from .records import ResumeMismatchError, SampleStore
-from .sampling import DEFAULT_MAX_NEW_TOKENS, SAMPLING_PRESETS, SamplingPreset
 from .scoring import BenchmarkScore, avg_at_k, avg_at_k_standard_error, pass_at_k, score_benchmark
 
 __all__ = [

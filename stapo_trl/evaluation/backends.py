@@ -14,7 +14,7 @@ import multiprocessing
 import os
 import queue
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -38,6 +38,36 @@ class SamplingParameters:
     top_p: float
     max_new_tokens: int
     seed: int = 0
+
+
+DEFAULT_MAX_NEW_TOKENS = 20480
+"""The paper evaluates with up to 20,480 new tokens per sample."""
+
+
+@dataclass(frozen=True)
+class SamplingPreset:
+    """One of the paper's two evaluation sampling settings (STAPO, arXiv 2602.15620, Table 2)."""
+
+    name: str
+    temperature: float
+    top_p: float
+    description: str
+
+
+SAMPLING_PRESETS: dict[str, SamplingPreset] = {
+    preset.name: preset
+    for preset in (
+        SamplingPreset(
+            "training-aligned", 1.0, 1.0, "the rollout distribution of training (the paper's first number)"
+        ),
+        SamplingPreset("justrl", 0.7, 0.9, "JustRL's evaluation setting (the paper's number in parentheses)"),
+    )
+}
+
+
+def sampling_label(temperature: float, top_p: float) -> str:
+    """`T=1.0, top-p=1.0`, as the paper writes its settings."""
+    return f"T={float(temperature)}, top-p={float(top_p)}"
 
 
 @dataclass(frozen=True)
@@ -88,9 +118,6 @@ class BackendSpec:
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None
     vllm_kwargs: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
 
 
 def require_vllm() -> None:
@@ -246,11 +273,11 @@ class VLLMBackend:
         ]
 
 
-def _worker_main(spec_json: str, visible_devices: str | None, inbox, outbox) -> None:
+def _worker_main(spec: BackendSpec, visible_devices: str | None, inbox, outbox) -> None:
     if visible_devices is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices
     try:
-        backend = build_backend(BackendSpec(**json.loads(spec_json)))
+        backend = build_backend(spec)
     except Exception as error:  # reported to the parent, which raises it
         outbox.put(("error", f"{type(error).__name__}: {error}"))
         return
@@ -284,7 +311,7 @@ class DataParallelBackend:
                 devices = ",".join(str(rank * devices_per_rank + d) for d in range(devices_per_rank))
             inbox, outbox = context.Queue(), context.Queue()
             # Not a daemon: vLLM starts its own engine processes, which daemonic processes may not do.
-            process = context.Process(target=_worker_main, args=(spec.to_json(), devices, inbox, outbox))
+            process = context.Process(target=_worker_main, args=(spec, devices, inbox, outbox))
             process.start()
             self._workers.append((process, inbox, outbox))
         for rank in range(data_parallel_size):

@@ -10,9 +10,8 @@ from ..data.prompts import PROMPT_STYLES
 from ..errors import UsageError
 from ..methods import method_preset
 from ..rewards import available_rewards
-from .backends import BACKENDS
+from .backends import BACKENDS, DEFAULT_MAX_NEW_TOKENS, SAMPLING_PRESETS
 from .grading import DEFAULT_GRADERS
-from .sampling import DEFAULT_MAX_NEW_TOKENS, SAMPLING_PRESETS
 
 ALL_BENCHMARKS = list(BENCHMARKS)
 

@@ -32,13 +32,13 @@ from .backends import (
     SamplingParameters,
     build_backend,
     require_vllm,
+    sampling_label,
 )
 from .chart import plot_results
 from .config import EvalConfig, EvalConfigError
 from .grading import Grader
 from .models import ModelNotFoundError, ResolvedModel, resolve_model
 from .records import SampleStore
-from .sampling import sampling_label
 from .scoring import score_benchmark
 
 # transformers is imported where a tokenizer is loaded: importing the evaluation package loads none.
@@ -122,16 +122,13 @@ def load_problems(config: EvalConfig, tokenizer) -> dict[str, list[Problem]]:
         )
         if config.max_problems is not None and len(dataset) > config.max_problems:
             dataset = dataset.select(range(config.max_problems))
-        seen: set[str] = set()
-        rows = []
+        rows: dict[str, Problem] = {}
         for row in dataset:
-            if row["id"] in seen:
+            if row["id"] in rows:
                 raise EvalConfigError(f"{name}: problem id {row['id']!r} appears twice; ids must be unique to resume.")
-            seen.add(row["id"])
-            rows.append(
-                Problem(name, row["id"], row["answer"], render_prompt(tokenizer, row["prompt"], config.chat_template))
-            )
-        problems[name] = rows
+            prompt = render_prompt(tokenizer, row["prompt"], config.chat_template)
+            rows[row["id"]] = Problem(name, row["id"], row["answer"], prompt)
+        problems[name] = list(rows.values())
     return problems
 
 

@@ -34,7 +34,6 @@ class ResolvedModel:
     label: str = ""
     method: str | None = None
     size: str | None = None
-    base_name: str | None = None
 
 
 def _resolve_weights(reference: str, what: str) -> str:
@@ -142,5 +141,4 @@ def resolve_model(
         label=name,
         method=summary.get("method"),
         size=parameter_size(base_name, model),
-        base_name=str(base_name),
     )

@@ -1,4 +1,5 @@
-"""Verifiable math rewards for TRL, registered by name.
+"""Verifiable math rewards for TRL, registered by name: `available_rewards()` describes each, docs/data.md compares
+them.
 
 ```python
 from stapo_trl.rewards import get_reward_func
@@ -6,14 +7,6 @@ from stapo_trl.rewards import get_reward_func
 reward = get_reward_func("boxed")  # or "dapo", "math_verify", "think_format", "soft_overlong_punishment", or a dotted path
 reward([r"... so the answer is \\boxed{42}"], solution=["42"])  # [1.0]
 ```
-
-| name | score | rule |
-|---|---|---|
-| `dapo` | +1 / -1 | last `Answer:` line in the final 300 characters, Minerva-normalized, exact match (DAPO) |
-| `boxed` | +1 / -1 | last `\\boxed{}` in the final 100 characters, Minerva-normalized, exact match (JustRL) |
-| `math_verify` | 1 / 0 / None | symbolic equivalence with math-verify, bounded in time, thread-safe |
-| `think_format` | 1 / 0 | TRL's `think_format_reward`, also for plain-string completions |
-| `soft_overlong_punishment` | 0 to -1 | TRL's `get_soft_overlong_punishment` (DAPO's overlong shaping); needs options |
 """
 
 from __future__ import annotations
@@ -34,13 +27,6 @@ from .registry import (
 from .text import completion_text, gold_text
 
 # TRL's rewards are imported when one is built: importing the rewards loads no TRL.
-
-register_reward("dapo", description="DAPO: +1/-1 exact match of the last `Answer:` line (final 300 chars).")(
-    dapo_reward
-)
-register_reward("boxed", description="JustRL: +1/-1 exact match of the last \\boxed{} (final 100 chars).")(
-    boxed_reward
-)
 
 
 @register_reward(

@@ -28,12 +28,6 @@ def _on_alarm(signum, frame):
     raise _Deadline()
 
 
-def _wrap_gold(gold):
-    if "\\boxed" in gold or "$" in gold:
-        return gold
-    return "\\boxed{" + gold + "}"
-
-
 def main():
     try:
         from math_verify import parse, verify
@@ -46,7 +40,8 @@ def main():
 
     @lru_cache(maxsize=4096)
     def parse_gold(gold):
-        return parse(_wrap_gold(gold), parsing_timeout=None, raise_on_error=True)
+        wrapped = gold if "\\boxed" in gold or "$" in gold else "\\boxed{" + gold + "}"
+        return parse(wrapped, parsing_timeout=None, raise_on_error=True)
 
     def judge(request):
         stage = "gold"

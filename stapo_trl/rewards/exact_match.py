@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .extraction import last_answer_line, last_boxed_content, normalize_final_answer
+from .registry import register_reward
 from .text import pair_up
 
 DAPO_WINDOW_CHARS = 300
@@ -37,6 +38,7 @@ def _grade(
     return scores
 
 
+@register_reward("dapo", description="DAPO: +1/-1 exact match of the last `Answer:` line (final 300 chars).")
 def dapo_reward(
     completions: Sequence[Any],
     solution: Sequence[Any] | None = None,
@@ -52,6 +54,7 @@ def dapo_reward(
     return _grade(completions, solution, "dapo_reward", DAPO_WINDOW_CHARS, last_answer_line, log_extra)
 
 
+@register_reward("boxed", description="JustRL: +1/-1 exact match of the last \\boxed{} (final 100 chars).")
 def boxed_reward(
     completions: Sequence[Any],
     solution: Sequence[Any] | None = None,

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from ..data.answers import gold_text
+from ..data.sources import gold_text
 
 logger = logging.getLogger(__name__)
 
