@@ -1,13 +1,6 @@
 """The model card of a STAPOTrainer run, built with `huggingface_hub`'s `ModelCardData` and `ModelCard` by the Hub's
-conventions.
-
-TRL writes its card first (`create_model_card`, on every checkpoint save, at the end of `stapo-trl train` and on
-`push_to_hub`). `STAPOTrainer` then rebuilds it: the metadata anew (`card_metadata`), a quick start that loads what was
-saved (onto the exact base weights it was trained on), TRL's "Training procedure" and "Citations" sections as TRL
-rendered them, and the STAPO sections: the method and its settings, the base weights, the run's record (its trends,
-token-rule statistics and held-out accuracy), the `stapo-trl eval` results and the recipe. `check_model_card` checks a
-card offline against what the Hub's metadata validator (a Hub service) needs.
-"""
+conventions: TRL writes its card first, then `STAPOTrainer` rebuilds it (what each section holds, and when it is
+written: docs/diagnostics.md, "The model card")."""
 
 from __future__ import annotations
 
@@ -350,18 +343,6 @@ def shorten_local_paths(text: str) -> tuple[str, int]:
     return shortened, len(ABSOLUTE_PATH.findall(text))
 
 
-def stapo_sections(config: Any, record: RunRecord, output_dir: str | Path, facts: CardFacts) -> str:
-    """The "STAPO training details" section and its subsections, as Markdown."""
-    parts = [
-        method_section(config),
-        base_weights_section(facts),
-        statistics_section(config, record),
-        evaluation_section(output_dir, record),
-        recipe_section(config, output_dir),
-    ]
-    return "\n\n".join("\n".join(part) for part in parts if part)
-
-
 # --------------------------------------------------------------------------------------------------- the card
 def card_sections(text: str) -> dict[str, str]:
     """A card's body split at its level-2 headings: heading line -> the section's text, heading included."""
@@ -415,7 +396,17 @@ def build_model_card(config: Any, record: RunRecord, output_dir: str | Path, fac
         intro="\n".join(intro_section(facts, method_title(config))),
         quick_start="\n".join(quick_start_section(facts)),
         training_procedure=training,
-        stapo_sections=stapo_sections(config, record, output_dir, facts),
+        stapo_sections="\n\n".join(
+            "\n".join(part)
+            for part in (
+                method_section(config),
+                base_weights_section(facts),
+                statistics_section(config, record),
+                evaluation_section(output_dir, record),
+                recipe_section(config, output_dir),
+            )
+            if part
+        ),
         citations=citations,
     )
 
@@ -472,10 +463,8 @@ REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}$")
 
 def check_model_card(card_path: str | Path) -> list[str]:
     """What would stop the card from passing the Hub's metadata validation or from being portable, as far as it can
-    be told offline: metadata that `huggingface_hub` cannot parse (``ModelCard.load`` without ignoring errors),
-    a missing ``license``, ``library_name``, ``pipeline_tag`` or ``tags``, a ``base_model`` or dataset that is not a
-    Hub repo id, and absolute local paths anywhere in the card. An empty list means none was found. (The Hub's own
-    validator, ``ModelCard.validate``, is a Hub service and needs a connection.)"""
+    be told offline (which checks, and why offline: docs/diagnostics.md, "The model card"); empty when none was
+    found."""
     try:
         card = ModelCard.load(card_path)
     except Exception as error:  # huggingface_hub raises ValueError, yaml errors, ...

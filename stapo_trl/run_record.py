@@ -91,14 +91,6 @@ class RunRecord:
     """The files the run wrote, relative to ``output_dir``."""
     output_dir: str | None = None
 
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2) + "\n"
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> RunRecord:
-        known = {item.name for item in dataclasses.fields(cls)}
-        return cls(**{key: value for key, value in values.items() if key in known})
-
     def silencing_rule(self, shadow: bool = False) -> str | None:
         """The rule whose silenced tokens the report shows: the first, in apply order, whose summary has a silenced
         fraction; for ``shadow``, among the rules run in shadow."""
@@ -132,7 +124,12 @@ def build_run_record(
             if summary := rule_summary(spec, steps, prefix):
                 summaries[spec.name] = summary
     record.optimization = optimization_statistics(steps)
-    record.accuracy_before, record.accuracy_after = heldout_accuracy(log_history)
+    logged = [entry for entry in log_history if is_finite_number(entry.get(HELDOUT_METRICS["accuracy"]))]
+    results = [{name: entry.get(metric) for name, metric in HELDOUT_METRICS.items()} for entry in logged]
+    if logged and logged[0].get("step") == 0:
+        record.accuracy_before = results[0]
+    if logged and logged[-1].get("step") != 0:
+        record.accuracy_after = results[-1]
     if dump_stats is not None:
         record.dump = {key: dump_stats[key] for key in ("silenced", "written", "dropped")}
     if silenced_tokens:
@@ -169,22 +166,11 @@ def optimization_statistics(steps: list[dict[str, Any]]) -> dict[str, dict[str, 
     return found
 
 
-def heldout_accuracy(log_history: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """The held-out greedy accuracy that `stapo-trl train` logged: from the evaluation record at step 0 (before
-    training) and from the last one after it, each with the fields of `HELDOUT_METRICS` (None when not logged)."""
-    logged = [entry for entry in log_history if is_finite_number(entry.get(HELDOUT_METRICS["accuracy"]))]
-
-    def result(entry: dict[str, Any]) -> dict[str, Any]:
-        return {name: entry.get(metric) for name, metric in HELDOUT_METRICS.items()}
-
-    before = result(logged[0]) if logged and logged[0].get("step") == 0 else None
-    after = result(logged[-1]) if logged and logged[-1].get("step") != 0 else None
-    return before, after
-
-
 def write_run_record(record: RunRecord, output_dir: str | Path) -> Path:
     """``output_dir/run_summary.json``, written whole to a temporary file and renamed into place."""
-    return write_text_atomically(Path(output_dir) / RUN_SUMMARY_FILE, record.to_json())
+    return write_text_atomically(
+        Path(output_dir) / RUN_SUMMARY_FILE, json.dumps(dataclasses.asdict(record), indent=2) + "\n"
+    )
 
 
 def read_run_record(output_dir: str | Path) -> RunRecord | None:
@@ -192,9 +178,9 @@ def read_run_record(output_dir: str | Path) -> RunRecord | None:
     path = Path(output_dir) / RUN_SUMMARY_FILE
     if not path.is_file():
         return None
-    return RunRecord.from_dict(
-        read_json_file(path, "the run's record", "Delete it to rewrite the card without the run's facts.")
-    )
+    values = read_json_file(path, "the run's record", "Delete it to rewrite the card without the run's facts.")
+    known = {item.name for item in dataclasses.fields(RunRecord)}
+    return RunRecord(**{key: value for key, value in values.items() if key in known})
 
 
 # --------------------------------------------------------------------------------------------- the shared wording

@@ -157,17 +157,6 @@ NOT_GENERATIVE_HEADS = (
 (sequence classification), taggers, extractive QA, fill-mask models (ForMaskedLM) and bare encoders or decoders."""
 
 
-def offline_miss(name: str, error: OSError) -> RecipeError:
-    """The error for a model that is neither a local directory nor loadable from the Hub or its cache."""
-    first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return RecipeError(
-        f"model_name_or_path {name!r} could not be loaded: it is not a local directory, and neither the Hugging Face "
-        f"Hub nor the local Hub cache had it ({first_line}). To train offline, download it where the Hub is "
-        f"reachable (`huggingface-cli download {name}`) and bring that cache along (HF_HOME), or pass the directory "
-        "that save_pretrained wrote."
-    )
-
-
 def check_shards(model_path: str) -> None:
     """Refuse a local checkpoint whose shard index lists weight files that are missing, or that cannot be read."""
     directory = Path(model_path).expanduser()
@@ -212,16 +201,6 @@ def check_architecture(config, name: str) -> None:
         )
 
 
-def check_chat_template(tokenizer, name: str) -> None:
-    """Refuse a tokenizer without a chat template: the training prompts are chat messages."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise RecipeError(
-            f"The tokenizer of {name} has no chat template, and the training prompts are chat messages (a system and "
-            "a user turn) that it must render. Use an instruct or chat model, or a tokenizer that defines "
-            "chat_template (tokenizer_config.json)."
-        )
-
-
 def load_checked_tokenizer_and_config(model_path: str, name: str, *, revision, trust_remote_code: bool):
     """The tokenizer and config of the policy, after every check above; Hub and cache misses are named."""
     check_shards(model_path)
@@ -231,7 +210,18 @@ def load_checked_tokenizer_and_config(model_path: str, name: str, *, revision, t
     except OSError as error:
         if looks_like_path(name):
             raise
-        raise offline_miss(name, error) from None
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise RecipeError(
+            f"model_name_or_path {name!r} could not be loaded: it is not a local directory, and neither the Hugging "
+            f"Face Hub nor the local Hub cache had it ({first_line}). To train offline, download it where the Hub is "
+            f"reachable (`huggingface-cli download {name}`) and bring that cache along (HF_HOME), or pass the "
+            "directory that save_pretrained wrote."
+        ) from None
     check_architecture(config, name)
-    check_chat_template(tokenizer, name)
+    if not getattr(tokenizer, "chat_template", None):
+        raise RecipeError(
+            f"The tokenizer of {name} has no chat template, and the training prompts are chat messages (a system and "
+            "a user turn) that it must render. Use an instruct or chat model, or a tokenizer that defines "
+            "chat_template (tokenizer_config.json)."
+        )
     return tokenizer, config

@@ -165,10 +165,6 @@ def _flag_value(argv: list[str], name: str) -> str | None:
     return None
 
 
-def _given_flags(argv: list[str]) -> set[str]:
-    return {token[2:].split("=", 1)[0] for token in argv if token.startswith("--")}
-
-
 def _annotation(dataclass_types, name: str) -> str:
     for dataclass_type in dataclass_types:
         for item in fields(dataclass_type):
@@ -409,7 +405,7 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
     except ValueError as error:
         raise RecipeError(str(error)) from None
 
-    given_keys = set(recipe) | _given_flags(cli_args)
+    given_keys = set(recipe) | {token[2:].split("=", 1)[0] for token in cli_args if token.startswith("--")}
     notes = []
     cpu_stand_in = False
     dry_run = "--dry_run" in cli_args or bool(dataclass_values.get("dry_run"))

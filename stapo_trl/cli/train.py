@@ -287,19 +287,15 @@ def write_recipe(request: TrainRequest, output_dir: Path) -> Path:
     return write_text_atomically(output_dir / RECIPE_FILE, "\n".join(lines) + "\n")
 
 
-def log_metrics(trainer, metrics: dict[str, float]) -> None:
-    """Log ``metrics`` at the trainer's current step through transformers' `Trainer.log`: into the log history and
-    the ``report_to`` trackers, without TRL's averaging of its own training metrics."""
-    Trainer.log(trainer, dict(metrics))
-
-
 def log_at_train_begin(trainer, metrics: dict[str, float]):
-    """A callback that logs ``metrics`` at step 0 of a fresh run (a resumed run starts later and logs nothing)."""
+    """A callback that logs ``metrics`` at step 0 of a fresh run (a resumed run starts later and logs nothing). Like
+    the metrics logged after training, through transformers' `Trainer.log`: into the log history and the
+    ``report_to`` trackers, without TRL's averaging of its own training metrics."""
 
     class LogAtTrainBegin(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
             if state.global_step == 0:
-                log_metrics(trainer, metrics)
+                Trainer.log(trainer, dict(metrics))
 
     return LogAtTrainBegin()
 
@@ -417,7 +413,7 @@ def train_and_summarize(request: TrainRequest) -> RunRecord | None:
         raise TrainingInterrupted(trainer.state.global_step, interrupt.signal_received)
     seconds_training = time.perf_counter() - training_started
     if heldout is not None:
-        log_metrics(trainer, heldout_metrics("after"))
+        Trainer.log(trainer, heldout_metrics("after"))
 
     output_dir = Path(training.output_dir)
     save_final_model(trainer, output_dir, base_model)

@@ -1,9 +1,5 @@
-"""`stapo-trl report`: plots and a summary of one or more training runs, read from the trainer's own logs by
-:mod:`.run_logs`. :mod:`.report_figures` draws the figures, all runs on shared axes; this module writes ``report.md``
-(and ``report.html``): a table of the runs' records, each run's trends and rule summaries in the words of the
-end-of-run summary and the model card, problem-by-problem comparisons of held-out results, the figures, and a few
-silenced tokens in context.
-"""
+"""`stapo-trl report`: ``report.md`` (and ``report.html``) of one or more training runs read by :mod:`.run_logs`, with
+the figures :mod:`.report_figures` draws, all runs on shared axes (what the report holds: docs/diagnostics.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""What `stapo-trl report` reads of a run directory: its training log (``trainer_state.json``, the output dir's own,
-which `stapo-trl train` writes, else the newest ``checkpoint-N/``'s, else ``metrics.jsonl``), its silenced-token dump
-when it has one, and the run's record built from them (`stapo_trl.run_record`)."""
+"""What `stapo-trl report` reads of a run directory (which log it takes: docs/diagnostics.md): its training log, its
+silenced-token dump when it has one, and the run's record built from them (`stapo_trl.run_record`)."""
 
 from __future__ import annotations
 

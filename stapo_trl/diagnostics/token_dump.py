@@ -1,14 +1,8 @@
-"""The silenced-token dump: which tokens the token rules silenced, with their text, context, p, H and advantage.
-
-Opt-in (`STAPOConfig.dump_silenced_tokens`). Each optimizer step appends up to `dump_tokens_per_step` records,
-sampled uniformly from the step's silenced tokens over all processes, to ``silenced_tokens.jsonl``, until
-`dump_max_tokens` records are written; what was not written is counted, never silently lost. Beside it,
-``silenced_tokens_stats.json`` holds the counts per step and a histogram of every loss token over
-(log10 p, H), split by advantage sign, so that a report can draw where the silenced tokens sit among all tokens.
+"""The silenced-token dump: which tokens the token rules silenced, with their text, context, p, H and advantage
+(its files, fields and bounds: docs/diagnostics.md).
 
 Only the main process writes. Each checkpoint holds a copy of the counts and the density; a run resumed from it keeps
-the records of the steps the checkpoint covers, drops those written after it, and appends, so the files match an
-uninterrupted run's.
+the records of the steps the checkpoint covers, drops those written after it, and appends.
 """
 
 from __future__ import annotations
@@ -137,25 +131,6 @@ class SilencedTokenDump:
         self.records_path = self.directory / SILENCED_TOKENS_FILE
         self.stats_path = self.directory / SILENCED_TOKENS_STATS_FILE
 
-    def _fresh_stats(self) -> dict[str, Any]:
-        return {
-            "tokens_per_step": self.tokens_per_step,
-            "max_tokens": self.max_tokens,
-            "context_tokens": self.context_tokens,
-            "probability_bound": self.probability_bound,
-            "silenced": 0,
-            "written": 0,
-            "dropped": 0,
-            "steps": [],
-            "density": {
-                "log10_p_range": list(LOG10_P_RANGE),
-                "entropy_range": list(ENTROPY_RANGE),
-                "bins": list(DENSITY_BINS),
-                "positive_advantage": torch.zeros(DENSITY_BINS, dtype=torch.int64).tolist(),
-                "other": torch.zeros(DENSITY_BINS, dtype=torch.int64).tolist(),
-            },
-        }
-
     def save_state(self, checkpoint_dir: str | os.PathLike) -> None:
         """Copy the counts and the density so far into a checkpoint (main process)."""
         if self.stats is not None and self.is_main_process:
@@ -177,7 +152,23 @@ class SilencedTokenDump:
         """Start the records over, or after a resume keep those of the steps the checkpoint covers."""
         resumed = self.stats is not None
         if not resumed:
-            self.stats = self._fresh_stats()
+            self.stats = {
+                "tokens_per_step": self.tokens_per_step,
+                "max_tokens": self.max_tokens,
+                "context_tokens": self.context_tokens,
+                "probability_bound": self.probability_bound,
+                "silenced": 0,
+                "written": 0,
+                "dropped": 0,
+                "steps": [],
+                "density": {
+                    "log10_p_range": list(LOG10_P_RANGE),
+                    "entropy_range": list(ENTROPY_RANGE),
+                    "bins": list(DENSITY_BINS),
+                    "positive_advantage": torch.zeros(DENSITY_BINS, dtype=torch.int64).tolist(),
+                    "other": torch.zeros(DENSITY_BINS, dtype=torch.int64).tolist(),
+                },
+            }
         if not self.is_main_process:
             return
         self.directory.mkdir(parents=True, exist_ok=True)

@@ -1,11 +1,7 @@
 """One way to say how a logged metric moved over a run, with its uncertainty, for the end-of-run summary of
-`stapo-trl train`, the model card and `stapo-trl report` alike, so that the three never disagree.
-
-A trend is the least-squares slope of the metric against the optimizer step, with its standard error. It is called a
-rise or a fall only when the slope is more than twice its standard error away from zero; otherwise the metric "shows
-no trend beyond its step-to-step scatter". A run of 10 steps rarely shows one. The first- and last-quarter means are
-given beside it as the plain numbers a reader checks.
-"""
+`stapo-trl train`, the model card and `stapo-trl report` alike, so that the three never disagree: the least-squares
+slope with its standard error (`MIN_STEPS`, `SIGNIFICANCE`; docs/diagnostics.md, "Trends, the same everywhere"), and
+the first- and last-quarter means beside it as the plain numbers a reader checks."""
 
 from __future__ import annotations
 
