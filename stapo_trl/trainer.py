@@ -127,7 +127,8 @@ class STAPOTrainer(HookedGRPOTrainer):
     Evaluation losses are reported without the rules: they change training gradients only.
 
     With `dump_silenced_tokens`, each step's silenced tokens (text, context, `p`, `H`, advantage) go to
-    `output_dir/silenced_tokens.jsonl`, bounded and sampled (see [`~stapo_trl.diagnostics.SilencedTokenDump`]).
+    `output_dir/silenced_tokens.jsonl`, bounded and sampled
+    (see [`~stapo_trl.diagnostics.token_dump.SilencedTokenDump`]).
     [`create_model_card`] adds the STAPO sections to TRL's model card.
 
     Built inside `stapo_trl.cpu.cpu_runtime`, it attaches the runtime's frozen-layer replay to its model (the CPU LM
