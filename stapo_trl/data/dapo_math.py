@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 from datasets import Dataset
 
@@ -160,6 +160,34 @@ def dedupe_by_problem(dataset: Dataset, *, dedupe: bool = True) -> tuple[Dataset
     return dataset.select(keep), report
 
 
+@overload
+def load_dapo_math(
+    source: str | Path = ...,
+    *,
+    split: str = ...,
+    config_name: str | None = ...,
+    prompt_style: str = ...,
+    system_prompt: str | None = ...,
+    dedupe: bool = ...,
+    num_proc: int | None = ...,
+    return_report: Literal[False] = ...,
+) -> Dataset: ...
+
+
+@overload
+def load_dapo_math(
+    source: str | Path = ...,
+    *,
+    split: str = ...,
+    config_name: str | None = ...,
+    prompt_style: str = ...,
+    system_prompt: str | None = ...,
+    dedupe: bool = ...,
+    num_proc: int | None = ...,
+    return_report: Literal[True],
+) -> tuple[Dataset, DedupReport]: ...
+
+
 def load_dapo_math(
     source: str | Path = DAPO_MATH_HUB_ID,
     *,
@@ -170,7 +198,7 @@ def load_dapo_math(
     dedupe: bool = True,
     num_proc: int | None = None,
     return_report: bool = False,
-) -> Dataset | tuple[Dataset, DedupReport]:
+):
     """DAPO-Math-17K as TRL-ready rows: `id`, `problem`, `answer`, `solution` (the gold answer the rewards read),
     a conversational `prompt`, and `data_source`.
 
