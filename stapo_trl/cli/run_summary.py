@@ -47,10 +47,10 @@ def record_finished_run(
     started: float,
     **given: Any,
 ) -> RunRecord:
-    """Write the training curves, the held-out results (``heldout_results.jsonl``: each held-out problem with its
-    greedy result before and after training, for paired comparisons between runs) and the run's record into
-    ``output_dir`` (main process only) and return the record. ``given`` holds what only `stapo-trl train` knows (`build_run_record`'s); ``started`` is
-    the run's start (`time.perf_counter`), for its total time. File names are relative to ``output_dir``:
+    """Write the training curves, the held-out results (``heldout_results.jsonl``: each held-out problem with its greedy
+    result before and after training, for paired comparisons between runs) and the run's record into ``output_dir``
+    (main process only) and return the record. ``given`` holds what only `stapo-trl train` knows (`build_run_record`'s);
+    ``started`` is the run's start (`time.perf_counter`), for its total time. File names are relative to ``output_dir``:
     run_summary.json is pushed to the Hub with the model."""
     directory = Path(output_dir)
     files = {
