@@ -14,6 +14,7 @@ from accelerate.utils import is_peft_model
 from .colocated_vllm import CPUEngineSettings, colocated_vllm_on_cpu, needs_cpu_adapter
 from .environment import SWITCH, cpu_environment_not_in_effect
 from .frozen_layer_replay import FrozenPrefixReplay, replay_frozen_prefix
+from .kv_cache import inplace_kv_cache
 from .lm_head import cpu_lm_head
 
 logger = logging.getLogger(__name__)
@@ -33,23 +34,33 @@ class CPURuntime:
     """The settings of colocated vLLM on vLLM's CPU backend, when the arguments ask for colocated vLLM."""
     replay_frozen_layers: bool = False
     """Trainers attached in the block get the shared prefill and frozen-layer replay (where their model allows)."""
+    inplace_kv_cache: bool = False
+    """Trainers attached in the block get the in-place key/value cache for their `generate()`."""
     environment_not_in_effect: dict[str, str] = field(default_factory=dict)
     """The CPU environment defaults (`stapo_trl.cpu.environment`) missing from this process's environment."""
     replays: dict[int, FrozenPrefixReplay | None] = field(default_factory=dict)
     """The frozen-layer replay of each attached trainer, by ``id(trainer)``; None where the model does not allow it."""
+    attached: set[int] = field(default_factory=set)
+    """``id`` of every trainer attached in the block."""
     _stack: ExitStack = field(default_factory=ExitStack, repr=False)
 
     def attach(self, trainer) -> FrozenPrefixReplay | None:
-        """Turn on what needs the built trainer: the frozen-layer replay on its policy model (the transformers model
-        under its DDP and PEFT wrappers), until the block ends. `STAPOTrainer` calls this when it is built inside the
-        block; call it yourself for another TRL trainer. Attaching a trainer twice returns its first replay."""
-        if not self.replay_frozen_layers:
+        """Turn on what needs the built trainer, on its policy model (the transformers model under its DDP and PEFT
+        wrappers), until the block ends: the in-place key/value cache for its `generate()`, then the frozen-layer
+        replay around it (whose shared prefill reorders that cache). `STAPOTrainer` calls this when it is built inside
+        the block; call it yourself for another TRL trainer. Returns the trainer's replay (None when it is off or the
+        model does not allow it); attaching a trainer twice returns its first replay and turns on nothing more."""
+        if not (self.replay_frozen_layers or self.inplace_kv_cache):
             return None
-        if id(trainer) not in self.replays:
+        if id(trainer) not in self.attached:
+            self.attached.add(id(trainer))
             model = trainer.accelerator.unwrap_model(trainer.model)
             policy = model.get_base_model() if is_peft_model(model) else model
-            self.replays[id(trainer)] = self._stack.enter_context(replay_frozen_prefix(policy))
-        return self.replays[id(trainer)]
+            if self.inplace_kv_cache:
+                self._stack.enter_context(inplace_kv_cache(policy))
+            if self.replay_frozen_layers:
+                self.replays[id(trainer)] = self._stack.enter_context(replay_frozen_prefix(policy))
+        return self.replays.get(id(trainer))
 
 
 def active_cpu_runtime() -> CPURuntime | None:
@@ -64,7 +75,9 @@ def attach_to_cpu_runtime(trainer) -> FrozenPrefixReplay | None:
 
 
 @contextmanager
-def cpu_runtime(args: Any, *, lm_head: bool = True, replay_frozen_layers: bool = True) -> Iterator[CPURuntime]:
+def cpu_runtime(
+    args: Any, *, lm_head: bool = True, replay_frozen_layers: bool = True, inplace_kv_cache: bool = True
+) -> Iterator[CPURuntime]:
     """Turn on stapo-trl's CPU speed-ups for the trainers built and trained inside the block::
 
         with cpu_runtime(args):
@@ -81,6 +94,9 @@ def cpu_runtime(args: Any, *, lm_head: bool = True, replay_frozen_layers: bool =
     - the shared prefill and frozen-layer replay (`stapo_trl.cpu.frozen_layer_replay`; ``replay_frozen_layers=False``
       leaves it off), until the block ends. It needs the built model: a `STAPOTrainer` built inside the block
       attaches it at the end of its ``__init__`` (for another TRL trainer, call `CPURuntime.attach`);
+    - the in-place key/value cache for the attached trainers' `generate()` (`stapo_trl.cpu.kv_cache`;
+      ``inplace_kv_cache=False`` leaves it off), attached with the replay: the same tokens and logits, without copying
+      the whole cache at every decoding step;
     - torch's environment (`stapo_trl.cpu.environment`), which takes effect only when set before torch loads, as
       `stapo-trl train` does. By the time a script has its ``args``, torch is loaded: the block sets nothing, and
       logs one warning naming the defaults missing (`CPURuntime.environment_not_in_effect`) and how to set them.
@@ -107,6 +123,7 @@ def cpu_runtime(args: Any, *, lm_head: bool = True, replay_frozen_layers: bool =
             if needs_cpu_adapter(args.use_vllm, args.vllm_mode, "cpu"):
                 runtime.colocated_vllm = runtime._stack.enter_context(colocated_vllm_on_cpu())
             runtime.replay_frozen_layers = replay_frozen_layers
+            runtime.inplace_kv_cache = inplace_kv_cache
         token = _ACTIVE.set(runtime)
         try:
             yield runtime

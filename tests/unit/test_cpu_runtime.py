@@ -26,6 +26,7 @@ from stapo_trl.cpu import runtime as runtime_module
 from stapo_trl.cpu.colocated_vllm import VLLMOnCPUError
 from stapo_trl.cpu.environment import CPU_ENVIRONMENT, SWITCH
 from stapo_trl.cpu.frozen_layer_replay import FrozenPrefixReplay
+from stapo_trl.cpu.kv_cache import InPlaceLayer
 from stapo_trl.cpu.lm_head import is_cpu_lm_head_applied
 from stapo_trl.cpu.runtime import active_cpu_runtime
 
@@ -79,9 +80,10 @@ def test_the_command_line_imports_the_cpu_package_in_one_place():
 
 
 @pytest.mark.usefixtures("cpu_environment_in_effect")
-def test_a_trainer_built_in_python_inside_the_entry_gets_the_cpu_head_and_the_replay(tmp_path):
+def test_a_trainer_built_in_python_inside_the_entry_gets_the_cpu_head_and_the_replay(tmp_path, monkeypatch):
     """The library path: one `with` around building and training. Two GRPO steps (STAPO with the mask off) on the
-    tiny model with LoRA on its last layer: every loss pass runs through the CPU head and replays the frozen layer."""
+    tiny model with LoRA on its last layer: every loss pass runs through the CPU head and replays the frozen layer, and
+    every generation keeps its keys and values in the in-place cache."""
     config = tiny_config(STAPOConfig, tmp_path, use_s2t_mask=False, learning_rate=5e-2)
     with cpu_runtime(config) as runtime:
         assert runtime.on_cpu and runtime.lm_head and is_cpu_lm_head_applied()
@@ -95,8 +97,14 @@ def test_a_trainer_built_in_python_inside_the_entry_gets_the_cpu_head_and_the_re
         replay = runtime.replays[id(trainer)]
         assert isinstance(replay, FrozenPrefixReplay)
         assert runtime.attach(trainer) is replay, "attached twice, it replayed twice"
+        updates = []
+        original_update = InPlaceLayer.update
+        monkeypatch.setattr(
+            InPlaceLayer, "update", lambda self, *a, **k: updates.append(1) or original_update(self, *a, **k)
+        )
         trainer.train()
         assert replay.replayed == 2 and replay.computed == 0 and replay.shared_prefills == 2
+        assert updates, "generate() ran without the in-place cache"
     assert not is_cpu_lm_head_applied() and replay.restore_model is None, "the block ended, the replay is detached"
 
 
@@ -116,17 +124,36 @@ def test_a_trl_trainer_is_attached_by_hand(tmp_path):
 @pytest.mark.usefixtures("cpu_environment_in_effect")
 def test_the_options_turn_each_part_off(tmp_path):
     config = tiny_config(STAPOConfig, tmp_path)
-    with cpu_runtime(config, lm_head=False, replay_frozen_layers=False) as runtime:
+    with cpu_runtime(config, lm_head=False, replay_frozen_layers=False, inplace_kv_cache=False) as runtime:
         assert not runtime.lm_head and not is_cpu_lm_head_applied()
         trainer = tiny_trainer(STAPOTrainer, config, peft_config=LORA_ON_LAST_LAYER)
-        assert runtime.attach(trainer) is None and runtime.replays == {}
+        assert runtime.attach(trainer) is None and runtime.replays == {} and runtime.attached == set()
+        assert "generate" not in vars(trainer.model.get_base_model()), "nothing wraps generate()"
+
+
+@pytest.mark.usefixtures("cpu_environment_in_effect")
+def test_without_the_replay_the_in_place_cache_is_still_attached(tmp_path, monkeypatch):
+    config = tiny_config(STAPOConfig, tmp_path)
+    updates = []
+    original_update = InPlaceLayer.update
+    monkeypatch.setattr(
+        InPlaceLayer, "update", lambda self, *a, **k: updates.append(1) or original_update(self, *a, **k)
+    )
+    with cpu_runtime(config, lm_head=False, replay_frozen_layers=False) as runtime:
+        trainer = tiny_trainer(STAPOTrainer, config, peft_config=LORA_ON_LAST_LAYER)
+        policy = trainer.model.get_base_model()
+        assert runtime.attach(trainer) is None and runtime.attached == {id(trainer)}
+        with torch.no_grad():
+            trainer.model.generate(input_ids=torch.tensor([[5, 6, 7]]), max_new_tokens=2, do_sample=False)
+        assert updates, "generate() ran without the in-place cache"
+    assert "generate" not in vars(policy), "the block ended, generate() is the class's again"
 
 
 def test_off_the_cpu_nothing_is_turned_on():
     args = SimpleNamespace(device=torch.device("cuda"), use_vllm=True, vllm_mode="colocate")
     with cpu_runtime(args) as runtime:
         assert not runtime.on_cpu and not runtime.lm_head and runtime.colocated_vllm is None
-        assert not runtime.replay_frozen_layers and not is_cpu_lm_head_applied()
+        assert not runtime.replay_frozen_layers and not runtime.inplace_kv_cache and not is_cpu_lm_head_applied()
 
 
 def test_with_torch_loaded_the_environment_is_reported_not_set(monkeypatch, caplog):
