@@ -145,6 +145,7 @@ class TokenStatistics:
         self._gradient_checkpointing_kwargs = gradient_checkpointing_kwargs
         self.generation_statistics_required = generation_statistics_required
         self.sharded_by = sharding(fsdp)
+        self._unwrapped: tuple[torch.nn.Module, Any] | None = None
         base, _, lm_head = self.policy_parts()
         text_config = base.config.get_text_config()
         transforms = [name for name in LOGIT_TRANSFORM_ATTRIBUTES if getattr(text_config, name, None) is not None]
@@ -166,9 +167,16 @@ class TokenStatistics:
         self._generation: _Generation | None = None
 
     def policy_parts(self) -> tuple[Any, Any, torch.nn.Module]:
-        """The transformers model under any DDP/PEFT wrapping, its backbone and its LM head."""
-        unwrapped = self._accelerator.unwrap_model(self._get_model())
-        base = unwrapped.get_base_model() if is_peft_model(unwrapped) else unwrapped
+        """The transformers model under any DDP/PEFT wrapping, its backbone and its LM head.
+
+        The unwrapping is done once per model object the trainer holds (that object changes when training wraps the
+        model): accelerate's unwrapping and PEFT check look up package metadata and walk every module, and this runs at
+        every training generation."""
+        model = self._get_model()
+        if self._unwrapped is None or self._unwrapped[0] is not model:
+            unwrapped = self._accelerator.unwrap_model(model)
+            self._unwrapped = (model, unwrapped.get_base_model() if is_peft_model(unwrapped) else unwrapped)
+        base = self._unwrapped[1]
         return base, base.base_model, base.get_output_embeddings()
 
     # ------------------------------------------------------------------ one training generation

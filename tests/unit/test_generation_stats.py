@@ -9,6 +9,7 @@ import torch
 from tiny import tiny_config, tiny_trainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer, spurious_token_mask
+from stapo_trl import token_stats as token_stats_module
 from stapo_trl.file_and_metric_names import ENTROPIES_KEY, LOG_PROBS_KEY, TOOL_MASK_BEFORE_RULES_KEY
 from stapo_trl.fused_stats.generation import GenerationStatsRecorder
 
@@ -201,3 +202,25 @@ def test_the_recorder_gives_up_when_its_rows_are_not_one_per_completion():
         model(input_ids=torch.zeros(4, 1, dtype=torch.long))  # four rows: two completions with two beams each
         model(input_ids=torch.zeros(4, 1, dtype=torch.long))
     assert recorder.finish(torch.zeros(2, 2, dtype=torch.long)) is None
+
+
+def test_the_policy_is_unwrapped_once_per_model_object_not_at_every_generation(tmp_path, monkeypatch):
+    """Unwrapping (accelerate's, with its PEFT check) runs at the first look at a model object, and again only when
+    the trainer holds another one: two training generations of one model reuse it, and are still recorded."""
+    trainer = tiny_trainer(
+        GenerationCapturingTrainer, tiny_config(STAPOConfig, tmp_path, max_steps=2, prob_threshold=PROB_THRESHOLD)
+    )
+    looked_at = []
+    original = token_stats_module.is_peft_model
+    monkeypatch.setattr(token_stats_module, "is_peft_model", lambda model: looked_at.append(model) or original(model))
+    held = trainer.model
+    trainer.train()
+    assert trainer.origins == ["generate", "generate"]
+    assert len(looked_at) == (0 if trainer.model is held else 1)
+    base, _, lm_head = trainer.token_stats.policy_parts()
+    assert lm_head is base.get_output_embeddings()
+    looked = len(looked_at)
+    trainer.model = torch.nn.Sequential(trainer.model)  # stands for a wrapper put around the model
+    monkeypatch.setattr(trainer.accelerator, "unwrap_model", lambda model, **kwargs: model[0])
+    assert trainer.token_stats.policy_parts()[0] is base
+    assert len(looked_at) == looked + 1, "another model object: unwrapped afresh"
