@@ -4,8 +4,8 @@ This directory goes on ``sys.path``, so the helpers beside this file (``tiny.py`
 ``trl_engine_arguments.py``) import by their names from any group: ``from tiny import build_tiny_qwen3``. The
 worker scripts that tests launch as processes put it there themselves.
 
-The fixtures here are the ones several files used to define alike. The hooks here set the two tiers: the default
-one (``python -m pytest``) and the slow one (``python -m pytest -m slow``); `time_budget` keeps the default one fast.
+The fixtures here are the ones several files used to define alike. `tiers.py`, registered
+here, sets the two tiers (``python -m pytest``, ``python -m pytest -m slow``) and keeps the default one fast.
 """
 
 from __future__ import annotations
@@ -19,21 +19,11 @@ TESTS = Path(__file__).resolve().parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
-from time_budget import SLOW_TIER_MARKERS, TimeBudget  # noqa: E402  (importable once TESTS is on sys.path)
+from tiers import Tiers  # noqa: E402  (importable once TESTS is on sys.path)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.pluginmanager.register(TimeBudget(), "stapo-time-budget")
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test that launches several processes or DeepSpeed is a slow one: give it the ``slow`` marker, before ``-m``
-    selects, so that the default tier leaves it out and ``-m slow`` runs it, whichever file it is in."""
-    implied = [name for name in SLOW_TIER_MARKERS if name != "slow"]
-    for item in items:
-        if not item.get_closest_marker("slow") and any(item.get_closest_marker(name) for name in implied):
-            item.add_marker(pytest.mark.slow)
+    config.pluginmanager.register(Tiers(), "stapo-tiers")
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,9 @@
-"""The default tier's time budget: a pytest plugin that `conftest.py` registers for every run.
+"""The suite's two tiers and the default tier's time budget: a pytest plugin that `conftest.py` registers for every run.
+
+The default tier is what ``python -m pytest`` runs: pyproject.toml's ``addopts`` leave out the tests marked ``slow``.
+The slow tier is ``python -m pytest -m slow``. A test that launches several processes (``distributed``) or DeepSpeed
+(``deepspeed``) belongs to the slow tier wherever it is: the plugin gives it the ``slow`` marker before ``-m``
+selects.
 
 Each test is timed from the start of its setup to the end of its call, so a fixture's first use (a shared training
 run, say) counts against the test that pays for it. Two clocks are read: wall time, and CPU time, which sums the
@@ -27,9 +32,8 @@ from pathlib import Path
 import pytest
 
 DEFAULT_BUDGET_CPU_S = 30.0
-SLOW_TIER_MARKERS = ("slow", "distributed", "deepspeed")
-"""A test with any of these runs in the slow tier (``python -m pytest -m slow``): `conftest.py` gives the ``slow``
-marker to every test that carries ``distributed`` or ``deepspeed``."""
+IMPLYING_SLOW = ("distributed", "deepspeed")
+"""A test with any of these markers gets ``slow`` too."""
 OTHER_ENVIRONMENT_MARKERS = ("vllm",)
 """Tests that run in an environment of their own (docs/vllm.md), outside both tiers of the main one."""
 SHOWN = 10
@@ -55,7 +59,7 @@ def budget_from_environment(name: str, default: float | None) -> float | None:
 
 
 def in_default_tier(item: pytest.Item) -> bool:
-    return not any(item.get_closest_marker(name) for name in SLOW_TIER_MARKERS + OTHER_ENVIRONMENT_MARKERS)
+    return not any(item.get_closest_marker(name) for name in ("slow", *IMPLYING_SLOW, *OTHER_ENVIRONMENT_MARKERS))
 
 
 @dataclass
@@ -67,7 +71,7 @@ class Timed:
     cpu_s: float
 
 
-class TimeBudget:
+class Tiers:
     def __init__(self) -> None:
         self.budget_cpu_s = budget_from_environment("STAPO_TEST_BUDGET_CPU_S", DEFAULT_BUDGET_CPU_S)
         self.budget_wall_s = budget_from_environment("STAPO_TEST_BUDGET_WALL_S", None)
@@ -76,6 +80,13 @@ class TimeBudget:
         self.times: list[Timed] = []
         self.over_budget: list[Timed] = []
         self.session_start = (time.perf_counter(), cpu_seconds())
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        """Before ``-m`` deselects (tryfirst), so that ``-m slow`` and its negation see the implied marker."""
+        for item in items:
+            if not item.get_closest_marker("slow") and any(item.get_closest_marker(name) for name in IMPLYING_SLOW):
+                item.add_marker(pytest.mark.slow)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
