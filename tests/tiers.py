@@ -12,9 +12,11 @@ pytest process's threads and every child process it has waited for (a `subproces
 A test of the default tier (one not marked ``slow``, ``distributed``, ``deepspeed`` or ``vllm``) fails when its CPU
 time exceeds the budget: `DEFAULT_BUDGET_CPU_S`, or ``$STAPO_TEST_BUDGET_CPU_S``. CPU time rather than wall time,
 because the machines that run these tests are shared: on a busy 2-core machine a test's wall time grows with the
-load (three to five times here), while the CPU time it needs barely moves, so a wall-clock budget would fail tests
-at random. CPU time cannot see a test that sleeps or waits; ``$STAPO_TEST_BUDGET_WALL_S`` adds a wall-clock budget
-for runs on an idle machine.
+load (three to five times its CPU time, measured here under a load average of 9 to 19), while its CPU time moved by
+about 10% from run to run, with torch's threads sleeping between parallel regions as `conftest.py` sets them
+(spinning threads burn CPU time that grows with the load too). A wall-clock budget would fail tests at random. CPU
+time cannot see a test that sleeps or waits; ``$STAPO_TEST_BUDGET_WALL_S`` adds a wall-clock budget for runs on an
+idle machine.
 
 At the end of the run the plugin prints the tier's totals and its slowest tests. ``$STAPO_TEST_TIMES=path`` writes
 every test's times there as JSON, one object per test, for the measurements in docs/records/.
