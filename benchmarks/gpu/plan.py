@@ -5,6 +5,8 @@ minutes: bf16 weights and autocast, gradient checkpointing, the dapo loss with e
 1.0, token_stats_source "loss", and 4 optimizer steps per generation (steps_per_generation = 4 x gradient
 accumulation, as the recipe's 64 = 4 x 16), with 4 completions per micro-batch and 8 per prompt, as the recipe.
 What is scaled down: gradient accumulation (2 instead of 16), the completion length and the number of processes (1).
+The ``quickstart`` section runs the quickstart recipe itself (`QuickstartPlan`: on CUDA only the flags that move it
+to the GPU); ``first-run`` runs the ``equivalence`` section's model, steps and learning rate.
 """
 
 from __future__ import annotations
