@@ -193,8 +193,12 @@ def main() -> None:
 
     from stapo_trl.gguf import SMOLLM2_GGUF, resolve_gguf
 
+    try:
+        gguf = resolve_gguf(SMOLLM2_GGUF)
+    except FileNotFoundError as error:
+        raise SystemExit(f"prepare_round_two: {error}") from None
     wheelhouse.download(wheelhouse.WHEELS, WHEEL_DIR)
-    sources = [(resolve_gguf(SMOLLM2_GGUF), SMOLLM2_GGUF)]
+    sources = [(gguf, SMOLLM2_GGUF)]
     if not args.no_cutlass:
         sources += [(wheel, f"wheels/{wheel.name}") for wheel in stage_cutlass()]
     tree, whl = tree_bytes(), folder_bytes(WHEEL_DIR)
