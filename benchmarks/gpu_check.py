@@ -47,8 +47,10 @@ class OutOfTime(Exception):
     """A section, or the whole run, has no time left for what comes next."""
 
 
-class Terminated(Exception):
-    """SIGTERM arrived (the device command's time limit): record what is done, then stop."""
+class Terminated(BaseException):
+    """SIGTERM arrived (the device command's time limit): record what is done, then stop. A BaseException, like
+    KeyboardInterrupt, so that the ``except Exception`` of code it passes through (`stapo-trl train`'s, which would
+    report it as a bug) lets it by."""
 
 
 class Clock:

@@ -310,6 +310,36 @@ def test_without_the_whole_model_the_quickstart_is_skipped_with_the_joins_messag
     assert section.skipped == [("quickstart runs", reason)]
 
 
+def test_a_run_stopped_by_sigterm_hands_the_signal_on_to_the_check(modules, monkeypatch, tmp_path):
+    """`stapo-trl train` takes SIGTERM during training (it stops at the next step) and exits 143: the section sends
+    the signal on, so that the check's own handler records the section as interrupted and stops."""
+    import signal
+
+    import stapo_trl.cli
+
+    quickstart, plan = modules["quickstart"], modules["plan"].CPU_PLAN
+
+    class Stopped(BaseException):
+        pass
+
+    def handler(signum, frame):
+        raise Stopped
+
+    class Section:
+        on_cuda = False
+
+    monkeypatch.setattr(stapo_trl.cli, "main", lambda arguments: 143)
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        with pytest.raises(Stopped):
+            quickstart.one_run(Section(), plan, "stapo", "stapo-1", None, tmp_path)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    monkeypatch.setattr(stapo_trl.cli, "main", lambda arguments: 1)
+    with pytest.raises(RuntimeError, match="exited with 1"):
+        quickstart.one_run(Section(), plan, "stapo", "stapo-1", None, tmp_path)
+
+
 def test_math_attention_switches_off_cudnn_flash_and_memory_efficient_attention(modules):
     import torch
 
