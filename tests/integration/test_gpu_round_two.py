@@ -200,6 +200,7 @@ def build_wheel(folder: Path) -> Path:
     return wheel
 
 
+@pytest.mark.slow  # a pip install into a fresh target: about a minute
 def test_a_wheel_recompressed_with_lzma_holds_the_same_bytes_and_pip_installs_it(modules, tmp_path):
     wheelhouse = modules["wheelhouse"]
     original = build_wheel(tmp_path)
