@@ -53,8 +53,6 @@ def check_pool_settings(config: Any) -> None:
             "algorithm.rollout_correction.bypass_mode=True uses the rollout's log-probabilities as the old ones and "
             "computes no entropy, which the mask needs: turn bypass mode off"
         )
-    if not config.trainer.get("use_v1", True):
-        problems.append("trainer modes exist only in verl's v1 trainer: set trainer.use_v1=True")
     if problems:
         raise ValueError(f"trainer.v1.trainer_mode={config.trainer.v1.trainer_mode}: " + "; ".join(problems) + ".")
 
