@@ -35,9 +35,10 @@ from ..rewards import get_reward_func
 from ..run_record import HELDOUT_METRICS, RunRecord
 from ..storage import storage_problem, write_text_atomically
 from ..trl_boundary.hooks import save_model_without_push, set_model_name_or_path
+from .config_file import split_flags
 from .plan import format_plan
 from .preflight import OutputDirLock, check_output_dir, check_vllm, load_checked_tokenizer_and_config
-from .recipe import RecipeError, TrainRequest, is_launched, parse_train_args, split_flags
+from .recipe import RecipeError, TrainRequest, is_launched, parse_train_args
 from .run_summary import DATASET_DESCRIPTIONS, console_summary, plot_model_name, record_finished_run
 
 # `stapo-trl train -h` is answered before this module is imported (`stapo_trl.cli.help.train_help`). The trainer, the
