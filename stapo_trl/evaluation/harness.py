@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from ..data.benchmarks import load_benchmark
 from ..paper import FULL_SIZES
 from ..results_table import markdown_table, summary_rows
+from ..storage import write_text_atomically
 from .backends import (
     BackendSpec,
     DataParallelBackend,
@@ -309,8 +310,8 @@ def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) ->
     )
     table = markdown_table(rows)
     output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
-    (output_dir / TABLE_FILE).write_text(table)
+    write_text_atomically(output_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
+    write_text_atomically(output_dir / TABLE_FILE, table)
     if any(row.values for row in rows):
         plot_results(rows, output_dir / CHART_FILE, title="avg@k by benchmark")
     return EvalResult(summary=summary, table=table, output_dir=output_dir)
