@@ -40,7 +40,13 @@ from .config_file import split_flags
 from .plan import format_plan
 from .preflight import OutputDirLock, check_output_dir, check_vllm, load_checked_tokenizer_and_config
 from .recipe import RecipeError, TrainRequest, is_launched, parse_train_args
-from .run_summary import DATASET_DESCRIPTIONS, console_summary, plot_model_name, record_finished_run
+from .run_summary import (
+    DATASET_DESCRIPTIONS,
+    console_summary,
+    dataset_reference,
+    plot_model_name,
+    record_finished_run,
+)
 
 # `stapo-trl train -h` is answered before this module is imported (`stapo_trl.cli.help.train_help`). The trainer, the
 # evaluation package and the CPU runtime are imported where they are used, so that `--dry_run` loads no more than
@@ -426,6 +432,7 @@ def train_and_summarize(request: TrainRequest) -> RunRecord | None:
             base_model=base_model,
             model_source=model_args.model_name_or_path,
             dataset_description=DATASET_DESCRIPTIONS.get(script.dataset_name),
+            dataset_reference=dataset_reference(script.dataset_name),
             seconds_training=seconds_training,
         )
 

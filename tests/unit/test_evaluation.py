@@ -576,6 +576,8 @@ def test_eval_runs_end_to_end_with_the_transformers_backend_on_a_tiny_model(tiny
     out = capsys.readouterr().out
     summary = json.loads((output_dir / "summary.json").read_text())
     assert [s["name"] for s in summary["settings"]] == ["training-aligned", "justrl"]
+    # Where each benchmark's problems came from: the model card's model-index names only whole Hub benchmarks.
+    assert summary["datasets"]["aime24"] == {"source": "sample", "split": "train", "hub": False}
     for setting in summary["settings"]:
         assert set(setting["benchmarks"]) == set(SAMPLE_SIZES)
         records = [json.loads(line) for line in Path(setting["samples_file"]).read_text().splitlines()]
