@@ -139,7 +139,9 @@ def test_a_dense_checkpoint_passes_and_a_packed_one_is_named(tiny_model_dir, tmp
     assert "q_proj.weight (U8)" in problem
     assert gguf.damaged_conversion(tmp_path / "packed") == problem  # a packed cached conversion is converted again
     problem = gguf.not_dense(copy_checkpoint(tiny_model_dir, tmp_path / "halved", halved))
-    assert problem.startswith("reloading it with transformers found mismatched keys [('model.layers.0.self_attn.q_proj")
+    assert problem.startswith(
+        "reloading it with transformers found mismatched keys [('model.layers.0.self_attn.q_proj"
+    )
 
 
 def test_a_config_that_declares_quantized_weights_is_not_dense(tiny_model_dir, tmp_path):
