@@ -300,13 +300,15 @@ def whole_benchmark_summary():
     }
 
 
-def quickstart_card(output_dir: Path):
+def quickstart_card(output_dir: Path, with_eval_summary: bool = True):
     """The card of the README's CPU quickstart run (seed 0: held-out greedy accuracy 22/64 before training, 43/64
-    after) with `whole_benchmark_summary` in its ``eval/`` directory, built by `build_model_card`."""
+    after), built by `build_model_card`; with `whole_benchmark_summary` (made-up avg@k, for the tests only) in its
+    ``eval/`` directory when ``with_eval_summary``."""
     from stapo_trl.gguf import SMOLLM2_GGUF
 
-    (output_dir / "eval").mkdir(parents=True, exist_ok=True)
-    (output_dir / "eval" / "summary.json").write_text(json.dumps(whole_benchmark_summary()))
+    if with_eval_summary:
+        (output_dir / "eval").mkdir(parents=True, exist_ok=True)
+        (output_dir / "eval" / "summary.json").write_text(json.dumps(whole_benchmark_summary()))
     record = RunRecord(
         accuracy_before={"accuracy": 22 / 64, "standard_error": 0.0594, "correct": 22, "total": 64},
         accuracy_after={"accuracy": 43 / 64, "standard_error": 0.0587, "correct": 43, "total": 64},
@@ -407,8 +409,9 @@ def example_block(card) -> str:
 
 
 def test_the_docs_show_the_card_the_code_writes(tmp_path):
-    """docs/diagnostics.md holds `quickstart_card`'s metadata and Evaluation subsection as the code writes them."""
-    expected = example_block(quickstart_card(tmp_path))
+    """docs/diagnostics.md holds the quickstart run's card's metadata and Evaluation subsection as the code writes
+    them: measured results only, so without the tests' made-up avg@k."""
+    expected = example_block(quickstart_card(tmp_path, with_eval_summary=False))
     page = DOCS_PAGE.read_text()
     start, end = (page.index(marker) for marker in EXAMPLE_MARKERS)
     shown = page[start + len(EXAMPLE_MARKERS[0]) : end].strip()
