@@ -466,6 +466,7 @@ class STAPOTrainer(HookedGRPOTrainer):
             tags=[tag for tag in trl_data.get("tags") or [] if tag != "generated_from_trainer"],
             gguf_source=source if isinstance(source, str) and source.lower().endswith(".gguf") else None,
             dataset_description=written.dataset_description,
+            dataset_reference=written.dataset_reference,
             license=base_model_license(trl_data.get("base_model") or get_config_model_id(self.model.config)),
         )
         record = build_run_record(self.state.log_history)

@@ -33,6 +33,7 @@ LAYERS = (
             "results_table",
             "run_record",
             "model_card",
+            "model_index",
             "evaluation",
             "diagnostics",
             "verl",
