@@ -930,7 +930,43 @@ def test_at_least_45_cases_go_through_the_command_line():
     assert len(COMMAND_LINE_CASES) >= 45
 
 
-@pytest.mark.parametrize("case", COMMAND_LINE_CASES, ids=lambda case: f"{case.category}: {case.id}")
+def subcommand(case: Case) -> str:
+    if not isinstance(case.given, Command):
+        return "train"
+    return case.given.argv[0] if case.given.argv[0] in ("train", "eval", "report") else "not a subcommand"
+
+
+def in_own_process_by_default(cases: list[Case]) -> list[Case]:
+    """The first case of each subcommand: these run in their own process in the default tier, the others in the slow
+    tier. Each such process imports torch and TRL (5 to 12 s of CPU time), while the default tier already runs every
+    case through `main()` (the test above)."""
+    first: dict[str, Case] = {}
+    for case in cases:
+        first.setdefault(subcommand(case), case)
+    return list(first.values())
+
+
+OWN_PROCESS_BY_DEFAULT = in_own_process_by_default(COMMAND_LINE_CASES)
+
+
+def test_the_default_tier_runs_a_case_of_each_subcommand_in_its_own_process():
+    assert sorted(subcommand(case) for case in OWN_PROCESS_BY_DEFAULT) == [
+        "eval",
+        "not a subcommand",
+        "report",
+        "train",
+    ]
+    assert all(isinstance(case.expect, Exits) for case in OWN_PROCESS_BY_DEFAULT)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(case, marks=() if case in OWN_PROCESS_BY_DEFAULT else pytest.mark.slow)
+        for case in COMMAND_LINE_CASES
+    ],
+    ids=lambda case: f"{case.category}: {case.id}",
+)
 def test_each_command_line_case_in_its_own_process(case, tmp_path, tiny_model_dir):
     """The same outcome from `python -m stapo_trl ...` as a process: its real exit code and its real stderr, with the
     logging, warnings and exception hooks a user's shell sees."""

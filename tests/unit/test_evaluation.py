@@ -589,6 +589,7 @@ def test_eval_runs_end_to_end_with_the_transformers_backend_on_a_tiny_model(tiny
     assert (output_dir / "results.md").read_text() in out
 
 
+@pytest.mark.slow  # two evaluation processes, each importing torch and transformers
 def test_data_parallel_copies_split_the_problems_between_processes(tiny_model_dir, tmp_path):
     config = EvalConfig(
         model=str(tiny_model_dir), benchmark_source="sample", benchmarks=["aime24", "amc23"], samples_per_problem=2,
@@ -730,6 +731,7 @@ def test_a_rank_12_adapter_is_evaluated_through_vllm_as_transformers_evaluates_i
     assert through_vllm != completions(tmp_path / "base")
 
 
+@pytest.mark.slow  # SmolLM2-135M generating 12 completions of up to 48 tokens
 def test_smollm2_generations_are_graded_for_real(tmp_path, capsys):
     """SmolLM2-135M-Instruct (offline GGUF) answers three easy problems and three AIME samples; every stored grade
     is what the reward functions give the stored completion."""
