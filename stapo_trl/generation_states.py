@@ -108,6 +108,8 @@ class GenerationStateWriter:
         self.every = every
         self.steps_per_generation = optimizer_steps_per_generation
         self._pending: dict[str, Any] | None = None
+        self._started: int | None = None
+        """The generation whose first step this process saved: only its later steps may join it."""
 
     def generation_dir(self, generation: int) -> Path:
         return self.root / f"generation-{generation:05d}"
@@ -125,6 +127,7 @@ class GenerationStateWriter:
             if directory.exists():
                 shutil.rmtree(directory)
             directory.mkdir(parents=True)
+            self._started = generation
             start = {
                 "global_step": global_step,
                 "trainable": trainable_parameters(model),
@@ -132,8 +135,9 @@ class GenerationStateWriter:
                 "lr_scheduler": lr_scheduler.state_dict(),
             }
             _save(start, directory / START_FILE)
-        elif not (directory / START_FILE).is_file():
-            # The run resumed inside this generation: its start was never saved, so it cannot be replayed.
+        elif self._started != generation:
+            # The run resumed inside this generation, whose batches it generated again: what an earlier process
+            # saved of it belongs to other batches, so the generation is not saved (and stays incomplete).
             self._pending = None
             return
         self._pending = {

@@ -286,3 +286,34 @@ def test_saving_states_needs_a_token_rule_and_one_process(tmp_path):
         tiny_config(STAPOConfig, tmp_path, use_s2t_mask=False, generation_states_every=1)
     with pytest.raises(ValueError, match="generation_states_every must be an integer >= 0"):
         tiny_config(STAPOConfig, tmp_path, generation_states_every=-1)
+
+
+def test_a_run_without_saved_states_is_refused_before_anything_loads(tmp_path, capsys):
+    from stapo_trl.cli import main
+
+    (tmp_path / "recipe.yaml").write_text("# stapo-trl train --config r.yaml\nmethod: grpo\n")
+    assert main(["counterfactual", str(tmp_path)]) == 2
+    error = capsys.readouterr().err
+    assert "holds no complete saved generation" in error and "generation_states_every: 1" in error
+
+
+def test_a_generation_that_a_resumed_run_entered_midway_is_not_saved(tmp_path):
+    """A run resumed inside a generation generates that generation's batches again: its saved steps would mix two
+    generations, so the writer saves none of it and leaves it incomplete; the next generation is saved whole."""
+    from stapo_trl.generation_states import GenerationStateWriter
+
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.AdamW(model.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    batch = {"completion_ids": torch.zeros(1, 2, dtype=torch.long)}
+    first = GenerationStateWriter(tmp_path, every=1, optimizer_steps_per_generation=2)
+    first.step_started(0, model, optimizer, scheduler, [batch])
+    first.micro_batch_started()
+    first.step_ended(model)  # the first process stops after step 0 of generation 0
+    resumed = GenerationStateWriter(tmp_path, every=1, optimizer_steps_per_generation=2)
+    for global_step in (1, 2, 3):
+        resumed.step_started(global_step, model, optimizer, scheduler, [batch])
+        resumed.micro_batch_started()
+        resumed.step_ended(model)
+    assert [g.generation for g in saved_generations(tmp_path)] == [1]
+    assert not (tmp_path / "generation_states" / "generation-00000" / "step-1.pt").exists()
