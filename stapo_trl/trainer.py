@@ -446,7 +446,7 @@ class STAPOTrainer(HookedGRPOTrainer):
         (or None) into its micro-batches as TRL's loss reads them: ``tool_mask``, ``num_items_in_batch`` and
         ``advantages`` (see the module docstring), and ``stapo_silenced`` and ``stapo_token_weights``. It reads only
         the values the batches held before the rules, so it may be called again on the same batches with another
-        selection (`stapo_trl.diagnostics.counterfactual` does)."""
+        selection (`stapo_trl.counterfactual.replay` does)."""
         num_silenced = int(all_reduce_sum(silenced.sum().reshape(1))[0])
         # dapo, cispo and vespo: each process divides its micro-batch's loss sum by num_items_in_batch / P * GA / spg,
         # where num_items_in_batch counts the loss tokens of the whole generation over all P processes and spg is

@@ -45,6 +45,7 @@ class HookedGRPOTrainer(GRPOTrainer):
     card_name: str = "GRPO"
     card_tags: tuple[str, ...] = ("trl", "grpo")
     card_paper: dict[str, str] = {}
+    _micro_batches_as_given = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -93,8 +94,9 @@ class HookedGRPOTrainer(GRPOTrainer):
 
     def on_training_micro_batch(self, inputs: dict[str, Any]) -> None:
         """Called in training right before TRL's loss runs on each micro-batch (after `on_optimizer_step_start` for the
-        first micro-batch of a step): nothing else draws random numbers between this call and the loss's forward.
-        Does nothing by default."""
+        first micro-batch of a step). In TRL 1.16 nothing draws random numbers between this call and the loss's
+        forward, so the random state here is the one its dropout starts from (the counterfactual replay relies on it;
+        tests/unit/test_counterfactual.py checks it). Does nothing by default."""
 
     @contextmanager
     def micro_batches_as_given(self):
@@ -105,8 +107,6 @@ class HookedGRPOTrainer(GRPOTrainer):
             yield
         finally:
             self._micro_batches_as_given = False
-
-    _micro_batches_as_given = False
 
     def _prepare_inputs(self, generation_batch):
         if self._micro_batches_as_given:
