@@ -48,8 +48,8 @@ class GenerationStatesConfigMixin:
             "replays that generation's optimizer steps exactly: the trainable parameters, optimizer and scheduler "
             "state before its first step, and for each step its micro-batches, rewards, random state and the "
             "trainable parameters after it. `stapo-trl counterfactual` reads them. 0 (the default) saves nothing. "
-            "Each saved generation costs about four times the trainable parameters on disk plus its batches; one "
-            "process only."
+            "A saved generation costs the trainable parameters three times on disk (with AdamW's two moments), "
+            "once more per optimizer step, plus its batches; one process only."
         },
     )
 
