@@ -10,12 +10,15 @@ trained with S2T in shadow reproduces the recorded update (`tests/unit/test_coun
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from ..cpu.frozen_layer_replay import frozen_layers_replaced, recording_first_trainable_input
 from ..generation_states import SavedStep, restore_random_streams
+from ..token_stats import restored_random_streams
 
 
 def set_trainable(model: torch.nn.Module, values: dict[str, torch.Tensor]) -> None:
@@ -48,17 +51,44 @@ class ReplayedStep:
     num_silenced: int
 
 
-def replay_step(trainer, step: SavedStep, silenced: torch.Tensor) -> ReplayedStep:
+def record_frozen_inputs(trainer, step: SavedStep) -> list[list[torch.Tensor]] | None:
+    """The first trainable layer's inputs in TRL's loss over each micro-batch of ``step`` (one list per micro-batch,
+    one tensor per forward call), for `replay_step` to skip the frozen layers in every arm; None when the model's
+    frozen layers cannot be skipped (`stapo_trl.cpu.frozen_layer_replay.replay_blockers`). The frozen layers hold no
+    trainable parameter and draw no random number, so every arm's replay computes what it would compute with them."""
+    batches = [dict(batch) for batch in step.batches]
+    nothing = torch.zeros_like(torch.cat([batch["completion_mask"] for batch in batches]), dtype=torch.bool)
+    trainer.set_kept_tokens(batches, nothing)
+    trainer.current_gradient_accumulation_steps = len(batches)
+    model = trainer.model
+    model.train()
+    recorded = []
+    with restored_random_streams(), trainer.metrics_untouched(), torch.no_grad():
+        for batch in batches:
+            with recording_first_trainable_input(model) as inputs:
+                trainer.compute_loss(model, batch)
+            if inputs is None:
+                return None
+            recorded.append(inputs)
+    return recorded
+
+
+def replay_step(
+    trainer, step: SavedStep, silenced: torch.Tensor, frozen_inputs: list[list[torch.Tensor]] | None = None
+) -> ReplayedStep:
     """Apply ``step`` again from the trainer's current state with ``silenced`` (bool, the step's micro-batches' rows
-    concatenated) removed from the loss. The saved batches are not modified."""
+    concatenated) removed from the loss; with ``frozen_inputs`` (`record_frozen_inputs`) the frozen layers are not
+    run. The saved batches are not modified."""
     batches = [dict(batch) for batch in step.batches]
     trainer.set_kept_tokens(batches, silenced)
     model = trainer.model
     trainer.current_gradient_accumulation_steps = len(batches)
     with trainer.micro_batches_as_given(), trainer.metrics_untouched():
-        for batch, random_state in zip(batches, step.random_states, strict=True):
+        for index, (batch, random_state) in enumerate(zip(batches, step.random_states, strict=True)):
             restore_random_streams(random_state)
-            trainer.training_step(model, batch, None)
+            replaced = nullcontext() if frozen_inputs is None else frozen_layers_replaced(model, frozen_inputs[index])
+            with replaced:
+                trainer.training_step(model, batch, None)
     grad_norm = float("nan")
     if trainer.args.max_grad_norm is not None and trainer.args.max_grad_norm > 0:
         grad_norm = float(trainer.accelerator.clip_grad_norm_(model.parameters(), trainer.args.max_grad_norm))

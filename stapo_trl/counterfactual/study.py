@@ -46,8 +46,9 @@ from ..file_and_metric_names import (
 )
 from ..generation_states import SavedGeneration, trainable_parameters
 from ..token_rules.counterfactual_arms import ARMS, NONE_ARM, StepTokens, arm_settings, select_tokens
-from .replay import replay_step, restore_start
+from .replay import record_frozen_inputs, replay_step, restore_start
 from .teacher_forced import (
+    FrozenInputs,
     ProbeSequences,
     probe_sequences,
     read_policy,
@@ -81,6 +82,8 @@ class CounterfactualOptions:
 class ProbeSet:
     prompts: list[list[int]]
     references: ProbeSequences
+    reference_frozen: FrozenInputs = field(default_factory=FrozenInputs)
+    """The reference sequences' frozen-layer outputs, the same for every saved state: recorded once per run."""
 
 
 def checked_arms(arms) -> tuple[str, ...]:
@@ -138,11 +141,13 @@ class StateReadout:
     reference_log_prob: float
     distributions: torch.Tensor
     per_problem_reference: list[float] = field(repr=False, default_factory=list)
+    sampled_frozen: FrozenInputs = field(default_factory=FrozenInputs)
 
 
 def read_state(model, probe: ProbeSet, sampled: ProbeSequences, temperature: float) -> StateReadout:
-    on_sampled = read_policy(model, sampled, temperature=temperature, keep_distributions=True)
-    on_reference = read_policy(model, probe.references, temperature=temperature)
+    sampled_frozen = FrozenInputs()
+    on_sampled = read_policy(model, sampled, temperature=temperature, keep_distributions=True, frozen=sampled_frozen)
+    on_reference = read_policy(model, probe.references, temperature=temperature, frozen=probe.reference_frozen)
     per_problem = _per_problem(on_reference.log_probs, on_reference.rows, len(probe.prompts))
     return StateReadout(
         sampled,
@@ -150,6 +155,7 @@ def read_state(model, probe: ProbeSet, sampled: ProbeSequences, temperature: flo
         sum(per_problem) / len(per_problem),
         on_sampled.log_distributions,
         per_problem,
+        sampled_frozen,
     )
 
 
@@ -159,8 +165,10 @@ def _per_problem(values: torch.Tensor, rows: torch.Tensor, count: int) -> list[f
 
 def measure(model, probe: ProbeSet, state: StateReadout, start: dict[str, torch.Tensor], temperature: float) -> dict:
     """What the update from ``start`` to ``model``'s weights did, on the probe sets."""
-    on_sampled = read_policy(model, state.sampled, temperature=temperature, reference=state.distributions)
-    on_reference = read_policy(model, probe.references, temperature=temperature)
+    on_sampled = read_policy(
+        model, state.sampled, temperature=temperature, reference=state.distributions, frozen=state.sampled_frozen
+    )
+    on_reference = read_policy(model, probe.references, temperature=temperature, frozen=probe.reference_frozen)
     per_problem = _per_problem(on_reference.log_probs, on_reference.rows, len(probe.prompts))
     now = trainable_parameters(model)
     update_sq = sum(float((now[name].double() - value.double()).square().sum()) for name, value in start.items())
@@ -225,6 +233,7 @@ def run_generation(trainer, generation: SavedGeneration, probe: ProbeSet, option
     active = [arm for arm in options.arms if arm != NONE_ARM and any(per_arm_counts[arm])]
 
     restore_start(trainer, start)
+    frozen_inputs = [record_frozen_inputs(trainer, step) for step in steps]
     state = None
     if active:
         tokenizer = trainer.processing_class
@@ -256,7 +265,7 @@ def run_generation(trainer, generation: SavedGeneration, probe: ProbeSet, option
         for index, step in enumerate(steps):
             silenced = selections[arm][index]
             profiles.append(_silenced_profile(step_tokens(step.batches), silenced))
-            grad_norms.append(replay_step(trainer, step, silenced).grad_norm)
+            grad_norms.append(replay_step(trainer, step, silenced, frozen_inputs[index]).grad_norm)
             if arm == NONE_ARM:
                 now = trainable_parameters(model)
                 reproduction.append(

@@ -9,15 +9,26 @@ distributions themselves (for the KL divergence between two policies at the same
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 
+from ..cpu.frozen_layer_replay import frozen_layers_replaced, recording_first_trainable_input
 from ..token_stats import restored_random_streams
 
 READOUT_ROWS = 8
 """Rows per forward pass of a readout: 8 rows of 40 response tokens over SmolLM2's 49,152-token vocabulary keep
 about 64 MB of logits at a time."""
+
+
+@dataclass
+class FrozenInputs:
+    """The first trainable layer's inputs for each forward of one set of sequences, recorded at its first readout and
+    handed to every later one, so that the frozen bottom layers run once per set (`frozen_layers_replaced`).
+    ``recorded`` is None until the first readout, and holds None for a model whose frozen layers cannot be skipped."""
+
+    recorded: list[list[torch.Tensor] | None] | None = None
 
 
 @dataclass
@@ -114,27 +125,40 @@ def read_policy(
     temperature: float,
     keep_distributions: bool = False,
     reference: torch.Tensor | None = None,
+    frozen: FrozenInputs | None = None,
 ) -> PolicyReadout:
     """Read ``model`` (in eval mode) on ``sequences``: see `PolicyReadout`. ``reference``: the log-distributions of
-    another policy's readout of the same sequences, against which ``KL(model || reference)`` is computed."""
+    another policy's readout of the same sequences, against which ``KL(model || reference)`` is computed. ``frozen``:
+    the frozen layers' outputs for these sequences, recorded at the first readout given it and replayed after."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     keep = sequences.response_length
     log_probs, entropies, distributions, rows, kls = [], [], [], [], []
     offset = 0
+    recording = frozen is not None and frozen.recorded is None
+    recorded = []
     try:
-        for start in range(0, sequences.input_ids.size(0), READOUT_ROWS):
+        for index, start in enumerate(range(0, sequences.input_ids.size(0), READOUT_ROWS)):
             chunk = slice(start, start + READOUT_ROWS)
             input_ids = sequences.input_ids[chunk].to(device)
             attention_mask = sequences.attention_mask[chunk].to(device)
             position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
-            logits = model(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                logits_to_keep=keep + 1,
-            ).logits[:, :keep]
+            if recording:
+                context = recording_first_trainable_input(model)
+            elif frozen is not None and frozen.recorded[index] is not None:
+                context = frozen_layers_replaced(model, frozen.recorded[index])
+            else:
+                context = nullcontext()
+            with context as inputs:
+                logits = model(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    position_ids=position_ids,
+                    logits_to_keep=keep + 1,
+                ).logits[:, :keep]
+            if recording:
+                recorded.append(inputs)
             log_distribution = torch.log_softmax(logits.float() / temperature, dim=-1)
             targets = input_ids[:, -keep:]
             read = sequences.response_mask[chunk].to(device)
@@ -153,6 +177,8 @@ def read_policy(
                     offset += count
     finally:
         model.train(was_training)
+    if recording:
+        frozen.recorded = recorded
     return PolicyReadout(
         torch.cat(log_probs),
         torch.cat(entropies),

@@ -317,3 +317,60 @@ def test_a_generation_that_a_resumed_run_entered_midway_is_not_saved(tmp_path):
         resumed.step_ended(model)
     assert [g.generation for g in saved_generations(tmp_path)] == [1]
     assert not (tmp_path / "generation_states" / "generation-00000" / "step-1.pt").exists()
+
+
+# --- skipping the frozen layers ----------------------------------------------------------------------------------------
+def last_layer_lora():
+    """LoRA on the tiny model's second layer only: its first layer is frozen, without dropout."""
+    return LoraConfig(
+        r=4,
+        lora_alpha=8,
+        lora_dropout=0.1,
+        target_modules=["q_proj", "v_proj"],
+        layers_to_transform=[1],
+        task_type="CAUSAL_LM",
+    )
+
+
+def test_replays_that_skip_the_frozen_layers_still_reproduce_the_run_bit_for_bit(tmp_path):
+    from stapo_trl.counterfactual.replay import record_frozen_inputs
+
+    rules = {"use_s2t_mask": False, "shadow_token_rules": ["s2t"]}
+    run = tiny_trainer(
+        STAPOTrainer,
+        tiny_config(STAPOConfig, tmp_path / "run", generation_states_every=1, **COMMON, **rules),
+        peft_config=last_layer_lora(),
+    )
+    run.train()
+    trainer = tiny_trainer(
+        STAPOTrainer, tiny_config(STAPOConfig, tmp_path / "replay", **COMMON, **rules), peft_config=last_layer_lora()
+    )
+    trainer.create_optimizer_and_scheduler(num_training_steps=trainer.args.max_steps)
+    for generation in saved_generations(tmp_path / "run"):
+        restore_start(trainer, generation.start())
+        for index in range(generation.optimizer_steps):
+            step = generation.step(index)
+            frozen = record_frozen_inputs(trainer, step)
+            assert frozen is not None and len(frozen) == len(step.batches)
+            nothing = torch.zeros_like(step.batches[0]["completion_mask"], dtype=torch.bool)
+            replay_step(trainer, step, nothing, frozen)
+            model = trainer.accelerator.unwrap_model(trainer.model)
+            for name, value in step.trainable_after.items():
+                assert torch.equal(dict(model.named_parameters())[name], value), (step.global_step, name)
+
+
+def test_a_readout_that_skips_the_frozen_layers_reads_what_a_full_one_reads(tmp_path):
+    from stapo_trl.counterfactual.teacher_forced import FrozenInputs, read_policy
+
+    trainer = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path, **COMMON), peft_config=last_layer_lora())
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    sequences = probe_sequences([[5, 6, 7, 8], [9, 10]] * 6, [[11, 12, 1], [13]] * 6, pad_token_id=0)
+    full = read_policy(model, sequences, temperature=1.0, keep_distributions=True)
+    frozen = FrozenInputs()
+    recorded = read_policy(model, sequences, temperature=1.0, keep_distributions=True, frozen=frozen)
+    assert frozen.recorded is not None and all(chunk is not None for chunk in frozen.recorded)
+    replayed = read_policy(model, sequences, temperature=1.0, keep_distributions=True, frozen=frozen)
+    for readout in (recorded, replayed):
+        assert torch.equal(readout.log_probs, full.log_probs)
+        assert torch.equal(readout.entropies, full.entropies)
+        assert torch.equal(readout.log_distributions, full.log_distributions)
