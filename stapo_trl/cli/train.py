@@ -309,29 +309,9 @@ def run_training(request: TrainRequest) -> RunRecord | None:
         return train_and_summarize(request)
 
 
-def train_and_summarize(request: TrainRequest) -> RunRecord | None:
-    from ..evaluation import greedy_accuracy
-    from ..trainer import STAPOTrainer
-
-    started = time.perf_counter()
-    script, training, model_args = request.script, request.training, request.model
-    state = PartialState()
-    configure_logging(state.is_main_process)
-    quiet_known_warnings(state)
-    if not model_args.model_name_or_path:
-        raise RecipeError("No model: set model_name_or_path in the recipe or on the command line.")
-    lock = OutputDirLock(training.output_dir) if state.is_main_process else None
-    if state.is_main_process:
-        note = check_output_dir(training.output_dir, training.resume_from_checkpoint, script.overwrite_output_dir)
-        if note:
-            logger.info(note)
-    resolve_resume_checkpoint(training.resume_from_checkpoint, training.output_dir)
-    if script.heldout_problems and state.num_processes > 1:
-        raise RecipeError(
-            "heldout_problems runs a greedy evaluation in one process; it is not supported with several processes. "
-            "Set heldout_problems: 0 for multi-process runs."
-        )
-
+def resolve_rewards_and_model(request: TrainRequest) -> tuple[list, str]:
+    """The recipe's reward functions, and the path its model loads from (a GGUF file converted once)."""
+    script, model_args = request.script, request.model
     try:
         reward_funcs = [get_reward_func(name) for name in script.reward_funcs]
     except (ValueError, TypeError) as error:
@@ -339,9 +319,15 @@ def train_and_summarize(request: TrainRequest) -> RunRecord | None:
     if script.reward_model_name_or_path:
         # TRL loads a string reward as a sequence-classification model, as in `trl grpo`.
         reward_funcs.append(script.reward_model_name_or_path)
-    model_path = resolve_model_path(model_args.model_name_or_path)
-    if state.is_main_process:
-        write_recipe(request, Path(training.output_dir))
+    return reward_funcs, resolve_model_path(model_args.model_name_or_path)
+
+
+def build_trainer(request: TrainRequest, reward_funcs: list, model_path: str):
+    """``(trainer, tokenizer, held-out dataset or None)``: the tokenizer, data, adapter and `STAPOTrainer` of the
+    recipe, as `stapo-trl train` builds them (`stapo-trl counterfactual` rebuilds a run's trainer with it)."""
+    from ..trainer import STAPOTrainer
+
+    script, training, model_args = request.script, request.training, request.model
     tokenizer, config = load_checked_tokenizer_and_config(
         model_path,
         model_args.model_name_or_path,
@@ -373,6 +359,35 @@ def train_and_summarize(request: TrainRequest) -> RunRecord | None:
         peft_config=peft_config,
         quantization_config=get_quantization_config(model_args),
     )
+    return trainer, tokenizer, heldout
+
+
+def train_and_summarize(request: TrainRequest) -> RunRecord | None:
+    from ..evaluation import greedy_accuracy
+
+    started = time.perf_counter()
+    script, training, model_args = request.script, request.training, request.model
+    state = PartialState()
+    configure_logging(state.is_main_process)
+    quiet_known_warnings(state)
+    if not model_args.model_name_or_path:
+        raise RecipeError("No model: set model_name_or_path in the recipe or on the command line.")
+    lock = OutputDirLock(training.output_dir) if state.is_main_process else None
+    if state.is_main_process:
+        note = check_output_dir(training.output_dir, training.resume_from_checkpoint, script.overwrite_output_dir)
+        if note:
+            logger.info(note)
+    resolve_resume_checkpoint(training.resume_from_checkpoint, training.output_dir)
+    if script.heldout_problems and state.num_processes > 1:
+        raise RecipeError(
+            "heldout_problems runs a greedy evaluation in one process; it is not supported with several processes. "
+            "Set heldout_problems: 0 for multi-process runs."
+        )
+
+    reward_funcs, model_path = resolve_rewards_and_model(request)
+    if state.is_main_process:
+        write_recipe(request, Path(training.output_dir))
+    trainer, tokenizer, heldout = build_trainer(request, reward_funcs, model_path)
     base_model = name_base_model(trainer, model_args.model_name_or_path)
     trainer.add_callback(MetricsFileCallback(Path(training.output_dir) / METRICS_FILE))
     if not training.disable_tqdm and trainer.pop_callback(ProgressCallback) is not None:

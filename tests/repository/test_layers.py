@@ -25,6 +25,8 @@ LAYERS = (
             "trainer",
             "token_stats",
             "gradient_probe",
+            "generation_states",
+            "counterfactual",
             "reward_errors",
             "resume",
             "callbacks",
