@@ -1,10 +1,13 @@
 """The GPU check (issue 35): the statistics kernels against fp64, STAPO against GRPO when nothing is silenced, the S2T
 mask on the GPU at the paper's thresholds, and STAPO's cost against GRPO, in bf16 with gradient checkpointing, as the
-recipes train.
+recipes train. Round two (issue 49): the quickstart recipe on a real model, Liger's Hopper kernel, and GRPO's first
+run with cuDNN attention off.
 
     python benchmarks/gpu_check.py --out OUT_DIR                  # on an H100 or H200: 390 s by default
     python benchmarks/gpu_check.py --device cpu --out OUT_DIR     # toy sizes, the same code paths (CI runs this)
     bash benchmarks/gpu/run_on_device.sh OUT_DIR                  # on the lent GPU machine, with the carried wheels
+    python benchmarks/gpu_check.py --sections quickstart kernels first-run --out OUT_DIR      # round two
+    python3 benchmarks/gpu/device_run.py "$OUT"                   # round two on the lent machine (benchmarks/gpu/README.md)
 
 Every measurement is printed as it completes, with its target or tolerance and PASS/FAIL, and written to
 ``OUT_DIR/gpu_check.log``; ``OUT_DIR/gpu_check.json`` is rewritten after each one, so a run killed at its time limit
@@ -17,6 +20,9 @@ or a measurement that runs out of time is recorded as skipped with the reason, n
 3. ``mask``: a few supervised steps first, then STAPO at the paper's thresholds; the tokens the trainer silenced
    against `spurious_token_mask` on the same step's tensors.
 4. ``cost-*``: STAPO/GRPO time per optimizer step and peak memory, alternated runs, at the Qwen3-0.6B and 1.7B shapes.
+5. ``quickstart``: the CPU quickstart's recipe through `stapo-trl train` in bf16, STAPO and GRPO alternated: held-out
+   accuracy before and after, the silenced share per step, seconds per step and peak memory (`gpu.quickstart`).
+6. ``first-run``: GRPO twice in a fresh process with cuDNN attention off, and as torch picks it (`gpu.first_run`).
 """
 
 from __future__ import annotations
@@ -41,8 +47,10 @@ class OutOfTime(Exception):
     """A section, or the whole run, has no time left for what comes next."""
 
 
-class Terminated(Exception):
-    """SIGTERM arrived (the device command's time limit): record what is done, then stop."""
+class Terminated(BaseException):
+    """SIGTERM arrived (the device command's time limit): record what is done, then stop. A BaseException, like
+    KeyboardInterrupt, so that the ``except Exception`` of code it passes through (`stapo-trl train`'s, which would
+    report it as a bug) lets it by."""
 
 
 class Clock:
@@ -173,18 +181,40 @@ def _show(value) -> str:
     return str(value)
 
 
+FIRST_CHECK = ["kernels", "equivalence", "mask", "cost"]
+ROUND_TWO = ["quickstart", "kernels", "first-run"]
+
+
 def section_names(plan, selected: list[str]) -> list[str]:
-    """The sections a run will go through, in order: setup, then those ``--sections`` selects."""
-    names = ["kernels", "equivalence", "mask", *[f"cost-{shape.name}" for shape in plan.cost_shapes]]
-    return ["setup", *[name for name in names if _selected(name, selected)]]
+    """The sections a run will go through: setup, then those ``--sections`` selects, in the order it names them
+    (``cost`` selects every ``cost-*`` shape)."""
+    names = [
+        "kernels",
+        "equivalence",
+        "mask",
+        *[f"cost-{shape.name}" for shape in plan.cost_shapes],
+        "quickstart",
+        "first-run",
+    ]
+    unknown = [choice for choice in selected if not any(_selected(name, [choice]) for name in names)]
+    if unknown:
+        raise ValueError(f"unknown section(s) {', '.join(unknown)}; the sections are {', '.join(names)}")
+    ordered = [name for choice in selected for name in names if _selected(name, [choice])]
+    return ["setup", *dict.fromkeys(ordered)]
 
 
-def run_sections(report: Report, run_clock: Clock, plan, device: str, names: list[str]) -> None:
-    from gpu import cost, equivalence, kernels, mask, setup
+def run_sections(report: Report, run_clock: Clock, plan, device: str, names: list[str], environment: dict) -> None:
+    from gpu import cost, equivalence, first_run, kernels, mask, quickstart, setup
 
-    functions = {"setup": setup.run, "kernels": kernels.run, "equivalence": equivalence.run, "mask": mask.run}
+    functions = {
+        "setup": setup.run,
+        "kernels": kernels.run,
+        "equivalence": equivalence.run,
+        "mask": mask.run,
+        "quickstart": quickstart.run,
+        "first-run": first_run.run,
+    }
     functions.update({f"cost-{shape.name}": cost.runner(shape) for shape in plan.cost_shapes})
-    environment: dict = {}
     for name in names:
         run_section(report, run_clock, plan, device, name, functions[name], environment)
 
@@ -241,18 +271,36 @@ def main() -> None:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: toy sizes, same code paths")
     parser.add_argument("--deadline", type=float, default=None, help="seconds for the whole run (default: the plan's)")
     parser.add_argument(
-        "--sections", nargs="+", default=["kernels", "equivalence", "mask", "cost"], help="which sections to run"
+        "--sections",
+        nargs="+",
+        default=FIRST_CHECK,
+        help=f"which sections to run, in this order (the first check: {' '.join(FIRST_CHECK)}; round two: "
+        f"{' '.join(ROUND_TWO)})",
     )
     parser.add_argument("--commit", default=None, help="the commit, where the checkout has no git (the device copy)")
+    parser.add_argument(
+        "--payload",
+        type=Path,
+        default=None,
+        help="the join status of the files sent in parts (gpu/parts.py; device_run.py writes it): where the model is",
+    )
     args = parser.parse_args()
 
+    sys.path.insert(1, str(REPO))
     if args.device == "cuda":
         # Before the first cuBLAS handle: the equivalence section turns on deterministic algorithms.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    sys.path.insert(1, str(REPO))
+    else:
+        from stapo_trl.cpu.environment import set_cpu_environment
+
+        set_cpu_environment()  # before torch loads, as `stapo-trl train` does (the quickstart section calls it later)
     from gpu.plan import plan_for
 
     plan = plan_for(args.device)
+    try:
+        names = section_names(plan, args.sections)
+    except ValueError as error:
+        parser.error(str(error))
     deadline = args.deadline if args.deadline is not None else plan.deadline_s
     run_clock = Clock(deadline)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -260,6 +308,7 @@ def main() -> None:
     header_provenance = provenance()
     if args.commit:
         header_provenance["commit"] = args.commit
+    payload = json.loads(args.payload.read_text()) if args.payload is not None else None
     header = {
         "check": "gpu_check",
         "device_mode": args.device,
@@ -267,6 +316,7 @@ def main() -> None:
         "deadline_s": deadline,
         "plan": plan.describe(),
         "provenance": header_provenance,
+        "payload": payload,
     }
     report = Report(args.out, header, run_clock)
     report.say(f"gpu_check on {args.device}, deadline {deadline:.0f} s, sections {' '.join(args.sections)}")
@@ -276,9 +326,9 @@ def main() -> None:
         raise Terminated()
 
     signal.signal(signal.SIGTERM, terminate)
-    names = section_names(plan, args.sections)
+    environment = {"out": args.out, "payload": payload}
     try:
-        run_sections(report, run_clock, plan, args.device, names)
+        run_sections(report, run_clock, plan, args.device, names, environment)
     except Terminated:
         record_unstarted(report, names, "not started: SIGTERM")
         report.say("stopped by SIGTERM; the JSON holds what was measured")

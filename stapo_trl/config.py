@@ -16,6 +16,7 @@ from trl import GRPOConfig
 
 from .diagnostics.token_dump_config import TokenDumpConfigMixin
 from .fused_stats import TOKEN_STATS_BACKENDS, backend_unavailable
+from .generation_states import GenerationStatesConfigMixin
 from .gradient_probe import GradientProbeConfigMixin
 from .token_rules import TOKEN_RULES, active_rule_names, rule_config_mixins, switched_rules
 from .token_rules.registry import changed_fields
@@ -26,13 +27,17 @@ LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vesp
 
 
 @dataclass
-class STAPOConfig(*rule_config_mixins(), TokenDumpConfigMixin, GradientProbeConfigMixin, GRPOConfig):
+class STAPOConfig(
+    *rule_config_mixins(), TokenDumpConfigMixin, GradientProbeConfigMixin, GenerationStatesConfigMixin, GRPOConfig
+):
     r"""
     Configuration class for [`STAPOTrainer`]: every [`~trl.GRPOConfig`] argument, plus the fields of every registered
     token rule (the S2T mask: `use_s2t_mask`, `prob_threshold`, `entropy_quantile`; STARE: `use_stare` and the
     `stare_*` fields; see each rule's config mixin in `stapo_trl.token_rules`), your own token rules, the
-    silenced-token dump ([`~stapo_trl.diagnostics.token_dump_config.TokenDumpConfigMixin`]) and the gradient probe
-    ([`~stapo_trl.gradient_probe.GradientProbeConfigMixin`]). Each field's help metadata says what it does.
+    silenced-token dump ([`~stapo_trl.diagnostics.token_dump_config.TokenDumpConfigMixin`]), the gradient probe
+    ([`~stapo_trl.gradient_probe.GradientProbeConfigMixin`]) and the saved generation states of `stapo-trl
+    counterfactual` ([`~stapo_trl.generation_states.GenerationStatesConfigMixin`]). Each field's help metadata says
+    what it does.
 
     Defaults that follow the paper where TRL's differ, or could drift: `epsilon_high=0.28`, `beta=0.0`,
     `loss_type="dapo"`.
@@ -132,10 +137,16 @@ class STAPOConfig(*rule_config_mixins(), TokenDumpConfigMixin, GradientProbeConf
         self._validate_rule_fields()
         self.validate_dump_fields()
         self.validate_gradient_probe_fields()
+        self.validate_generation_states_fields()
         if self.gradient_probe_steps and not (self.active_token_rules or self.shadow_token_rules):
             raise ValueError(
                 "gradient_probe_steps measures the gradient of the tokens a rule silences (or, in shadow, would "
                 "silence), but no token rule is on or in shadow. For GRPO, add shadow_token_rules: [s2t]."
+            )
+        if self.generation_states_every and not (self.active_token_rules or self.shadow_token_rules):
+            raise ValueError(
+                "generation_states_every saves the per-token p and H that a token rule reads, for replays under other "
+                "selections, but no token rule is on or in shadow. For GRPO, add shadow_token_rules: [s2t]."
             )
         if self.dump_silenced_tokens and not (self.active_token_rules or self.shadow_token_rules):
             # A warning, not an error: one recipe serves every method (`--method grpo` on the quickstart, which dumps).

@@ -49,6 +49,10 @@ SILENCED_KEY = "stapo_silenced"
 TOKEN_WEIGHTS_KEY = "stapo_token_weights"
 SHADOW_SILENCED_KEY = "stapo_shadow_silenced"
 """Loss tokens that the rules run in shadow would have silenced (not applied)."""
+REWARDS_KEY = "stapo_rewards"
+"""``[B, reward functions]``: each completion's rewards, added only when generation states are saved."""
+GENERATION_STATES_DIR = "generation_states"
+"""Where ``generation_states_every`` saves the states `stapo-trl counterfactual` replays."""
 
 
 # --- metrics ---------------------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""GGUF files as training checkpoints: dequantized once by transformers, then cached as safetensors.
+"""GGUF files as training checkpoints: dequantized once by transformers, checked to reload as the dense model their
+config describes, then cached as safetensors.
 
 A recipe can name a `.gguf` file as `model_name_or_path`, either as a path or as `<python package>/<file>.gguf` for a
 file shipped inside an installed package. The CPU quickstart uses
@@ -10,13 +11,17 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import inspect
+import json
 import logging
+import math
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
 from .errors import UsageError
+from .storage import sync_directory, sync_tree
 
 # gguf, safetensors and transformers are imported where a file is read or converted, so that `stapo-trl train -h`
 # (which names GGUF references) loads none of them.
@@ -82,15 +87,16 @@ def converted_checkpoint_dir(source: Path, cache_dir: str | os.PathLike | None =
 
 def gguf_checkpoint(reference: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
     """A safetensors checkpoint directory for a GGUF file, converted on first use (about 20 s for SmolLM2-135M) by
-    `convert_gguf`, and again when the file changes (`converted_checkpoint_dir`). A cached conversion whose weights
-    cannot be read (damaged after the fact) is named in a warning and converted again."""
+    `convert_gguf`, and again when the file changes (`converted_checkpoint_dir`). A cached conversion that cannot be
+    used as it is (`damaged_conversion`: a weight file damaged after the fact, or weights kept packed by an earlier
+    conversion) is named in a warning and converted again."""
     source = resolve_gguf(reference)
     target = converted_checkpoint_dir(source, cache_dir)
     if (target / "config.json").is_file():
         problem = damaged_conversion(target)
         if problem is None:
             return target
-        logger.warning("The cached conversion %s is damaged (%s); converting %s again.", target, problem, source)
+        logger.warning("The cached conversion %s cannot be used (%s); converting %s again.", target, problem, source)
         shutil.rmtree(target)
     problem = unreadable_gguf(source)
     if problem is not None:
@@ -118,9 +124,18 @@ def unreadable_gguf(source: Path) -> str | None:
     return None
 
 
+FLOATING_POINT_DTYPES = {"F64", "F32", "F16", "BF16"}
+"""safetensors' names of the dtypes a dense checkpoint stores its weights in."""
+
+
+class GGUFConversionError(RuntimeError):
+    """transformers converted a GGUF file into something other than the dense checkpoint its config describes."""
+
+
 def damaged_conversion(target: Path) -> str | None:
-    """Why a cached conversion cannot be loaded (a weight file missing, or one whose header cannot be read, as a
-    killed copy or a full disk leaves it), or None when every weight file opens."""
+    """Why a cached conversion cannot be used as it is, from its files alone, or None: a weight file missing, one whose
+    header cannot be read (as a killed copy or a full disk leaves it), weights stored in a dtype that is not a
+    floating-point one (packed GGUF blocks), or a ``config.json`` that declares the weights quantized."""
     from safetensors import safe_open
 
     weights = sorted(target.glob("*.safetensors"))
@@ -129,36 +144,106 @@ def damaged_conversion(target: Path) -> str | None:
     for path in weights:
         try:
             with safe_open(str(path), framework="pt") as handle:
-                handle.keys()
+                dtypes = {name: handle.get_slice(name).get_dtype() for name in list(handle.keys())}
+            packed = [f"{name} ({dtype})" for name, dtype in dtypes.items() if dtype not in FLOATING_POINT_DTYPES]
         except Exception as error:  # safetensors raises its own SafetensorError, not an OSError
             return f"{path.name}: {error}"
+        if packed:
+            return f"{path.name} holds {len(packed)} tensors that are not floating point, the first {packed[0]}"
+    try:
+        config = json.loads((target / "config.json").read_text())
+    except (OSError, ValueError) as error:
+        return f"config.json: {error}"
+    if isinstance(config, dict) and config.get("quantization_config"):
+        return f"config.json declares the weights quantized ({config['quantization_config']})"
     return None
 
 
-def convert_gguf(source: Path, target: Path) -> None:
-    """Dequantize the GGUF file ``source`` to fp32 with transformers (needs the `gguf` package) and save it as a
-    safetensors checkpoint at ``target``, written under a temporary name and renamed, so that a killed conversion
-    leaves nothing half-written."""
+def not_dense(checkpoint: Path) -> str | None:
+    """Why ``checkpoint`` is not the dense model its ``config.json`` describes, or None: `damaged_conversion`'s checks,
+    then a reload with transformers, which must find every weight the model has, no other, each of its shape, and
+    files that hold exactly as many numbers as the model has parameters (packed blocks hold fewer)."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    problem = damaged_conversion(checkpoint)
+    if problem is not None:
+        return problem
+    stored = 0
+    for path in sorted(checkpoint.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as handle:
+            stored += sum(math.prod(handle.get_slice(name).get_shape()) for name in list(handle.keys()))
+    try:
+        model, loading = AutoModelForCausalLM.from_pretrained(
+            checkpoint, output_loading_info=True, ignore_mismatched_sizes=True
+        )
+    except Exception as error:  # transformers raises RuntimeError for a weight of another shape, ValueError, ...
+        return f"it does not reload with transformers: {type(error).__name__}: {str(error).splitlines()[0]}"
+    wrong = {
+        kind.replace("_", " "): sorted(names)[:3]
+        for kind in ("missing_keys", "unexpected_keys", "mismatched_keys")
+        if (names := loading.get(kind))
+    }
+    if wrong:
+        return "reloading it with transformers found " + "; ".join(f"{kind} {names}" for kind, names in wrong.items())
+    expected = model.num_parameters()
+    if stored != expected:
+        return f"its weight files hold {stored:,} numbers, and the model has {expected:,} parameters"
+    return None
+
+
+def dense_loading_options() -> dict:
+    """The `from_pretrained` arguments that ask transformers for dense weights from a GGUF file:
+    ``quantization_config=GgufConfig(dequantize=True)`` where the installed transformers offers that choice (from
+    5.17 at the latest, transformers can keep GGUF weights packed, for example with the `kernels` package installed),
+    none where it does not (transformers that always dequantize)."""
+    import transformers
+
+    config_class = getattr(transformers, "GgufConfig", None)
+    if config_class is None or "dequantize" not in inspect.signature(config_class).parameters:
+        return {}
+    return {"quantization_config": config_class(dequantize=True)}
+
+
+def save_dense_conversion(source: Path, directory: Path) -> None:
+    """Load the GGUF file ``source`` with transformers (needs the `gguf` package), its weights dequantized to
+    floating point, and save it with its tokenizer as a safetensors checkpoint in ``directory``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    logger.warning(
-        "Converting %s to a safetensors checkpoint in %s (once; later runs load it directly).", source, target
-    )
     tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-    model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name)
-    # The weights are plain fp32 now: without these, save_pretrained refuses, or the saved config marks them quantized.
+    model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, **dense_loading_options())
+    # The weights are plain floating point now: without these, save_pretrained refuses, or the saved config marks them
+    # quantized.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+
+
+def convert_gguf(source: Path, target: Path) -> None:
+    """Convert the GGUF file ``source`` into a dense safetensors checkpoint at ``target`` (`save_dense_conversion`),
+    written under a temporary name, checked (`not_dense`), flushed to the storage and only then renamed into place,
+    so that neither a killed conversion nor one that came out packed is cached."""
+    logger.warning(
+        "Converting %s to a safetensors checkpoint in %s (once; later runs load it directly).", source, target
+    )
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
+        save_dense_conversion(source, staging)
+        problem = not_dense(staging)
+        if problem is not None:
+            raise GGUFConversionError(
+                f"transformers converted {source} into a checkpoint that is not dense ({problem}); it was not cached. "
+                "Please report it with your transformers version; uninstalling the `kernels` package may avoid it."
+            )
+        sync_tree(staging)
         try:
             staging.rename(target)
         except OSError:
             if not (target / "config.json").is_file():  # not another process that finished first
                 raise
+        sync_directory(target.parent)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

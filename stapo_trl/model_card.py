@@ -15,9 +15,11 @@ from typing import Any
 import torch
 import yaml
 from huggingface_hub import ModelCard, ModelCardData, try_to_load_from_cache
+from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from .file_and_metric_names import EVAL_SUMMARY_FILE, RECIPE_FILE, TRAINER_STATE_FILE
 from .methods import describe_token_rule, infer_method, method_preset, method_title
+from .model_index import CardResults, card_results
 from .paper import PAPER_ID, PAPER_TITLE, PAPER_URL, STAPO_CITATION
 from .results_table import markdown_table, summary_rows
 from .run_record import RunRecord, build_run_record, fill_first, read_run_record, trend_sentences
@@ -85,6 +87,8 @@ class CardFacts:
     gguf_source: str | None = None
     """The GGUF file the base weights were dequantized from (``<package>/<file>.gguf``), when training used one."""
     dataset_description: str | None = None
+    dataset_reference: str | None = None
+    """The training data as `stapo-trl train` was given it (`RunRecord.dataset_reference`); None from Python."""
     license: str | None = None
     """The base model's license (see `base_model_license`)."""
 
@@ -123,8 +127,8 @@ def base_model_license(base_model: str | None) -> str | None:
     return None
 
 
-def card_metadata(facts: CardFacts):
-    """The card's metadata as a `ModelCardData`."""
+def card_metadata(facts: CardFacts, results: CardResults | None = None):
+    """The card's metadata as a `ModelCardData`, with ``results`` as its ``model-index`` (`stapo_trl.model_index`)."""
     tags = ["generated_from_trainer", *facts.tags]
     if facts.adapter:
         tags = [*tags, *([facts.adapter_type.lower()] if facts.adapter_type else []), "transformers"]
@@ -138,7 +142,17 @@ def card_metadata(facts: CardFacts):
         model_name=facts.model_name,
         pipeline_tag=PIPELINE_TAG,
         tags=list(dict.fromkeys(tags)),
+        eval_results=(results.eval_results or None) if results is not None else None,
     )
+
+
+def heldout_dataset(facts: CardFacts) -> tuple[str, str] | None:
+    """How ``model-index`` names the data of the held-out problems: its Hub id, else the name the run was given, with
+    its description; None when neither is known."""
+    dataset = facts.dataset or facts.dataset_reference
+    if dataset is None:
+        return None
+    return dataset, facts.dataset or facts.dataset_description or dataset
 
 
 # --------------------------------------------------------------------------------------------------- the sections
@@ -274,10 +288,24 @@ def statistics_section(config: Any, record: RunRecord) -> list[str]:
     return lines
 
 
-def evaluation_section(output_dir: str | Path, record: RunRecord) -> list[str]:
-    """The record's held-out accuracy (which `stapo-trl train` logs) and the tables of any `stapo-trl eval` summaries
-    in ``output_dir`` or one level below (e.g. ``output_dir/eval/summary.json``); empty if none."""
+def eval_summaries(output_dir: str | Path) -> list[tuple[str, dict[str, Any]]]:
+    """The `stapo-trl eval` summaries in ``output_dir`` or one level below (e.g. ``output_dir/eval/summary.json``),
+    each with its path relative to ``output_dir``; files that do not parse, or hold no results, are passed over."""
     output_dir = Path(output_dir)
+    found = []
+    for path in [output_dir / EVAL_SUMMARY_FILE, *sorted(output_dir.glob(f"*/{EVAL_SUMMARY_FILE}"))]:
+        try:
+            summary = json.loads(path.read_text()) if path.is_file() else {}
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        if isinstance(summary, dict) and "settings" in summary:
+            found.append((path.relative_to(output_dir).as_posix(), summary))
+    return found
+
+
+def evaluation_section(output_dir: str | Path, record: RunRecord, results: CardResults | None = None) -> list[str]:
+    """The record's held-out accuracy (which `stapo-trl train` logs) and the tables of the `stapo-trl eval` summaries
+    (`eval_summaries`), then which of them the metadata's ``model-index`` holds (``results``); empty if none."""
     lines: list[str] = []
     before, after = record.accuracy_before, record.accuracy_after
     if before and after:
@@ -287,14 +315,20 @@ def evaluation_section(output_dir: str | Path, record: RunRecord) -> list[str]:
             "after (± one binomial standard error).",
             "",
         ]
-    for path in [output_dir / EVAL_SUMMARY_FILE, *sorted(output_dir.glob(f"*/{EVAL_SUMMARY_FILE}"))]:
-        try:
-            summary = json.loads(path.read_text()) if path.is_file() else {}
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            continue
-        if "settings" in summary:
-            location = path.relative_to(output_dir).as_posix()
-            lines += [f"`stapo-trl eval` ({location}; avg@k in %):", "", markdown_table(summary_rows(summary)), ""]
+    for location, summary in eval_summaries(output_dir):
+        lines += [
+            f"`stapo-trl eval` ({location}; avg@k in %):",
+            "",
+            markdown_table(summary_rows(summary)).rstrip(),
+            "",
+        ]
+    if results is not None and (results.eval_results or results.left_out):
+        lines.append(
+            f"The metadata's `model-index`, which the Hub shows on the model's page, holds {len(results.eval_results)} "
+            "of these results: it takes the held-out accuracy after training, and avg@k only where it was measured on "
+            "a whole benchmark from its Hub dataset, with every sample." + (" Left out:" if results.left_out else "")
+        )
+        lines += ["", *(f"- {reason}." for reason in results.left_out)] if results.left_out else []
     while lines and not lines[-1]:
         lines.pop()
     return ["### Evaluation", "", *lines] if lines else []
@@ -389,8 +423,9 @@ def build_model_card(config: Any, record: RunRecord, output_dir: str | Path, fac
     citations = _tidy(trl_sections.get(TRL_CITATIONS_HEADING, TRL_CITATIONS_HEADING))
     if STAPO_CITATION not in citations:
         citations += f"\n\nCite STAPO as:\n\n```bibtex\n{STAPO_CITATION}\n```"
+    results = card_results(record.accuracy_after, heldout_dataset(facts), eval_summaries(output_dir))
     return ModelCard.from_template(
-        card_metadata(facts),
+        card_metadata(facts, results),
         template_str=TEMPLATE,
         model_name=facts.model_name,
         intro="\n".join(intro_section(facts, method_title(config))),
@@ -402,7 +437,7 @@ def build_model_card(config: Any, record: RunRecord, output_dir: str | Path, fac
                 method_section(config),
                 base_weights_section(facts),
                 statistics_section(config, record),
-                evaluation_section(output_dir, record),
+                evaluation_section(output_dir, record, results),
                 recipe_section(config, output_dir),
             )
             if part
@@ -413,13 +448,14 @@ def build_model_card(config: Any, record: RunRecord, output_dir: str | Path, fac
 
 def facts_from_card(card_path: str | Path, config: Any, output_dir: str | Path) -> CardFacts:
     """The `CardFacts` of a card already written (by `STAPOTrainer`), for rewriting it from the files on disk."""
-    data = ModelCard.load(card_path).data.to_dict()
+    card_data = ModelCard.load(card_path).data
+    data = card_data.to_dict()
     written = read_run_record(output_dir) or RunRecord()
     source = written.model_source
     datasets = data.get("datasets") or []
     generated = {"generated_from_trainer", "lora", "transformers"}  # added again by card_metadata
     return CardFacts(
-        model_name=data.get("model_name") or Path(output_dir).name,
+        model_name=card_data.model_name or Path(output_dir).name,  # in model-index when the card has results
         location=portable_location(output_dir, getattr(config, "hub_model_id", None)),
         on_hub=bool(getattr(config, "hub_model_id", None)),
         adapter=data.get("library_name") == "peft",
@@ -429,17 +465,20 @@ def facts_from_card(card_path: str | Path, config: Any, output_dir: str | Path) 
         tags=[tag for tag in data.get("tags") or [] if tag not in generated and not tag.startswith("base_model:")],
         gguf_source=source if isinstance(source, str) and source.lower().endswith(".gguf") else None,
         dataset_description=written.dataset_description,
+        dataset_reference=written.dataset_reference,
         license=data.get("license"),
     )
 
 
 def refresh_model_card(output_dir: str | Path) -> Path:
     """Rewrite a saved run's card from the files in ``output_dir``: for example after `stapo-trl eval --output_dir
-    OUTPUT_DIR/eval`, so that the card shows the new evaluation table before it is uploaded.
+    OUTPUT_DIR/eval`, so that the card shows the new evaluation table, and its ``model-index`` the new results, before
+    it is uploaded.
 
     Reads the card (``README.md``, written by `STAPOTrainer`), the config the trainer saved with the model
     (``training_args.bin``) and the log history (``trainer_state.json``, written by `stapo-trl train` and by
-    ``trainer.save_state()``). The metadata, and TRL's training procedure and citations, are kept as they are.
+    ``trainer.save_state()``). The metadata is kept but for its ``model-index``, rebuilt from the results on disk; TRL's
+    training procedure and citations are kept as they are.
     """
     output_dir = Path(output_dir)
     card, args, state = (output_dir / name for name in ("README.md", "training_args.bin", TRAINER_STATE_FILE))
@@ -458,13 +497,20 @@ def refresh_model_card(output_dir: str | Path) -> Path:
 
 
 # --------------------------------------------------------------------------------------------------- checks
-REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}$")
+def repo_id_problem(repo_id: Any) -> str | None:
+    """Why ``repo_id`` is not a Hub repo id, in `huggingface_hub.utils.validate_repo_id`'s words, or None."""
+    try:
+        validate_repo_id(str(repo_id))
+    except HFValidationError as error:
+        return str(error)
+    return None
 
 
 def check_model_card(card_path: str | Path) -> list[str]:
     """What would stop the card from passing the Hub's metadata validation or from being portable, as far as it can
     be told offline (which checks, and why offline: docs/diagnostics.md, "The model card"); empty when none was
-    found."""
+    found. The metadata is read by `huggingface_hub.ModelCard.load`, which refuses a ``model-index`` it cannot read
+    into `EvalResult`s; repo ids are checked by `huggingface_hub.utils.validate_repo_id`."""
     try:
         card = ModelCard.load(card_path)
     except Exception as error:  # huggingface_hub raises ValueError, yaml errors, ...
@@ -478,7 +524,11 @@ def check_model_card(card_path: str | Path) -> list[str]:
     bases = data.get("base_model")
     repos = [("base_model", base) for base in ([bases] if isinstance(bases, str) else bases or [])]
     repos += [("dataset", dataset) for dataset in data.get("datasets") or []]
-    problems += [f"{key} {repo!r} is not a Hub repo id" for key, repo in repos if not REPO_ID.match(str(repo))]
+    problems += [
+        f"{key} {repo!r} is not a Hub repo id ({problem})"
+        for key, repo in repos
+        if (problem := repo_id_problem(repo)) is not None
+    ]
     if "licence" in data:
         problems.append("the metadata has 'licence', which the Hub does not read (it reads 'license')")
     problems += [f"absolute local path {path!r}" for path in sorted(set(ABSOLUTE_PATH.findall(str(card))))]

@@ -85,6 +85,9 @@ class RunRecord:
     """``model_name_or_path`` as given (a GGUF file's reference, not its conversion in this machine's cache)."""
     dataset_description: str | None = None
     """What the model was trained on, for the model card, when the dataset is not a Hub dataset."""
+    dataset_reference: str | None = None
+    """The training data as `stapo-trl train` was given it (``dataset_name``: a Hub id, ``arithmetic`` or ``sample``),
+    a local file or directory by its name alone; the card's ``model-index`` names the held-out problems' data by it."""
     seconds_total: float | None = None
     seconds_training: float | None = None
     files: dict[str, str] = field(default_factory=dict)

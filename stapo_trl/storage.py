@@ -1,7 +1,8 @@
 """Writing and reading the files stapo-trl itself writes: whole files are written atomically (a temporary file, then a
-rename), every OS error names its file, a storage failure is explained (read-only, full, permissions), a damaged
-file is named with what to do instead of failing with a bare ``JSONDecodeError``, and a JSON-lines file that a killed
-run cut off mid-line is read up to its last whole record."""
+rename) and durably (flushed to the storage before the rename, their directory after), every OS error names its file,
+a storage failure is explained (read-only, full, permissions), a damaged file is named with what to do instead of
+failing with a bare ``JSONDecodeError``, and a JSON-lines file that a killed run cut off mid-line is read up to its
+last whole record."""
 
 from __future__ import annotations
 
@@ -46,21 +47,64 @@ def naming(path: str | os.PathLike) -> Iterator[None]:
         raise type(error)(error.errno, error.strerror or os.strerror(error.errno), str(path)) from error
 
 
+UNSYNCABLE_DIRECTORY = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP}
+"""What ``fsync`` of a directory raises on file systems that do not sync directories (some network and FUSE ones)."""
+
+
+def sync_file(path: str | os.PathLike) -> None:
+    """Flush the file ``path`` from the operating system's cache to the storage (``fsync``)."""
+    with naming(path):
+        descriptor = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+
+def sync_directory(path: str | os.PathLike) -> None:
+    """Flush the directory ``path``'s entries (a file renamed, created or removed in it) to the storage, where the
+    operating system can: not on Windows, which cannot open a directory, nor on file systems that refuse to sync
+    one."""
+    if os.name == "nt":
+        return
+    try:
+        sync_file(path)
+    except OSError as error:
+        if error.errno not in UNSYNCABLE_DIRECTORY:
+            raise
+
+
+def sync_tree(root: str | os.PathLike) -> None:
+    """`sync_file` for every file under ``root`` and `sync_directory` for ``root`` and every directory below it: what
+    a directory written by another library (``save_pretrained``) needs before it is moved into place."""
+    for directory, _, files in os.walk(root):
+        for name in files:
+            sync_file(os.path.join(directory, name))
+        sync_directory(directory)
+
+
 def write_text_atomically(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` to ``path`` through ``path.partial`` and a rename: a reader sees the old file or the new one,
-    never a file cut short."""
+    never a file cut short. The new file is flushed to the storage (``fsync``) before the rename and its directory
+    after it, so that after a power loss or a crash of the machine the path holds the old text or the new, not an
+    empty file (which some file systems leave for a renamed file whose data was still in the cache)."""
     path = Path(path)
     staging = path.with_name(path.name + ".partial")
-    with naming(staging):
-        staging.write_text(text, encoding="utf-8")
+    with naming(staging), open(staging, "w", encoding="utf-8") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
     os.replace(staging, path)
+    sync_directory(path.parent)
     return path
 
 
 def append_text(path: str | os.PathLike, text: str) -> None:
-    """Append ``text`` to ``path``; an OS error names the file."""
+    """Append ``text`` to ``path`` and flush it to the storage (``fsync``); an OS error names the file."""
     with naming(path), open(path, "a", encoding="utf-8") as file:
         file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
 
 
 def read_json_file(path: str | os.PathLike, what: str, remedy: str) -> Any:

@@ -26,7 +26,7 @@ import torch
 from accelerate.utils import is_peft_model
 from huggingface_hub import ModelCard
 from peft.tuners.tuners_utils import BaseTunerLayer
-from transformers import TrainingArguments
+from transformers import TrainerCallback, TrainingArguments
 
 from .config import STAPOConfig
 from .cpu.runtime import attach_to_cpu_runtime
@@ -37,6 +37,7 @@ from .file_and_metric_names import (
     ENTROPIES_KEY,
     LOG_PROBS_KEY,
     NUM_ITEMS_BEFORE_RULES_KEY,
+    REWARDS_KEY,
     SHADOW_SILENCED_KEY,
     SILENCED_KEY,
     TOKEN_DUMP_DROPPED,
@@ -48,6 +49,7 @@ from .file_and_metric_names import (
     shadow_metric,
 )
 from .fused_stats.generation import unrecordable_decoding
+from .generation_states import GenerationStateWriter
 from .gradient_probe import PROBE_METRIC_PREFIX, GradientProbe
 from .methods import infer_method
 from .model_card import CardFacts, base_model_license, build_model_card, portable_location
@@ -197,7 +199,27 @@ class STAPOTrainer(HookedGRPOTrainer):
                 probability_bound=probability_bound,
                 is_main_process=self.accelerator.is_main_process,
             )
+        self.generation_states = None
+        if args.generation_states_every:
+            self.generation_states = self._generation_state_writer(args)
         attach_to_cpu_runtime(self)
+
+    def _generation_state_writer(self, args: STAPOConfig) -> GenerationStateWriter:
+        if self.accelerator.num_processes > 1 or self.is_deepspeed_enabled or self.is_fsdp_enabled:
+            raise ValueError(
+                "generation_states_every saves one process's batches and optimizer state, which are the whole step "
+                "only in a one-process run without DeepSpeed or FSDP. Save states in such a run (a LoRA run on one "
+                "GPU, say), or set generation_states_every: 0."
+            )
+        steps = args.steps_per_generation * args.num_iterations // args.gradient_accumulation_steps
+        writer = GenerationStateWriter(args.output_dir, args.generation_states_every, max(steps, 1))
+
+        class StepEnded(TrainerCallback):
+            def on_step_end(self, args, state, control, model=None, **kwargs):
+                writer.step_ended(model)
+
+        self.add_callback(StepEnded())
+        return writer
 
     # ------------------------------------------------------------------ statistics
     def per_token_logps_and_entropies(
@@ -272,6 +294,8 @@ class STAPOTrainer(HookedGRPOTrainer):
                 raise
             raise blamed from error
         warn_about_infinite_rewards(rewards, self.reward_func_names, step)
+        if self.generation_states is not None:
+            self._generation_rewards = rewards
         return rewards
 
     def generate_single_turn(self, prompt_ids, *args, **kwargs):
@@ -292,6 +316,8 @@ class STAPOTrainer(HookedGRPOTrainer):
         output[TOOL_MASK_BEFORE_RULES_KEY] = output.get("tool_mask")
         output[NUM_ITEMS_BEFORE_RULES_KEY] = output["num_items_in_batch"]
         output[ADVANTAGES_BEFORE_RULES_KEY] = output["advantages"]
+        if self.generation_states is not None:
+            output[REWARDS_KEY] = self._generation_rewards.detach().to(output["completion_ids"].device)
         if self.rule_controllers:
             entropy = self._mean_token_entropy(output)
             for controller in self.rule_controllers.values():
@@ -314,6 +340,15 @@ class STAPOTrainer(HookedGRPOTrainer):
             self.apply_token_rules(step_batches)
         if self.gradient_probe is not None and self.gradient_probe.is_due(self.state.global_step):
             self.probe_gradient_share(step_batches)
+        if self.generation_states is not None:
+            model = self.accelerator.unwrap_model(self.model)
+            self.generation_states.step_started(
+                self.state.global_step, model, self.optimizer, self.lr_scheduler, step_batches
+            )
+
+    def on_training_micro_batch(self, inputs: dict[str, Any]) -> None:
+        if self.generation_states is not None:
+            self.generation_states.micro_batch_started()
 
     def probe_gradient_share(self, step_batches: list[dict[str, Any]]) -> dict[str, float]:
         """Measure the silenced tokens' share of the gradient at the weights for this step, against the count-matched
@@ -375,7 +410,6 @@ class STAPOTrainer(HookedGRPOTrainer):
         shadow_silenced = torch.zeros_like(silenced)
         for dropped in composed.shadow_silenced.values():
             shadow_silenced |= dropped
-        num_silenced = int(all_reduce_sum(silenced.sum().reshape(1))[0])
         if self.token_dump is not None:
             tokens = StepTokens(
                 completion_ids=torch.cat([batch["completion_ids"] for batch in step_batches]),
@@ -389,6 +423,31 @@ class STAPOTrainer(HookedGRPOTrainer):
             self.log_metric(TOKEN_DUMP_WRITTEN, dumped["written"])
             self.log_metric(TOKEN_DUMP_DROPPED, dumped["dropped"])
 
+        weights = composed.weights
+        if weights is not None and bool((weights == 1).all()):
+            weights = None
+        self.set_kept_tokens(step_batches, silenced, weights)
+        sizes = [batch["completion_ids"].size(0) for batch in step_batches]
+        for batch, batch_shadow in zip(step_batches, shadow_silenced.split(sizes), strict=True):
+            batch[SHADOW_SILENCED_KEY] = batch_shadow
+        logged = [(rule_metric, composed.stats), (shadow_metric, composed.shadow_stats)]
+        logged.append((rule_metric, {rule: c.metrics() for rule, c in self.rule_controllers.items()}))
+        for metric, by_rule in logged:
+            for rule, rule_stats in by_rule.items():
+                for key, value in rule_stats.items():
+                    self.log_metric(metric(rule, key), value)
+        self.log_metric(TOKEN_STATS_MEAN_ENTROPY, self._mean_entropy(entropies, loss_mask))
+        return composed.stats
+
+    def set_kept_tokens(
+        self, step_batches: list[dict[str, Any]], silenced: torch.Tensor, weights: torch.Tensor | None = None
+    ) -> None:
+        """Fold one optimizer step's silenced tokens (bool, its micro-batches' rows concatenated) and token weights
+        (or None) into its micro-batches as TRL's loss reads them: ``tool_mask``, ``num_items_in_batch`` and
+        ``advantages`` (see the module docstring), and ``stapo_silenced`` and ``stapo_token_weights``. It reads only
+        the values the batches held before the rules, so it may be called again on the same batches with another
+        selection (`stapo_trl.counterfactual.replay` does)."""
+        num_silenced = int(all_reduce_sum(silenced.sum().reshape(1))[0])
         # dapo, cispo and vespo: each process divides its micro-batch's loss sum by num_items_in_batch / P * GA / spg,
         # where num_items_in_batch counts the loss tokens of the whole generation over all P processes and spg is
         # steps_per_generation. Once the gradients are averaged over processes and summed over the GA micro-batches,
@@ -400,12 +459,9 @@ class STAPOTrainer(HookedGRPOTrainer):
             self.args.steps_per_generation // self.args.gradient_accumulation_steps
         )
         sizes = [batch["completion_ids"].size(0) for batch in step_batches]
-        weights = composed.weights
-        if weights is not None and bool((weights == 1).all()):
-            weights = None
         weight_chunks = [None] * len(sizes) if weights is None else weights.split(sizes)
-        for batch, batch_silenced, batch_shadow, batch_weights in zip(
-            step_batches, silenced.split(sizes), shadow_silenced.split(sizes), weight_chunks, strict=True
+        for batch, batch_silenced, batch_weights in zip(
+            step_batches, silenced.split(sizes), weight_chunks, strict=True
         ):
             keep = (~batch_silenced).to(batch["completion_mask"].dtype)
             tool_mask_before_rules = batch[TOOL_MASK_BEFORE_RULES_KEY]
@@ -416,16 +472,7 @@ class STAPOTrainer(HookedGRPOTrainer):
                 advantages = per_token_advantages(advantages, batch_weights) * batch_weights
             batch["advantages"] = advantages
             batch[SILENCED_KEY] = batch_silenced
-            batch[SHADOW_SILENCED_KEY] = batch_shadow
             batch[TOKEN_WEIGHTS_KEY] = batch_weights
-        logged = [(rule_metric, composed.stats), (shadow_metric, composed.shadow_stats)]
-        logged.append((rule_metric, {rule: c.metrics() for rule, c in self.rule_controllers.items()}))
-        for metric, by_rule in logged:
-            for rule, rule_stats in by_rule.items():
-                for key, value in rule_stats.items():
-                    self.log_metric(metric(rule, key), value)
-        self.log_metric(TOKEN_STATS_MEAN_ENTROPY, self._mean_entropy(entropies, loss_mask))
-        return composed.stats
 
     @staticmethod
     def _mean_entropy(entropies: torch.Tensor, loss_mask: torch.Tensor) -> float:
@@ -466,6 +513,7 @@ class STAPOTrainer(HookedGRPOTrainer):
             tags=[tag for tag in trl_data.get("tags") or [] if tag != "generated_from_trainer"],
             gguf_source=source if isinstance(source, str) and source.lower().endswith(".gguf") else None,
             dataset_description=written.dataset_description,
+            dataset_reference=written.dataset_reference,
             license=base_model_license(trl_data.get("base_model") or get_config_model_id(self.model.config)),
         )
         record = build_run_record(self.state.log_history)

@@ -1,5 +1,6 @@
-"""The `stapo-trl` command line: `stapo-trl train --config RECIPE.yaml [--key value ...]` and
-`stapo-trl eval --model CHECKPOINT [--key value ...]` and `stapo-trl report RUN_DIR [RUN_DIR ...]`."""
+"""The `stapo-trl` command line: `stapo-trl train --config RECIPE.yaml [--key value ...]`,
+`stapo-trl eval --model CHECKPOINT [--key value ...]`, `stapo-trl report RUN_DIR [RUN_DIR ...]` and
+`stapo-trl counterfactual RUN_DIR`."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ COMMANDS = {
     "train": "Train with a YAML recipe (STAPO, GRPO, 20-Entropy, JustRL or STARE); --dry_run prints the plan.",
     "eval": "avg@k on AIME24/25, AMC23, MATH500, Minerva and OlympiadBench, beside the paper's numbers.",
     "report": "Plots and a summary of training runs: entropy, reward, the mask, p-H density, silenced tokens.",
+    "counterfactual": "Apply a run's saved updates again with other tokens silenced, and read what each did.",
 }
 
 
@@ -24,7 +26,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stapo-trl",
         description="STAPO (Spurious-Token-Aware Policy Optimization) for Hugging Face TRL.",
-        epilog="Run `stapo-trl train -h`, `stapo-trl eval -h` or `stapo-trl report -h` for every option. `--traceback` "
+        epilog="Run `stapo-trl COMMAND -h` (train, eval, report, counterfactual) for every option. `--traceback` "
         "(or STAPO_TRL_TRACEBACK=1) prints the traceback of an error as well as its message.",
     )
     subcommands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -69,6 +71,10 @@ def _run(command: str, argv: list[str]) -> int:
         from .report import report_command
 
         return report_command(argv)
+    if command == "counterfactual":
+        from .counterfactual import counterfactual_command
+
+        return counterfactual_command(argv)
     raise AssertionError(command)
 
 

@@ -8,6 +8,17 @@ from typing import Any
 from .. import evaluation
 from ..errors import UsageError
 from ..evaluation import EvalConfig, EvalConfigError
+from .config_file import (
+    ENV_KEY,
+    ConfigFileKind,
+    apply_environment,
+    checked_values,
+    config_path,
+    parser_actions,
+    read_config_file,
+    refuse_unknown_keys,
+    suggest,
+)
 from .help import HELP_ALL_FLAG, eval_help
 
 # TRL's parser is imported where the command line is parsed, so that `stapo-trl eval -h` loads no TRL.
@@ -15,23 +26,40 @@ from .help import HELP_ALL_FLAG, eval_help
 PROG = "stapo-trl eval"
 
 
-def parse_eval_args(argv: list[str]):
-    """An `EvalConfig` from the command line, with `--config FILE.yaml` read first as in `stapo-trl train`."""
+EVAL_CONFIG = ConfigFileKind(
+    "stapo-trl eval", "config file", "whose keys are the options of `stapo-trl eval -h`", EvalConfigError
+)
+"""How `stapo-trl eval` reads its ``--config`` file: checked as `stapo-trl train` checks a recipe."""
+
+
+def _refuse(message: str):
+    """`argparse`'s error handler, raising instead of printing the usage of every option and exiting."""
+    raise EvalConfigError(message)
+
+
+def parse_eval_args(argv: list[str]) -> EvalConfig:
+    """An `EvalConfig` from the command line, with `--config FILE.yaml` read first as in `stapo-trl train`: its keys
+    set the defaults, flags override them. The file's keys and values are checked as a recipe's are
+    (`stapo_trl.cli.config_file`)."""
     from trl import TrlParser
 
-    def refuse(message: str):
-        raise EvalConfigError(message)
-
+    path, cli_args = config_path(argv, EVAL_CONFIG)
+    values = read_config_file(path, EVAL_CONFIG) if path is not None else {}
+    where = str(path)
     parser = TrlParser(dataclass_types=[EvalConfig], prog=PROG)
-    parser.error = refuse
-    try:
-        config, remaining = parser.parse_args_and_config(argv, return_remaining_strings=True)
-    except EvalConfigError:
-        raise
-    except ValueError as error:  # TrlParser's own checks of the --config file
-        raise EvalConfigError(str(error)) from None
+    parser.error = _refuse
+    actions = parser_actions(parser)
+    refuse_unknown_keys(values, {*actions, ENV_KEY}, where, EVAL_CONFIG, candidates=actions)
+    parser.set_defaults_with_config(**checked_values(values, actions, parser.dataclass_types, where, EVAL_CONFIG))
+    apply_environment(values, where, EVAL_CONFIG)
+    config, remaining = parser.parse_args_into_dataclasses(args=cli_args, return_remaining_strings=True)
     if remaining:
-        raise EvalConfigError(f"Unknown arguments: {' '.join(remaining)}. Run `{PROG} -h` for every option.")
+        unknown = next((token for token in remaining if token.startswith("--")), remaining[0])
+        raise EvalConfigError(
+            f"Unknown arguments: {' '.join(remaining)}."
+            + suggest(unknown.lstrip("-").split("=", 1)[0], actions)
+            + f" Run `{PROG} -h` for every option."
+        )
     return config
 
 

@@ -172,7 +172,8 @@ def eval_help() -> str:
         "",
         "config:",
         "  --config FILE.yaml",
-        "      read options from a YAML file of option: value pairs; flags on the command line override it",
+        "      read options from a YAML file of option: value pairs; flags on the command line override it. It is",
+        "      checked as a train recipe is: a key given twice, an unknown key or a value of the wrong type is an error",
     ]
     for title, names in EVAL_GROUPS:
         lines += ["", f"{title}:"]

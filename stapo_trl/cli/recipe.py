@@ -3,16 +3,16 @@
 Precedence, lowest first: `STAPOConfig`'s defaults, the selected method's preset (`stapo_trl.methods`), the recipe's
 keys, then command-line flags. The parser is TRL's `TrlParser` over `TrainScriptArguments`, `STAPOConfig` and TRL's
 `ModelConfig`. Keys that none of them defines are accepted only when they are `accelerate launch` options (as
-`trl grpo` hands them to accelerate) or `accelerate_config`; anything else fails with the closest valid name."""
+`trl grpo` hands them to accelerate) or `accelerate_config`; anything else fails with the closest valid name. The file
+is read and its keys and values checked by `stapo_trl.cli.config_file`, as `stapo-trl eval` reads its own."""
 
 from __future__ import annotations
 
 import argparse
-import difflib
 import functools
 import importlib.resources as resources
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,17 @@ import yaml
 from ..errors import UsageError
 from ..methods import method_preset
 from .arguments import TrainScriptArguments
+from .config_file import (
+    ENV_KEY,
+    ConfigFileKind,
+    apply_environment,
+    checked_values,
+    config_path,
+    parser_actions,
+    read_config_file,
+    refuse_unknown_keys,
+    suggest,
+)
 from .plan import BatchPlan, batch_plan
 
 # TRL's parser, `STAPOConfig` (which imports TRL) and accelerate's launcher are imported where a recipe is parsed,
@@ -45,7 +56,6 @@ TRL_GRPO_REFUSED = {
 }
 """`trl grpo` script arguments that `stapo-trl train` refuses, with the reason and what to use instead."""
 ACCELERATE_CONFIG_KEY = "accelerate_config"
-RESERVED_KEYS = {"env"}
 
 
 class RecipeError(UsageError, ValueError):
@@ -100,60 +110,13 @@ def _option_names(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]
     }
 
 
-def _suggest(name: str, candidates) -> str:
-    matches = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
-    return f" Did you mean {matches[0]!r}?" if matches else ""
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a mapping that repeats a key (PyYAML keeps the last value without a word)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise RecipeError(
-                    f"the key {key!r} appears twice (lines {seen[key]} and {key_node.start_mark.line + 1}); YAML would "
-                    "silently keep the second. Keep one."
-                )
-            seen[key] = key_node.start_mark.line + 1
-        return super().construct_mapping(node, deep=deep)
+RECIPE = ConfigFileKind("stapo-trl train", "recipe", "for example one in recipes/quickstart/", RecipeError)
+"""How `stapo-trl train` reads its recipe (`stapo_trl.cli.config_file`)."""
 
 
 def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
-    path = Path(path)
-    if path.is_dir():
-        found = sorted(str(child) for child in path.glob("*.yaml"))
-        raise RecipeError(
-            f"{path} is a directory; --config takes one YAML recipe" + (f", for example {found[0]}." if found else ".")
-        )
-    if not path.is_file():
-        raise RecipeError(f"Recipe not found: {path}. Pass the path of a YAML file, for example recipes/quickstart/.")
-    try:
-        recipe = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
-    except yaml.YAMLError as error:
-        raise RecipeError(f"{path} is not valid YAML: {error}") from None
-    except RecipeError as error:
-        raise RecipeError(f"{path}: {error}") from None
-    if recipe is None:
-        return {}
-    if not isinstance(recipe, dict):
-        raise RecipeError(f"{path} must hold a YAML mapping of keys to values, not a {type(recipe).__name__}.")
-    return recipe
-
-
-def split_flags(argv: list[str], names) -> tuple[dict[str, str | None], list[str]]:
-    """The last value of each of the flags ``names`` in ``argv`` (``--name value`` or ``--name=value``; None for a
-    flag that ends ``argv``), and the other tokens."""
-    values, rest, tokens = {}, [], iter(argv)
-    for token in tokens:
-        name, has_value, value = token.partition("=")
-        if name in names:
-            values[name] = value if has_value else next(tokens, None)
-        else:
-            rest.append(token)
-    return values, rest
+    """The keys of the recipe at ``path``, checked as every config file is (`read_config_file`)."""
+    return read_config_file(path, RECIPE)
 
 
 def _flag_value(argv: list[str], name: str) -> str | None:
@@ -163,64 +126,6 @@ def _flag_value(argv: list[str], name: str) -> str | None:
         if token.startswith(f"--{name}="):
             return token.split("=", 1)[1]
     return None
-
-
-def _annotation(dataclass_types, name: str) -> str:
-    for dataclass_type in dataclass_types:
-        for item in fields(dataclass_type):
-            if item.name == name:
-                return item.type.__name__ if isinstance(item.type, type) else str(item.type)
-    return ""
-
-
-def _checked_value(key: str, value: Any, action: argparse.Action, annotation: str, where: str) -> Any:
-    """`value` converted to what the parser expects for `key`, or a `RecipeError` naming the key and its type."""
-    type_function = action.type
-    type_name = getattr(type_function, "__name__", "")
-    if value is None:
-        if "None" in annotation or action.default is None:
-            return None
-        raise RecipeError(f"{where}: {key} has no value; it needs a {annotation or type_name}.")
-    if action.nargs in ("+", "*"):
-        items = value if isinstance(value, list) else [value]
-        return [_checked_scalar(key, item, action, type_function, type_name, annotation, where) for item in items]
-    if isinstance(value, dict | list):
-        # Several TrainingArguments fields typed `str` also take a list or a dict (report_to, fsdp, *_kwargs).
-        if type_function is str or "dict" in annotation or "list" in annotation:
-            return value
-        raise RecipeError(f"{where}: {key} must be a single value ({annotation}), not a {type(value).__name__}.")
-    return _checked_scalar(key, value, action, type_function, type_name, annotation, where)
-
-
-def _checked_scalar(key, value, action, type_function, type_name, annotation, where):
-    def fail(reason: str) -> RecipeError:
-        return RecipeError(f"{where}: {key}: {reason} (got {value!r}; expected {annotation or type_name}).")
-
-    if type_name == "string_to_bool":
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str):
-            try:
-                return type_function(value)
-            except (ValueError, argparse.ArgumentTypeError):
-                raise fail("not a boolean") from None
-        raise fail("not a boolean; write true or false")
-    if isinstance(value, bool) and annotation.split("|")[0].strip() in ("int", "float"):
-        raise fail("a boolean where a number is needed")
-    if type_function is int and isinstance(value, float) and not value.is_integer():
-        raise fail("not a whole number")
-    converted = value
-    if callable(type_function):
-        try:
-            converted = type_function(value if isinstance(value, str) else str(value))
-        except (TypeError, ValueError, argparse.ArgumentTypeError):
-            raise fail("wrong type") from None
-    if action.choices is not None and converted not in action.choices:
-        raise RecipeError(
-            f"{where}: {key} must be one of {list(action.choices)}, got {value!r}."
-            + _suggest(str(value), [str(choice) for choice in action.choices])
-        )
-    return converted
 
 
 def resolve_accelerate_config(name: str, recipe_path: Path | None) -> Path:
@@ -334,7 +239,7 @@ def _refuse_stray_arguments(remaining: list[str], actions: dict, launch_options:
                 hint = STALE_KEYS.get(name) or TRL_GRPO_REFUSED.get(name)
                 raise RecipeError(
                     f"Unknown argument {token}."
-                    + (f" {hint}." if hint else _suggest(name, list(actions) + list(launch_options)))
+                    + (f" {hint}." if hint else suggest(name, list(actions) + list(launch_options)))
                 )
     expects_value = False
     for token in remaining:
@@ -355,49 +260,38 @@ def _refuse_stray_arguments(remaining: list[str], actions: dict, launch_options:
 
 def parse_train_args(argv: list[str]) -> TrainRequest:
     """Resolve `stapo-trl train [--config RECIPE] [--key value ...]` without loading a model or data."""
-    flags, cli_args = split_flags(argv, ("--config",))
-    if "--config" in flags and flags["--config"] is None:
-        raise RecipeError("--config needs the path of a YAML recipe.")
-    recipe_path = Path(flags["--config"]) if "--config" in flags else None
+    recipe_path, cli_args = config_path(argv, RECIPE)
     recipe = load_recipe(recipe_path) if recipe_path is not None else {}
     where = str(recipe_path) if recipe_path is not None else "command line"
 
     parser = make_train_parser()
     parser.error = _refuse
-    actions = {action.dest: action for action in parser._actions if action.dest != "help"}
+    actions = parser_actions(parser)
     recipe, cli_args = _spell_checkpointing_for_this_transformers(recipe, cli_args, actions)
     launch_options = _option_names(_launch_parser())
     launch_actions = {name: action for name, action in launch_options.items() if name not in actions}
 
-    known = {*actions, *launch_actions, *RESERVED_KEYS, ACCELERATE_CONFIG_KEY}
-    if unknown := [key for key in recipe if key not in known]:
-        lines = []
-        for key in unknown:
-            reason = STALE_KEYS.get(key) or TRL_GRPO_REFUSED.get(key)
-            lines.append(f"  {key}: " + (reason + "." if reason else "not a known key." + _suggest(key, actions)))
-        raise RecipeError(f"{where} has keys that stapo-trl train does not know:\n" + "\n".join(lines))
-
+    refuse_unknown_keys(
+        recipe,
+        {*actions, *launch_actions, ENV_KEY, ACCELERATE_CONFIG_KEY},
+        where,
+        RECIPE,
+        reasons={**STALE_KEYS, **TRL_GRPO_REFUSED},
+        candidates=actions,
+    )
     if "method" in recipe:
         try:
             recipe["method"] = method_preset(recipe["method"]).name
         except ValueError as error:
             raise RecipeError(f"{where}: {error}") from None
-    dataclass_values: dict[str, Any] = {}
+    dataclass_values = checked_values(recipe, actions, parser.dataclass_types, where, RECIPE)
     launch_args: list[str] = []
     for key, value in recipe.items():
-        if key in actions:
-            dataclass_values[key] = _checked_value(
-                key, value, actions[key], _annotation(parser.dataclass_types, key), where
-            )
-        elif key == ACCELERATE_CONFIG_KEY:
+        if key == ACCELERATE_CONFIG_KEY:
             launch_args += ["--config_file", str(resolve_accelerate_config(str(value), recipe_path))]
         elif key in launch_actions:
             launch_args += _launch_tokens(key, value, launch_actions[key])
-    env = recipe.get("env") or {}
-    if not isinstance(env, dict):
-        raise RecipeError(f"{where}: env must be a mapping of environment variables to values.")
-    for name, value in env.items():
-        os.environ[str(name)] = str(value)
+    apply_environment(recipe, where, RECIPE)
 
     method_name = _flag_value(cli_args, "method") or recipe.get("method") or "stapo"
     try:

@@ -28,6 +28,13 @@ DATASET_DESCRIPTIONS = {
 """How the model card names the datasets that have no Hub page."""
 
 
+def dataset_reference(dataset_name: str) -> str:
+    """How the run's record names its data: ``dataset_name`` as given (a Hub id, ``arithmetic``, ``sample``), but a
+    local file or directory by its name alone, never by a path on this machine."""
+    path = Path(dataset_name).expanduser()
+    return path.name if path.exists() else dataset_name
+
+
 def plot_model_name(base_model: str | None, model_name_or_path: str) -> str:
     """How a plot's title names the model: the Hub id, else the local directory's or file's name (never its path)."""
     if base_model and not Path(base_model).expanduser().exists():

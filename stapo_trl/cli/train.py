@@ -18,6 +18,7 @@ from typing import Any
 
 import accelerate.commands.launch as accelerate_launch
 from accelerate import PartialState
+from accelerate.utils import patch_environment
 from peft import PeftModel
 from transformers import ProgressCallback, Trainer, TrainerCallback
 from trl import get_peft_config, get_quantization_config
@@ -33,12 +34,19 @@ from ..model_paths import local_model_problem
 from ..resume import last_complete_checkpoint, resolve_resume_checkpoint
 from ..rewards import get_reward_func
 from ..run_record import HELDOUT_METRICS, RunRecord
-from ..storage import storage_problem, write_text_atomically
+from ..storage import storage_problem, sync_directory, sync_tree, write_text_atomically
 from ..trl_boundary.hooks import save_model_without_push, set_model_name_or_path
+from .config_file import split_flags
 from .plan import format_plan
 from .preflight import OutputDirLock, check_output_dir, check_vllm, load_checked_tokenizer_and_config
-from .recipe import RecipeError, TrainRequest, is_launched, parse_train_args, split_flags
-from .run_summary import DATASET_DESCRIPTIONS, console_summary, plot_model_name, record_finished_run
+from .recipe import RecipeError, TrainRequest, is_launched, parse_train_args
+from .run_summary import (
+    DATASET_DESCRIPTIONS,
+    console_summary,
+    dataset_reference,
+    plot_model_name,
+    record_finished_run,
+)
 
 # `stapo-trl train -h` is answered before this module is imported (`stapo_trl.cli.help.train_help`). The trainer, the
 # evaluation package and the CPU runtime are imported where they are used, so that `--dry_run` loads no more than
@@ -64,25 +72,11 @@ def launch(request: TrainRequest, argv: list[str], launch_tokens: list[str]) -> 
     child_args = _subtract_subsequence(list(argv), launch_tokens)
     parser = accelerate_launch.launch_command_parser()
     arguments = parser.parse_args([*request.launch_args, "-m", "stapo_trl", "train", *child_args])
-    with _environment_for_children({"STAPO_TRL_LAUNCHED": "1", **request.launch_environment}):
+    # The variables reach the processes `accelerate launch` starts; this process's environment is restored after, so
+    # that a caller who runs `main` again in the same process (a notebook, a test) is not taken for a launched one.
+    with patch_environment(STAPO_TRL_LAUNCHED="1", **request.launch_environment):
         accelerate_launch.launch_command(arguments)
     return 0
-
-
-@contextmanager
-def _environment_for_children(variables: dict[str, str]):
-    """Set ``variables`` for the processes `accelerate launch` starts, and restore this process's environment after,
-    so that a caller who runs `main` again in the same process (a notebook, a test) is not taken for a launched one."""
-    saved = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 RENDEZVOUS_NOTE_SECONDS = 20.0
@@ -250,8 +244,9 @@ FINAL_STAGING_DIR = ".final-model-staging"
 
 def save_final_model(trainer, output_dir: Path, base_model: str | None = None) -> None:
     """``trainer.save_model(output_dir)``, written first into a staging directory inside ``output_dir`` and moved into
-    place file by file (each move is an atomic rename) only once every file is written. A save that fails (a full
-    disk, a permission) raises and leaves the weights already in ``output_dir`` as they were.
+    place file by file (each move is an atomic rename) only once every file is written and flushed to the storage
+    (``fsync``; ``output_dir`` itself after the moves). A save that fails (a full disk, a permission) raises and leaves
+    the weights already in ``output_dir`` as they were.
 
     A saved adapter's ``base_model_name_or_path`` is set to ``base_model``. It is written into the file rather than
     into the live PEFT config: PEFT looks a Hub id up on the Hub at every save."""
@@ -267,12 +262,14 @@ def save_final_model(trainer, output_dir: Path, base_model: str | None = None) -
             values = json.loads(adapter_config.read_text())
             values["base_model_name_or_path"] = base_model
             adapter_config.write_text(json.dumps(values, indent=2, sort_keys=True) + "\n")
+        sync_tree(staging)
         for path in sorted(staging.iterdir()):
             target = output_dir / path.name
             if target.is_dir() and path.is_dir():
                 shutil.rmtree(target)
             os.replace(path, target)
         staging.rmdir()
+        sync_directory(output_dir)
 
 
 def write_recipe(request: TrainRequest, output_dir: Path) -> Path:
@@ -312,29 +309,9 @@ def run_training(request: TrainRequest) -> RunRecord | None:
         return train_and_summarize(request)
 
 
-def train_and_summarize(request: TrainRequest) -> RunRecord | None:
-    from ..evaluation import greedy_accuracy
-    from ..trainer import STAPOTrainer
-
-    started = time.perf_counter()
-    script, training, model_args = request.script, request.training, request.model
-    state = PartialState()
-    configure_logging(state.is_main_process)
-    quiet_known_warnings(state)
-    if not model_args.model_name_or_path:
-        raise RecipeError("No model: set model_name_or_path in the recipe or on the command line.")
-    lock = OutputDirLock(training.output_dir) if state.is_main_process else None
-    if state.is_main_process:
-        note = check_output_dir(training.output_dir, training.resume_from_checkpoint, script.overwrite_output_dir)
-        if note:
-            logger.info(note)
-    resolve_resume_checkpoint(training.resume_from_checkpoint, training.output_dir)
-    if script.heldout_problems and state.num_processes > 1:
-        raise RecipeError(
-            "heldout_problems runs a greedy evaluation in one process; it is not supported with several processes. "
-            "Set heldout_problems: 0 for multi-process runs."
-        )
-
+def resolve_rewards_and_model(request: TrainRequest) -> tuple[list, str]:
+    """The recipe's reward functions, and the path its model loads from (a GGUF file converted once)."""
+    script, model_args = request.script, request.model
     try:
         reward_funcs = [get_reward_func(name) for name in script.reward_funcs]
     except (ValueError, TypeError) as error:
@@ -342,9 +319,15 @@ def train_and_summarize(request: TrainRequest) -> RunRecord | None:
     if script.reward_model_name_or_path:
         # TRL loads a string reward as a sequence-classification model, as in `trl grpo`.
         reward_funcs.append(script.reward_model_name_or_path)
-    model_path = resolve_model_path(model_args.model_name_or_path)
-    if state.is_main_process:
-        write_recipe(request, Path(training.output_dir))
+    return reward_funcs, resolve_model_path(model_args.model_name_or_path)
+
+
+def build_trainer(request: TrainRequest, reward_funcs: list, model_path: str):
+    """``(trainer, tokenizer, held-out dataset or None)``: the tokenizer, data, adapter and `STAPOTrainer` of the
+    recipe, as `stapo-trl train` builds them (`stapo-trl counterfactual` rebuilds a run's trainer with it)."""
+    from ..trainer import STAPOTrainer
+
+    script, training, model_args = request.script, request.training, request.model
     tokenizer, config = load_checked_tokenizer_and_config(
         model_path,
         model_args.model_name_or_path,
@@ -376,6 +359,35 @@ def train_and_summarize(request: TrainRequest) -> RunRecord | None:
         peft_config=peft_config,
         quantization_config=get_quantization_config(model_args),
     )
+    return trainer, tokenizer, heldout
+
+
+def train_and_summarize(request: TrainRequest) -> RunRecord | None:
+    from ..evaluation import greedy_accuracy
+
+    started = time.perf_counter()
+    script, training, model_args = request.script, request.training, request.model
+    state = PartialState()
+    configure_logging(state.is_main_process)
+    quiet_known_warnings(state)
+    if not model_args.model_name_or_path:
+        raise RecipeError("No model: set model_name_or_path in the recipe or on the command line.")
+    lock = OutputDirLock(training.output_dir) if state.is_main_process else None
+    if state.is_main_process:
+        note = check_output_dir(training.output_dir, training.resume_from_checkpoint, script.overwrite_output_dir)
+        if note:
+            logger.info(note)
+    resolve_resume_checkpoint(training.resume_from_checkpoint, training.output_dir)
+    if script.heldout_problems and state.num_processes > 1:
+        raise RecipeError(
+            "heldout_problems runs a greedy evaluation in one process; it is not supported with several processes. "
+            "Set heldout_problems: 0 for multi-process runs."
+        )
+
+    reward_funcs, model_path = resolve_rewards_and_model(request)
+    if state.is_main_process:
+        write_recipe(request, Path(training.output_dir))
+    trainer, tokenizer, heldout = build_trainer(request, reward_funcs, model_path)
     base_model = name_base_model(trainer, model_args.model_name_or_path)
     trainer.add_callback(MetricsFileCallback(Path(training.output_dir) / METRICS_FILE))
     if not training.disable_tqdm and trainer.pop_callback(ProgressCallback) is not None:
@@ -435,6 +447,7 @@ def train_and_summarize(request: TrainRequest) -> RunRecord | None:
             base_model=base_model,
             model_source=model_args.model_name_or_path,
             dataset_description=DATASET_DESCRIPTIONS.get(script.dataset_name),
+            dataset_reference=dataset_reference(script.dataset_name),
             seconds_training=seconds_training,
         )
 

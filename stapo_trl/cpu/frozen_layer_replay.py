@@ -390,3 +390,65 @@ def replay_frozen_prefix(model: torch.nn.Module) -> Iterator[FrozenPrefixReplay 
         yield replay
     finally:
         replay.detach()
+
+
+class _RecordedInputs(torch.nn.Module):
+    """Stands in for the first frozen layer over several forward calls: returns the next recorded input of the first
+    trainable layer at each call, refusing one whose shape is not the call's."""
+
+    def __init__(self, recorded: list[torch.Tensor]):
+        super().__init__()
+        self.recorded = list(recorded)
+
+    def forward(self, hidden_states, *args, **kwargs):
+        if not self.recorded:
+            raise RuntimeError("frozen_layers_replaced: more forward calls than recorded inputs")
+        recorded = self.recorded.pop(0)
+        if recorded.shape != hidden_states.shape:
+            raise RuntimeError(
+                f"frozen_layers_replaced: a recorded input of shape {tuple(recorded.shape)} for a call of shape "
+                f"{tuple(hidden_states.shape)}: the sequences are not the recorded ones"
+            )
+        return recorded
+
+
+def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+@contextmanager
+def recording_first_trainable_input(model: torch.nn.Module) -> Iterator[list[torch.Tensor] | None]:
+    """The input of ``model``'s first trainable decoder layer at each call inside the block, detached, in call order;
+    None (and nothing recorded) when `replay_blockers` says the frozen layers cannot be skipped."""
+    if replay_blockers(_unwrapped(model)):
+        yield None
+        return
+    layers, _ = decoder_layers(_unwrapped(model))
+    inputs: list[torch.Tensor] = []
+
+    def record(module, args, kwargs):
+        inputs.append((args[0] if args else kwargs["hidden_states"]).detach())
+
+    handle = layers[first_trainable_layer(layers)].register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        yield inputs
+    finally:
+        handle.remove()
+
+
+@contextmanager
+def frozen_layers_replaced(model: torch.nn.Module, recorded: list[torch.Tensor]) -> Iterator[None]:
+    """Within, ``model``'s frozen bottom decoder layers are not run: the first trainable layer receives, call after
+    call, the inputs `recording_first_trainable_input` recorded for the same sequences. For sequences read many times
+    under different trainable weights (`stapo-trl counterfactual`): the frozen layers hold no trainable parameter and
+    no active dropout, so their output is the recorded one."""
+    layers, _ = decoder_layers(_unwrapped(model))
+    first_trainable = first_trainable_layer(layers)
+    frozen = list(layers[:first_trainable])
+    try:
+        for index in range(first_trainable):
+            layers[index] = _RecordedInputs(recorded) if index == 0 else _StandIn(None)
+        yield
+    finally:
+        for index, layer in enumerate(frozen):
+            layers[index] = layer

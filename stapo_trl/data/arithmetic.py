@@ -16,12 +16,13 @@ on at the paper's temperature.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable
 from operator import add, mul, sub
 
 from datasets import Dataset
 
-from .prompts import PROMPT_STYLES, build_prompt
+from .prompts import PROMPT_STYLES, answer_line, build_prompt
 from .sources import ROW_FEATURES, dataset_row
 
 ARITHMETIC = "arithmetic"
@@ -84,9 +85,38 @@ def hash_bucket(text: str) -> int:
 
 def worked_answer(solution: str, answer: int, prompt_style: str) -> str:
     """A worked solution ending in the answer format of `prompt_style`: an `Answer:` line (dapo) or `\\boxed{}`."""
-    if prompt_style == "boxed":
-        return f"{solution} The answer is \\boxed{{{answer}}}."
-    return f"{solution}\nAnswer: {answer}"
+    separator = " " if prompt_style == "boxed" else "\n"
+    return f"{solution}{separator}{answer_line(str(answer), prompt_style)}"
+
+
+SYMBOLS = {add: "+", sub: "-", mul: "*"}
+PLACEHOLDERS = {"name": r"[A-Z][a-z]+", "item": r"[a-z]+", "a": r"\d+", "b": r"\d+"}
+
+
+def _template_pattern(template: str) -> re.Pattern:
+    parts, seen = [], set()
+    for piece in re.split(r"(\{\w+\})", template):
+        name = piece[1:-1] if piece.startswith("{") else None
+        if name is None:
+            parts.append(re.escape(piece))
+        elif name in seen:
+            parts.append(f"(?P={name})")
+        else:
+            seen.add(name)
+            parts.append(f"(?P<{name}>{PLACEHOLDERS[name]})")
+    return re.compile("".join(parts))
+
+
+def worked_solution(question: str) -> tuple[str, int] | None:
+    """``(solution, answer)`` of a problem `arithmetic_problems` wrote, the solution in the form the worked examples
+    show (``"3 + 2 = 5"``); None for any other text."""
+    for template, _, _, operation in TEMPLATES:
+        match = _template_pattern(template).fullmatch(question)
+        if match:
+            a, b = int(match["a"]), int(match["b"])
+            answer = operation(a, b)
+            return f"{a} {SYMBOLS[operation]} {b} = {answer}", answer
+    return None
 
 
 def fewshot_prompt(question: str, num_fewshot: int, prompt_style: str, system_prompt: str | None) -> list[dict]:

@@ -30,6 +30,16 @@ def extract_problem(text: str) -> str:
     return text.strip()
 
 
+def answer_line(answer: str, style: str) -> str:
+    """The final answer as a response in prompt style ``style`` is asked to give it: ``Answer: 42`` (dapo) or
+    ``The answer is \\boxed{42}.`` (boxed)."""
+    if style == "boxed":
+        return f"The answer is \\boxed{{{answer}}}."
+    if style == "dapo":
+        return f"Answer: {answer}"
+    raise ValueError(f"Unknown prompt_style {style!r}; choose one of {PROMPT_STYLES}.")
+
+
 def build_prompt(
     problem: str, style: str, system_prompt: str | None = None, original: str | None = None
 ) -> list[dict]:

@@ -404,3 +404,62 @@ def plot_grouped_bars(
     if footnote:
         figure.supxlabel(footnote, fontsize=7)
     return save_figure(figure, path, dpi=110)
+
+
+@dataclass
+class DifferenceRow:
+    """One comparison in a `DifferencePanel`: its paired differences, their mean and 95% interval (None where there
+    are too few)."""
+
+    label: str
+    values: list[float]
+    mean: float | None
+    low: float | None
+    high: float | None
+
+
+@dataclass
+class DifferencePanel:
+    title: str
+    rows: list[DifferenceRow]
+    xlabel: str = ""
+
+
+def plot_difference_panels(panels: Sequence[DifferencePanel], path: str | Path, title: str | None = None) -> Path:
+    """One panel per measure: for each comparison (a row), every paired difference as a dot and their mean with its
+    95% interval as a bar, beside a line at 0. A comparison without differences says so in place of its dots."""
+    if not panels:
+        raise ValueError("There are no panels to plot.")
+    rows = max(len(panel.rows) for panel in panels)
+    figure, axes = panel_row(len(panels), (4.2, 0.55 * rows + 1.6), sharey=True)
+    for axis, panel in zip(axes, panels, strict=True):
+        labels = [row.label for row in panel.rows]
+        for index, row in enumerate(panel.rows):
+            y = len(panel.rows) - 1 - index
+            if not row.values:
+                axis.annotate(
+                    "no generation",
+                    (0.5, y),
+                    xycoords=("axes fraction", "data"),
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="0.4",
+                )
+                continue
+            jitter = np.linspace(-0.15, 0.15, len(row.values)) if len(row.values) > 1 else np.zeros(1)
+            axis.scatter(row.values, y + jitter, s=10, alpha=0.5, color="C0", zorder=2)
+            if row.low is not None and row.high is not None:
+                axis.hlines(y, row.low, row.high, color="C3", linewidth=2.5, zorder=3)
+            if row.mean is not None:
+                axis.plot([row.mean], [y], marker="|", markersize=14, color="C3", zorder=4)
+        axis.axvline(0.0, color="0.3", linewidth=0.8)
+        axis.set_yticks(range(len(labels)))
+        axis.set_yticklabels(list(reversed(labels)), fontsize=8)
+        axis.set_ylim(-0.6, len(labels) - 0.4)
+        axis.set_title(panel.title, fontsize=9)
+        axis.set_xlabel(panel.xlabel, fontsize=8)
+        axis.grid(axis="x", alpha=0.3)
+    if title:
+        figure.suptitle(title, fontsize=10)
+    return save_figure(figure, path, dpi=110)

@@ -217,6 +217,36 @@ class TransformersBackend:
         return results  # type: ignore[return-value]
 
 
+def vllm_lora_ranks() -> tuple[int, ...]:
+    """The values vLLM's engine accepts as ``max_lora_rank``, smallest first: the `Literal` that annotates
+    ``vllm.config.LoRAConfig.max_lora_rank`` in the installed vLLM (1, 8, 16, 32, ... 512 in vLLM 0.31)."""
+    import typing
+
+    from vllm.config import LoRAConfig
+
+    annotation = typing.get_type_hints(LoRAConfig).get("max_lora_rank")
+    ranks = typing.get_args(annotation) if typing.get_origin(annotation) is typing.Literal else ()
+    if not ranks or not all(isinstance(rank, int) for rank in ranks):
+        raise BackendUnavailableError(
+            f"Cannot read the LoRA ranks this vLLM accepts: LoRAConfig.max_lora_rank is annotated {annotation!r}, not a "
+            "Literal of whole numbers. Evaluate the adapter with --backend transformers."
+        )
+    return tuple(sorted(ranks))
+
+
+def vllm_max_lora_rank(rank: int, accepted: Sequence[int]) -> int:
+    """The ``max_lora_rank`` to start vLLM with for an adapter of rank ``rank``: the smallest of the ranks vLLM
+    ``accepted`` that is at least ``rank`` (vLLM refuses any other value at engine start, and serves an adapter of a
+    lower rank than the engine's maximum)."""
+    fitting = [value for value in sorted(accepted) if value >= rank]
+    if not fitting:
+        raise BackendUnavailableError(
+            f"The adapter's rank is {rank}, and vLLM serves LoRA adapters up to rank {max(accepted)}. Evaluate it with "
+            "--backend transformers, which merges the adapter into the base weights."
+        )
+    return fitting[0]
+
+
 class VLLMBackend:
     """Offline vLLM: `LLM(model, tensor_parallel_size=...)`, one `SamplingParams(n=..., seed=...)` per problem, and a
     `LoRARequest` when evaluating an adapter."""
@@ -237,7 +267,7 @@ class VLLMBackend:
             from vllm.lora.request import LoRARequest
 
             rank = json.loads((Path(spec.adapter) / "adapter_config.json").read_text()).get("r", 16)
-            options.update(enable_lora=True, max_lora_rank=max(8, int(rank)))
+            options.update(enable_lora=True, max_lora_rank=vllm_max_lora_rank(int(rank), vllm_lora_ranks()))
             self.lora_request = LoRARequest("adapter", 1, spec.adapter)
         options.update(spec.vllm_kwargs)
         self.llm = LLM(**options)

@@ -21,9 +21,11 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from ..data.benchmarks import load_benchmark
+from ..data.benchmarks import BENCHMARKS, load_benchmark
+from ..data.sources import SAMPLE
 from ..paper import FULL_SIZES
 from ..results_table import markdown_table, summary_rows
+from ..storage import write_text_atomically
 from .backends import (
     BackendSpec,
     DataParallelBackend,
@@ -297,6 +299,7 @@ def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) ->
     summary = {
         "model": {key: getattr(model, key) for key in ("label", "reference", "weights", "adapter", "method", "size")},
         "settings": settings_summary,
+        "datasets": {name: _dataset_record(config, name) for name in config.benchmarks},
         "max_new_tokens": config.max_new_tokens,
         "prompt_style": config.prompt_style,
         "graders": list(config.graders),
@@ -309,11 +312,20 @@ def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) ->
     )
     table = markdown_table(rows)
     output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
-    (output_dir / TABLE_FILE).write_text(table)
+    write_text_atomically(output_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
+    write_text_atomically(output_dir / TABLE_FILE, table)
     if any(row.values for row in rows):
         plot_results(rows, output_dir / CHART_FILE, title="avg@k by benchmark")
     return EvalResult(summary=summary, table=table, output_dir=output_dir)
+
+
+def _dataset_record(config: EvalConfig, name: str) -> dict[str, Any]:
+    """Where a benchmark's problems came from: the source (a Hub id, ``sample``, or a local path) and split, and whether
+    the source is a Hub dataset (the model card's ``model-index`` names only those)."""
+    spec = BENCHMARKS[name]
+    source = config.source_for(name)
+    on_hub = source is None or (source != SAMPLE and not Path(source).expanduser().exists())
+    return {"source": source or spec.hub_id, "split": config.split_overrides.get(name) or spec.split, "hub": on_hub}
 
 
 def _unique_rows(rows) -> list:

@@ -21,6 +21,8 @@ import math
 import os
 from dataclasses import asdict, dataclass
 
+from ..storage import write_text_atomically
+
 logger = logging.getLogger(__name__)
 
 GATE_MODES = ("entropy", "on", "off")
@@ -92,8 +94,9 @@ class STAREController:
 
     def save_to(self, directory: str | os.PathLike) -> None:
         """Write the state into a checkpoint directory (`STARE_STATE_FILE`)."""
-        with open(os.path.join(directory, STARE_STATE_FILE), "w") as file:
-            json.dump(self.state_dict(), file, indent=2)
+        write_text_atomically(
+            os.path.join(directory, STARE_STATE_FILE), json.dumps(self.state_dict(), indent=2) + "\n"
+        )
 
     def restore_from(self, checkpoint: str | os.PathLike) -> None:
         """Restore the state saved in ``checkpoint``. A checkpoint without it (not saved by a STARE run) leaves the

@@ -45,6 +45,7 @@ class HookedGRPOTrainer(GRPOTrainer):
     card_name: str = "GRPO"
     card_tags: tuple[str, ...] = ("trl", "grpo")
     card_paper: dict[str, str] = {}
+    _micro_batches_as_given = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -91,13 +92,32 @@ class HookedGRPOTrainer(GRPOTrainer):
         """Called in training before the first micro-batch of each optimizer step, with the step's micro-batches (TRL's
         buffered dicts, which its loss reads later: a change made here reaches the loss). Does nothing by default."""
 
+    def on_training_micro_batch(self, inputs: dict[str, Any]) -> None:
+        """Called in training right before TRL's loss runs on each micro-batch (after `on_optimizer_step_start` for the
+        first micro-batch of a step). In TRL 1.16 nothing draws random numbers between this call and the loss's
+        forward, so the random state here is the one its dropout starts from (the counterfactual replay relies on it;
+        tests/unit/test_counterfactual.py checks it). Does nothing by default."""
+
+    @contextmanager
+    def micro_batches_as_given(self):
+        """Within, ``training_step(model, batch)`` runs TRL's loss on ``batch`` as it is: no generation, no buffer, no
+        hooks (`stapo_trl.counterfactual.replay` applies saved optimizer steps with it)."""
+        self._micro_batches_as_given = True
+        try:
+            yield
+        finally:
+            self._micro_batches_as_given = False
+
     def _prepare_inputs(self, generation_batch):
+        if self._micro_batches_as_given:
+            return generation_batch
         inputs = super()._prepare_inputs(generation_batch)
         if self.model.training:
             accumulation = self.args.gradient_accumulation_steps
             index = self._step % self.args.steps_per_generation
             if index % accumulation == 0:
                 self.on_optimizer_step_start(self._buffered_inputs[index : index + accumulation])
+            self.on_training_micro_batch(inputs)
         return inputs
 
     def wrap_train_sampler(self, sampler):

@@ -1,12 +1,20 @@
 """A verl 0.9.1 actor mini-batch and model output built from padded ``[B, T]`` tensors, without a model, as verl's
-trainer and FSDP engine build them, so that verl's own ``ppo_loss`` can be called on known tensors.
+trainers and FSDP engine build them, so that verl's own ``ppo_loss`` can be called on known tensors.
 
-The trainer hands the actor a left/right-padded batch that ``left_right_2_no_padding`` turns into verl's no-padding
-layout; the engine adds ``dp_size``, ``batch_num_tokens`` and the trainer's ``global_batch_size``, splits it with
-``prepare_micro_batches`` and calls the loss on each micro-batch with a model output whose ``log_probs`` and
-``entropy`` are nested tensors over each whole sequence, shifted by one (the value at a position scores the next
-token). :func:`actor_micro_batches` reproduces those steps with verl's own functions; only the model is left out.
-The drift check and the tests use it.
+Two layouts reach the actor's loss, one per trainer:
+
+- ``"v0"`` (``trainer.use_v1=False``): the trainer hands over a left/right-padded batch, which
+  ``left_right_2_no_padding`` turns into verl's no-padding layout; ``prompts`` and ``responses`` stay padded.
+- ``"v1"`` (``trainer.use_v1=True``, verl's default): every sample is stored alone in TransferQueue (prompt,
+  response, masks, and the driver's ``old_log_probs`` and ``advantages`` through ``response_to_nested``), and a
+  worker's batch comes back with every per-sample field packed as a jagged nested tensor, ``prompts`` and
+  ``responses`` included, so ``ppo_loss`` takes the nested branch of ``no_padding_2_padding``.
+
+The engine adds ``dp_size``, ``batch_num_tokens`` (the ``loss_mask`` tokens, over all ranks) and the trainer's
+``global_batch_size``, splits the mini-batch with ``prepare_micro_batches`` and calls the loss on each micro-batch
+with a model output whose ``log_probs`` and ``entropy`` are nested tensors over each whole sequence, shifted by one
+(the value at a position scores the next token). :func:`actor_micro_batches` reproduces those steps with verl's own
+functions; only the model is left out. The drift check and the tests use it.
 """
 
 from __future__ import annotations
@@ -14,14 +22,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from transfer_queue.storage.managers.simple_storage_manager import AsyncSimpleStorageManager
 from verl.utils import tensordict_utils as tu
 from verl.workers.engine.utils import prepare_micro_batches
-from verl.workers.utils.padding import left_right_2_no_padding
+from verl.workers.utils.padding import left_right_2_no_padding, response_to_nested
 
 from ..token_rules import per_token_advantages
 
 PAD_TOKEN = 0
 PROMPT_LENGTH = 2
+LAYOUTS = ("v0", "v1")
 
 
 @dataclass
@@ -32,44 +42,91 @@ class ActorMicroBatch:
     """The rows of the padded inputs that it holds, in order."""
 
 
-def actor_mini_batch(
-    old_log_probs: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    *,
-    dp_size: int = 1,
-    global_batch_size: int | None = None,
-    batch_num_tokens: int | None = None,
-):
-    """One rank's mini-batch in verl's no-padding layout, with the engine's global batch information.
-
-    ``response_mask`` marks each response's tokens (right padding after them). ``advantages`` is ``[B]`` or
-    ``[B, T]``. ``batch_num_tokens`` defaults to this mini-batch's response tokens, as the engine's all-reduce gives
-    on one rank; pass the sum over ranks otherwise.
-    """
+def _padded_batch(advantages: torch.Tensor, response_mask: torch.Tensor) -> dict[str, torch.Tensor]:
     rows, width = response_mask.shape
     prompts = torch.arange(3, 3 + PROMPT_LENGTH).repeat(rows, 1)
     prompt_attention = torch.ones(rows, PROMPT_LENGTH, dtype=torch.long)
     response_mask = response_mask.to(torch.long)
     responses = torch.where(response_mask.bool(), torch.arange(10, 10 + width).expand(rows, width), PAD_TOKEN)
     attention_mask = torch.cat([prompt_attention, response_mask], dim=1)
-    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-    advantages = per_token_advantages(advantages, response_mask)
-    data = tu.get_tensordict(
-        {
-            "prompts": prompts,
-            "responses": responses,
-            "input_ids": torch.cat([prompts, responses], dim=1),
-            "attention_mask": attention_mask,
-            "position_ids": position_ids,
-            "response_mask": response_mask,
-            "old_log_probs": old_log_probs,
-            "advantages": advantages * response_mask,
-            "row": torch.arange(rows),
-        }
-    )
-    data = left_right_2_no_padding(data)
-    tokens = int(response_mask.sum()) if batch_num_tokens is None else batch_num_tokens
+    return {
+        "prompts": prompts,
+        "responses": responses,
+        "input_ids": torch.cat([prompts, responses], dim=1),
+        "attention_mask": attention_mask,
+        "position_ids": (attention_mask.cumsum(dim=1) - 1).clamp(min=0),
+        "response_mask": response_mask,
+        "advantages": per_token_advantages(advantages, response_mask) * response_mask,
+    }
+
+
+def response_lengths(response_mask: torch.Tensor) -> list[int]:
+    """Each row's response length in the v1 layout: up to its last loss token (a response holds at least one)."""
+    positions = torch.arange(1, response_mask.shape[1] + 1)
+    return (response_mask.bool() * positions).amax(dim=1).clamp(min=1).tolist()
+
+
+def _v1_batch(old_log_probs, advantages, response_mask, prompt_lengths, extra):
+    """Each sample's fields as verl's v1 agent loop stores them, then packed as TransferQueue's default storage packs
+    a batch it returns (``AsyncSimpleStorageManager._pack_field_values``: jagged nested tensors)."""
+    rows = response_mask.shape[0]
+    prompt_lengths = [PROMPT_LENGTH + row % 2 for row in range(rows)] if prompt_lengths is None else prompt_lengths
+    lengths = response_lengths(response_mask)
+    samples = []
+    for row, (prompt_length, length) in enumerate(zip(prompt_lengths, lengths, strict=True)):
+        prompts, responses = torch.arange(3, 3 + prompt_length), torch.arange(10, 10 + length)
+        mask = response_mask[row, :length].to(torch.long)
+        samples.append(
+            {
+                "prompts": prompts,
+                "responses": responses,
+                "response_mask": mask,
+                "loss_mask": mask,
+                "input_ids": torch.cat([prompts, responses]),
+                "position_ids": torch.arange(prompt_length + length),
+                "row": torch.tensor(row),
+            }
+        )
+    fields = {name: [sample[name] for sample in samples] for name in samples[0]}
+    nested_mask = torch.nested.as_nested_tensor(fields["response_mask"], layout=torch.jagged)
+    driver_fields = {"old_log_probs": old_log_probs, "advantages": per_token_advantages(advantages, response_mask)}
+    driver_fields.update(extra)
+    for name, padded in driver_fields.items():
+        fields[name] = list(response_to_nested(padded * response_mask.to(padded.dtype), nested_mask).unbind())
+    packed = {name: AsyncSimpleStorageManager._pack_field_values(values) for name, values in fields.items()}
+    return tu.get_tensordict(packed)
+
+
+def actor_mini_batch(
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    layout: str = "v0",
+    dp_size: int = 1,
+    global_batch_size: int | None = None,
+    batch_num_tokens: int | None = None,
+    prompt_lengths: list[int] | None = None,
+    extra: dict[str, torch.Tensor] | None = None,
+):
+    """One rank's mini-batch in verl's ``layout`` (``"v0"`` or ``"v1"``), with the engine's global batch information.
+
+    ``response_mask`` marks each response's loss tokens (right padding after them). ``advantages`` is ``[B]`` or
+    ``[B, T]``. ``batch_num_tokens`` defaults to this mini-batch's ``loss_mask`` tokens, as the engine's all-reduce
+    gives on one rank; pass the sum over ranks otherwise. In the v1 layout, ``prompt_lengths`` defaults to 2 and 3 on
+    alternate rows, and ``extra`` adds padded ``[B, T]`` fields that the driver writes per response (such as the old
+    policy's ``entropy``).
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}.")
+    rows = response_mask.shape[0]
+    if layout == "v0":
+        data = tu.get_tensordict({**_padded_batch(advantages, response_mask), "old_log_probs": old_log_probs})
+        data["row"] = torch.arange(rows)
+        data = left_right_2_no_padding(data)
+    else:
+        data = _v1_batch(old_log_probs, advantages, response_mask, prompt_lengths, extra or {})
+    tokens = int(data["loss_mask"].sum()) if batch_num_tokens is None else batch_num_tokens
     tu.assign_non_tensor(
         data,
         dp_size=dp_size,
@@ -87,27 +144,30 @@ def actor_micro_batches(data, micro_batch_size: int) -> list[ActorMicroBatch]:
     return [ActorMicroBatch(micro_batch, micro_batch["row"]) for micro_batch in micro_batches]
 
 
+def sequence_lengths(micro_batch) -> tuple[list[int], list[int]]:
+    """Each sequence's prompt and response lengths, read as ``no_padding_2_padding`` reads them in either layout."""
+    prompts, responses = micro_batch["prompts"], micro_batch["responses"]
+    if prompts.is_nested:
+        return prompts.offsets().diff().tolist(), responses.offsets().diff().tolist()
+    attention = micro_batch["attention_mask"]
+    prompt_width = prompts.shape[1]
+    return attention[:, :prompt_width].sum(dim=1).tolist(), attention[:, prompt_width:].sum(dim=1).tolist()
+
+
 def model_output(micro_batch, log_probs: torch.Tensor, entropy: torch.Tensor) -> dict[str, torch.Tensor]:
     """The engine's model output for ``micro_batch``: ``log_probs`` and ``entropy`` of its rows, given padded
     ``[B, T]`` over the response, laid out as nested tensors over each whole sequence, shifted by one.
 
     Positions outside the response hold 0; autograd flows from the nested values back to ``log_probs``.
     """
-    attention = micro_batch["attention_mask"]
-    prompt_width = micro_batch["prompts"].shape[1]
-    prompt_lengths = attention[:, :prompt_width].sum(dim=1).tolist()
-    response_lengths = attention[:, prompt_width:].sum(dim=1).tolist()
+    prompt_lengths, lengths = sequence_lengths(micro_batch)
 
     def nested(values: torch.Tensor) -> torch.Tensor:
         pieces = []
-        for row, (prompt_length, response_length) in enumerate(zip(prompt_lengths, response_lengths, strict=True)):
-            pieces += [
-                values.new_zeros(prompt_length - 1),
-                values[row, :response_length],
-                values.new_zeros(1),
-            ]
-        lengths = torch.tensor([p + r for p, r in zip(prompt_lengths, response_lengths, strict=True)])
-        offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+        for row, (prompt_length, response_length) in enumerate(zip(prompt_lengths, lengths, strict=True)):
+            pieces += [values.new_zeros(prompt_length - 1), values[row, :response_length], values.new_zeros(1)]
+        sequence = torch.tensor([p + r for p, r in zip(prompt_lengths, lengths, strict=True)])
+        offsets = torch.cat([torch.zeros(1, dtype=torch.long), sequence.cumsum(0)])
         return torch.nested.nested_tensor_from_jagged(torch.cat(pieces), offsets=offsets)
 
     return {"log_probs": nested(log_probs), "entropy": nested(entropy)}

@@ -1,8 +1,9 @@
-"""What the verl plugin relies on in verl 0.9.1, each checked against the installed verl by running it.
+"""What the verl plugin relies on in verl 0.9.1, each checked against the installed verl.
 
-The plugin patches nothing. It relies on four details of verl that are not a documented API; each check below runs
-verl's own code on a tiny batch and lists what no longer fits. ``python -m stapo_trl.verl.drift`` prints them, and
-``tests/verl_plugin/test_drift.py`` runs them: a verl upgrade that moves one fails there by name.
+The plugin patches nothing. It relies on details of verl that are not a documented API; each check below runs verl's
+own code on a tiny batch where it can, or reads verl's source where the detail is a call on a GPU path, and lists what
+no longer fits. ``python -m stapo_trl.verl.drift`` prints them, and ``tests/verl_plugin/test_drift.py`` runs them: a
+verl upgrade that moves one fails there by name.
 """
 
 from __future__ import annotations
@@ -13,13 +14,20 @@ from dataclasses import dataclass
 from importlib.metadata import version
 
 import torch
+from transfer_queue.metadata import BatchMeta
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, get_policy_loss_fn, register_policy_loss
+from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+from verl.utils import tensordict_utils as tu
+from verl.utils.config import validate_config
 from verl.workers.config.actor import ActorConfig, PolicyLossConfig
+from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
+from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 from verl.workers.utils.losses import ppo_loss
 
 from ..token_rules import per_token_advantages
-from .actor_batch import actor_micro_batches, actor_mini_batch, model_output
+from .actor_batch import LAYOUTS, actor_micro_batches, actor_mini_batch, model_output
 from .entropy import entropy_from_ppo_loss
+from .mini_batch_pool import optimizer_step_rows
 
 TESTED_VERL = "0.9.1"
 POLICY_LOSS_ARGUMENTS = (
@@ -53,14 +61,14 @@ def probe_tensors() -> dict[str, torch.Tensor]:
     }
 
 
-def _run_ppo_loss(loss_mode: str = PROBE_LOSS_MODE, probe=None):
-    """verl's ``ppo_loss`` on `probe_tensors` with the policy loss ``loss_mode``, or ``probe`` registered for the
-    call."""
+def _run_ppo_loss(loss_mode: str = PROBE_LOSS_MODE, probe=None, layout: str = "v0"):
+    """verl's ``ppo_loss`` on `probe_tensors` laid out as verl's ``layout`` trainer does, with the policy loss
+    ``loss_mode``, or ``probe`` registered for the call."""
     if probe is not None:
         register_policy_loss(PROBE_LOSS_MODE)(probe)
     try:
         tensors = probe_tensors()
-        data = actor_mini_batch(tensors["log_probs"], tensors["advantages"], tensors["mask"])
+        data = actor_mini_batch(tensors["log_probs"], tensors["advantages"], tensors["mask"], layout=layout)
         (micro_batch,) = actor_micro_batches(data, micro_batch_size=2)
         output = model_output(micro_batch.data, tensors["log_probs"], tensors["entropy"])
         policy_loss = PolicyLossConfig(loss_mode=loss_mode)
@@ -102,9 +110,7 @@ def check_policy_loss_call() -> list[str]:
     return []
 
 
-def check_entropy_local() -> list[str]:
-    """While the policy loss runs, ``ppo_loss`` holds the model output's entropy, padded to ``[B, T]`` like
-    ``log_prob``, in its local ``entropy``."""
+def _entropy_local_problems(layout: str) -> list[str]:
     read: dict[str, torch.Tensor] = {}
 
     def probe(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights):
@@ -113,15 +119,21 @@ def check_entropy_local() -> list[str]:
         return log_prob.sum() * 0, {}
 
     try:
-        tensors, _, _ = _run_ppo_loss(probe=probe)
+        tensors, _, _ = _run_ppo_loss(probe=probe, layout=layout)
     except Exception as error:  # noqa: BLE001
-        return [f"the entropy could not be read from ppo_loss: {error!r}"]
+        return [f"{layout} layout: the entropy could not be read from ppo_loss: {error!r}"]
     problems = []
     if not torch.equal(read["entropy"], tensors["entropy"] * tensors["mask"]):
-        problems.append("ppo_loss's local 'entropy' is not the padded per-token entropy of the model output")
+        problems.append(f"{layout} layout: ppo_loss's local 'entropy' is not the padded per-token entropy")
     if not torch.equal(read["log_prob"], tensors["log_probs"] * tensors["mask"]):
-        problems.append("ppo_loss no longer passes the padded per-token log_prob of the model output")
+        problems.append(f"{layout} layout: ppo_loss no longer passes the padded per-token log_prob")
     return problems
+
+
+def check_entropy_local() -> list[str]:
+    """While the policy loss runs, ``ppo_loss`` holds the model output's entropy, padded to ``[B, T]`` like
+    ``log_prob``, in its local ``entropy``: on the v0 trainer's padded batch and the v1 trainer's nested one."""
+    return [problem for layout in LAYOUTS for problem in _entropy_local_problems(layout)]
 
 
 def check_vanilla_reads_global_batch_info() -> list[str]:
@@ -136,6 +148,64 @@ def check_vanilla_reads_global_batch_info() -> list[str]:
     if not torch.isclose(loss.double(), expected, atol=1e-12):
         return [f"vanilla token-mean at ratio 1 gave {float(loss)}, expected {float(expected)}"]
     return []
+
+
+def _source_lacks(function, *calls: str) -> list[str]:
+    source = inspect.getsource(function)
+    return [f"{function.__qualname__} no longer contains {call}" for call in calls if call not in source]
+
+
+def verl_optimizer_step_rows(batch_size: int, dp_size: int, mini_batch_size: int) -> list[torch.Tensor]:
+    """Each optimizer step's rows, split by verl's own code: the dispatch's ``BatchMeta.chunk`` into one chunk per
+    data-parallel rank, then ``make_iterator`` per rank with the arguments of ``TrainingWorker.train_mini_batch``
+    (verl's default seed 42 plus the rank, ``actor.shuffle`` off)."""
+    chunks = BatchMeta(global_indexes=list(range(batch_size)), partition_ids=["train"] * batch_size).chunk(dp_size)
+    per_rank = []
+    for rank, chunk in enumerate(chunks):
+        rows = tu.get_tensordict({"row": torch.tensor(chunk.global_indexes)})
+        mini_batches = tu.make_iterator(
+            rows, mini_batch_size // dp_size, epochs=1, seed=42 + rank, dataloader_kwargs={"shuffle": False}
+        )
+        per_rank.append([mini_batch["row"] for mini_batch in mini_batches])
+    return [torch.cat(step) for step in zip(*per_rank, strict=True)]
+
+
+def check_pool_trainer_hooks() -> list[str]:
+    """The v1 driver computes the old log-probabilities with the entropy, then the advantages, then calls
+    ``_update_actor(batch, metrics)``, which hands the batch to the workers' ``update_actor`` (``stapo_sync``
+    overrides it); the engine counts ``batch_num_tokens`` from ``loss_mask``; the workers cut each rank's chunk into
+    mini-batches as :func:`~stapo_trl.verl.mini_batch_pool.optimizer_step_rows` assumes."""
+    problems = _source_lacks(
+        PPOTrainer._step_once, "self._compute_old_log_prob(", "self._compute_advantage(", "self._update_actor("
+    )
+    step = inspect.getsource(PPOTrainer._step_once)
+    if not problems and not (
+        step.index("self._compute_old_log_prob(")
+        < step.index("self._compute_advantage(")
+        < step.index("self._update_actor(")
+    ):
+        problems.append("PPOTrainer._step_once no longer computes old log-probs, then advantages, then updates")
+    if list(inspect.signature(PPOTrainer._update_actor).parameters) != ["self", "batch", "metrics"]:
+        problems.append(f"PPOTrainer._update_actor{inspect.signature(PPOTrainer._update_actor)} changed its arguments")
+    problems += _source_lacks(PPOTrainer._compute_old_log_prob, '"calculate_entropy": True', 'data["entropy"]')
+    problems += _source_lacks(PPOTrainer._update_actor, "self.actor_rollout_wg.update_actor(batch)")
+    problems += _source_lacks(FSDPEngine.forward_backward_batch, 'data["loss_mask"].sum()')
+    problems += _source_lacks(
+        TrainingWorker.train_mini_batch, "tu.make_iterator(", "seed + self.engine.get_data_parallel_rank()"
+    )
+    for dp_size, mini_batch_size in ((2, 4), (4, 8), (3, 6), (2, 24)):
+        ours = [rows.tolist() for rows in optimizer_step_rows(24, dp_size, mini_batch_size)]
+        if ours != [rows.tolist() for rows in verl_optimizer_step_rows(24, dp_size, mini_batch_size)]:
+            problems.append(f"verl splits 24 rows over {dp_size} ranks and steps of {mini_batch_size} otherwise")
+    return problems
+
+
+def check_actor_config_built_at_start_up() -> list[str]:
+    """The driver's ``validate_config`` and each actor worker's ``init_model`` build the actor config dataclass from
+    ``actor_rollout_ref.actor`` through its ``_target_``, where the recipe names stapo-trl's checked config."""
+    return _source_lacks(validate_config, "omega_conf_to_dataclass(config.actor_rollout_ref.actor)") + _source_lacks(
+        ActorRolloutRefWorker.init_model, "omega_conf_to_dataclass(self.config.actor)"
+    )
 
 
 DEPENDENCIES = (
@@ -155,6 +225,17 @@ DEPENDENCIES = (
         "global batch info",
         "vanilla aggregates with config.global_batch_info (batch_num_tokens, global_batch_size, dp_size)",
         check_vanilla_reads_global_batch_info,
+    ),
+    VerlDependency(
+        "pool trainer hooks",
+        "the v1 driver's old log-prob pass, then _update_actor(batch, metrics); batch_num_tokens from loss_mask; "
+        "contiguous mini-batches per rank",
+        check_pool_trainer_hooks,
+    ),
+    VerlDependency(
+        "actor config at start-up",
+        "validate_config and init_model build the actor config through actor_rollout_ref.actor._target_",
+        check_actor_config_built_at_start_up,
     ),
 )
 

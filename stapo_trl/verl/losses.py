@@ -33,6 +33,10 @@ BASE_LOSS_MODE = "vanilla"
 ACTOR_PREFIX = "actor/"
 SEQUENCE_MEAN_MODES = ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
+SILENCING_LOSS_MODES: set[str] = set()
+"""The ``loss_mode`` names registered by :func:`register_s2t_loss`: losses that silence tokens within each
+micro-batch, from the entropy verl computes in the actor update."""
+
 STARE_METRICS = (
     "num_selected_positive",
     "num_selected_negative",
@@ -171,10 +175,18 @@ def stare_policy_loss(
     return loss, {**metrics, **stare_metrics}
 
 
+def s2t_keep_rule(*, prob_threshold: float = 0.002, entropy_quantile: float = 0.8):
+    """The S2T rule with these thresholds, checked, as ``rule(log_probs, entropies, advantages, loss_mask)``: it
+    returns the token rule's result (``keep``, ``stats``). :mod:`.pool_trainer` takes its mask with it."""
+    check_s2t_thresholds(prob_threshold, entropy_quantile)
+    return functools.partial(get_token_rule("s2t"), prob_threshold=prob_threshold, entropy_quantile=entropy_quantile)
+
+
 def register_s2t_loss(name: str, *, prob_threshold: float = 0.002, entropy_quantile: float = 0.8):
     """Register :func:`s2t_policy_loss` with these thresholds as verl's ``loss_mode`` ``name``."""
     check_s2t_thresholds(prob_threshold, entropy_quantile)
     loss = functools.partial(s2t_policy_loss, prob_threshold=prob_threshold, entropy_quantile=entropy_quantile)
+    SILENCING_LOSS_MODES.add(name)
     return register_policy_loss(name)(loss)
 
 

@@ -20,6 +20,8 @@ from tiny import save_tiny_chat_model
 
 REPO = Path(__file__).resolve().parents[2]
 
+# Each test trains in two or three processes of its own (20 to 40 s of CPU time): the slow tier.
+pytestmark = pytest.mark.slow
 
 ENVIRONMENT = {**os.environ, "OMP_NUM_THREADS": "1"}
 

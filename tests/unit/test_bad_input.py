@@ -33,6 +33,7 @@ from stapo_trl.rewards import get_reward_func
 
 CATEGORIES = (
     "recipe YAML",
+    "eval config",
     "config values",
     "dataset schema",
     "reward inputs",
@@ -304,6 +305,9 @@ def jsonl(*rows: str) -> str:
     return "".join(row + "\n" for row in rows)
 
 
+EVAL_YAML = "model: my-org/my-model\nbenchmark_source: sample\n"
+"""The start of a valid `stapo-trl eval --config` file (the model is never loaded: each case stops while the file is
+read); each eval config case adds its mistake after it."""
 VERL_ROW_WITHOUT_ANSWER = '{"prompt": [{"role": "user", "content": "1+1?"}], "reward_model": {"style": "rule"}}'
 
 CASES = [
@@ -384,6 +388,51 @@ CASES = [
         "recipe YAML",
         Recipe({"per_device_train_batch_size": 6, "num_generations": 4}),
         Exits(2, r"generation_batch_size \(6\) must be divisible by num_generations \(4\)"),
+    ),
+    Case(
+        "eval: a key given twice",
+        "eval config",
+        Command(
+            ("eval", "--config", "{tmp}/eval.yaml"),
+            files={"eval.yaml": EVAL_YAML + "max_problems: 2\nmax_problems: 3\n"},
+        ),
+        Exits(2, r"eval\.yaml: the key 'max_problems' appears twice \(lines 3 and 4\).*Keep one"),
+    ),
+    Case(
+        "eval: misspelt key",
+        "eval config",
+        Command(("eval", "--config", "{tmp}/eval.yaml"), files={"eval.yaml": EVAL_YAML + "max_problem: 2\n"}),
+        Exits(2, r"max_problem: not a known key\. Did you mean 'max_problems'\?"),
+    ),
+    Case(
+        "eval: YAML's no where a number goes",
+        "eval config",
+        Command(("eval", "--config", "{tmp}/eval.yaml"), files={"eval.yaml": EVAL_YAML + "temperature: no\n"}),
+        Exits(2, r"temperature: a boolean where a number is needed; YAML reads an unquoted yes, no, .* \(got False"),
+    ),
+    Case(
+        "eval: text where a number goes",
+        "eval config",
+        Command(("eval", "--config", "{tmp}/eval.yaml"), files={"eval.yaml": EVAL_YAML + "max_new_tokens: many\n"}),
+        Exits(2, r"eval\.yaml: max_new_tokens: wrong type \(got 'many'; expected int\)"),
+    ),
+    Case(
+        "eval: a list where one value goes",
+        "eval config",
+        Command(("eval", "--config", "{tmp}/eval.yaml"), files={"eval.yaml": EVAL_YAML + "seed: [1, 2]\n"}),
+        Exits(2, r"eval\.yaml: seed must be a single value \(int\), not a list"),
+    ),
+    Case(
+        "eval: config file missing",
+        "eval config",
+        Command(("eval", "--config", "{tmp}/missing.yaml")),
+        Exits(2, r"Config file not found: .*missing\.yaml\. Pass the path of a YAML file"),
+    ),
+    Case(
+        "eval: env that is not a mapping",
+        "eval config",
+        Command(("eval", "--config", "{tmp}/eval.yaml"), files={"eval.yaml": EVAL_YAML + "env: HF_HOME=/tmp\n"}),
+        Exits(2, r"eval\.yaml: env must be a mapping of environment variables to values"),
     ),
     Case(
         "prob_threshold 0",
@@ -612,7 +661,7 @@ CASES = [
         "eval: --config file holds a list",
         "CLI arguments",
         Command(("eval", "--config", "{list_yaml}")),
-        Exits(2, r"eval: error: Config file .*list\.yaml must contain a YAML mapping"),
+        Exits(2, r"eval: error: .*list\.yaml must hold a YAML mapping of keys to values, not a list"),
     ),
     Case(
         "eval: unknown benchmark",
@@ -881,7 +930,43 @@ def test_at_least_45_cases_go_through_the_command_line():
     assert len(COMMAND_LINE_CASES) >= 45
 
 
-@pytest.mark.parametrize("case", COMMAND_LINE_CASES, ids=lambda case: f"{case.category}: {case.id}")
+def subcommand(case: Case) -> str:
+    if not isinstance(case.given, Command):
+        return "train"
+    return case.given.argv[0] if case.given.argv[0] in ("train", "eval", "report") else "not a subcommand"
+
+
+def in_own_process_by_default(cases: list[Case]) -> list[Case]:
+    """The first case of each subcommand: these run in their own process in the default tier, the others in the slow
+    tier. Each such process imports torch and TRL (5 to 12 s of CPU time), while the default tier already runs every
+    case through `main()` (the test above)."""
+    first: dict[str, Case] = {}
+    for case in cases:
+        first.setdefault(subcommand(case), case)
+    return list(first.values())
+
+
+OWN_PROCESS_BY_DEFAULT = in_own_process_by_default(COMMAND_LINE_CASES)
+
+
+def test_the_default_tier_runs_a_case_of_each_subcommand_in_its_own_process():
+    assert sorted(subcommand(case) for case in OWN_PROCESS_BY_DEFAULT) == [
+        "eval",
+        "not a subcommand",
+        "report",
+        "train",
+    ]
+    assert all(isinstance(case.expect, Exits) for case in OWN_PROCESS_BY_DEFAULT)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(case, marks=() if case in OWN_PROCESS_BY_DEFAULT else pytest.mark.slow)
+        for case in COMMAND_LINE_CASES
+    ],
+    ids=lambda case: f"{case.category}: {case.id}",
+)
 def test_each_command_line_case_in_its_own_process(case, tmp_path, tiny_model_dir):
     """The same outcome from `python -m stapo_trl ...` as a process: its real exit code and its real stderr, with the
     logging, warnings and exception hooks a user's shell sees."""

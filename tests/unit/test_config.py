@@ -58,6 +58,7 @@ def test_every_stapo_field_has_help():
         "dump_tokens_per_step",
         "dump_max_tokens",
         "dump_context_tokens",
+        "generation_states_every",
     }
     for field in dataclasses.fields(STAPOConfig):
         if field.name in own_fields | {"epsilon_high", "beta", "loss_type"}:

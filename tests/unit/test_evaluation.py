@@ -29,6 +29,7 @@ from stapo_trl.evaluation import (
     resolve_model,
     score_benchmark,
 )
+from stapo_trl.evaluation.backends import BackendUnavailableError, vllm_max_lora_rank
 from stapo_trl.evaluation.models import parameter_size
 from stapo_trl.paper import paper_row
 from stapo_trl.results_table import markdown_table, summary_rows
@@ -575,6 +576,8 @@ def test_eval_runs_end_to_end_with_the_transformers_backend_on_a_tiny_model(tiny
     out = capsys.readouterr().out
     summary = json.loads((output_dir / "summary.json").read_text())
     assert [s["name"] for s in summary["settings"]] == ["training-aligned", "justrl"]
+    # Where each benchmark's problems came from: the model card's model-index names only whole Hub benchmarks.
+    assert summary["datasets"]["aime24"] == {"source": "sample", "split": "train", "hub": False}
     for setting in summary["settings"]:
         assert set(setting["benchmarks"]) == set(SAMPLE_SIZES)
         records = [json.loads(line) for line in Path(setting["samples_file"]).read_text().splitlines()]
@@ -586,6 +589,7 @@ def test_eval_runs_end_to_end_with_the_transformers_backend_on_a_tiny_model(tiny
     assert (output_dir / "results.md").read_text() in out
 
 
+@pytest.mark.slow  # two evaluation processes, each importing torch and transformers
 def test_data_parallel_copies_split_the_problems_between_processes(tiny_model_dir, tmp_path):
     config = EvalConfig(
         model=str(tiny_model_dir), benchmark_source="sample", benchmarks=["aime24", "amc23"], samples_per_problem=2,
@@ -643,6 +647,91 @@ def test_the_vllm_backend_generates_and_grades(tmp_path):
     assert {r["backend"] for r in records} == {"vllm"} and all(0 < r["num_tokens"] <= 8 for r in records)
 
 
+def save_random_lora(model_dir: Path, adapter_dir: Path, rank: int) -> Path:
+    """A LoRA adapter of rank ``rank`` on the attention and MLP projections of the model in ``model_dir``, with its B
+    matrices drawn at random (PEFT starts them at zero, which would leave the model unchanged)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(model_dir),
+        LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets),
+    )
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(std=0.5)
+    model.save_pretrained(adapter_dir)
+    return adapter_dir
+
+
+def test_the_lora_rank_given_to_vllm_is_the_next_rank_it_accepts():
+    accepted = (1, 8, 16, 32, 64)  # a stand-in for the ranks vLLM declares; the backend reads them from vLLM
+    assert [vllm_max_lora_rank(rank, accepted) for rank in (1, 2, 8, 12, 16, 17, 64)] == [1, 8, 8, 16, 16, 32, 64]
+    with pytest.raises(BackendUnavailableError, match=r"rank is 65, and vLLM serves LoRA adapters up to rank 64"):
+        vllm_max_lora_rank(65, accepted)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None,
+    reason="vLLM is not installed; this test runs in the vLLM environment of .ci/run (see the README)",
+)
+def test_a_rank_12_adapter_is_evaluated_through_vllm_as_transformers_evaluates_it(tmp_path):
+    """vLLM starts its engine only with a ``max_lora_rank`` from its own list, which has no 12: the engine gets the
+    next rank up, serves the rank-12 adapter, and its greedy completions are the transformers backend's (which merges
+    the adapter into the base weights), and not the base model's."""
+    import os
+    import subprocess
+    import sys
+
+    # vLLM's CPU attention kernels need a head size of 32 or more; the other tests' tiny model has 8.
+    model_dir = save_tiny_chat_model(tmp_path / "model", hidden_size=256)
+    adapter_dir = save_random_lora(model_dir, tmp_path / "adapter-r12", rank=12)
+    common = {
+        "benchmark_source": "sample",
+        "benchmarks": ["aime24", "math500"],
+        "samples_per_problem": 1,
+        "max_new_tokens": 8,
+        "presets": ["justrl"],
+        "temperature": 0.0,
+        "dtype": "float32",
+        "show_progress": False,
+    }
+    script = tmp_path / "run_vllm.py"
+    script.write_text(
+        "from stapo_trl.evaluation import EvalConfig, evaluate\n"
+        "from stapo_trl.evaluation.backends import vllm_lora_ranks, vllm_max_lora_rank\n"
+        "if __name__ == '__main__':\n"
+        "    print('RANKS', list(vllm_lora_ranks()), 'FOR 12:', vllm_max_lora_rank(12, vllm_lora_ranks()))\n"
+        f"    evaluate(EvalConfig(model={str(adapter_dir)!r}, backend='vllm', output_dir={str(tmp_path / 'vllm')!r}, "
+        f"**{common!r}))\n"
+    )
+    environment = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=environment, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks_line = next(line for line in done.stdout.splitlines() if line.startswith("RANKS"))
+    ranks = json.loads(ranks_line.split(" ", 1)[1].split(" FOR")[0])
+    assert 12 not in ranks and ranks_line.endswith(f"FOR 12: {min(rank for rank in ranks if rank > 12)}")
+
+    def completions(output_dir: Path) -> dict[tuple[str, str], str]:
+        lines = (output_dir / "samples.custom.jsonl").read_text().splitlines()
+        return {(r["benchmark"], r["problem_id"]): r["completion"] for r in map(json.loads, lines)}
+
+    through_vllm = completions(tmp_path / "vllm")
+    records = [json.loads(line) for line in (tmp_path / "vllm" / "samples.custom.jsonl").read_text().splitlines()]
+    assert {r["backend"] for r in records} == {"vllm"} and len(records) == 3 + 4
+    evaluate(EvalConfig(model=str(adapter_dir), backend="transformers", output_dir=str(tmp_path / "hf"), **common))
+    evaluate(EvalConfig(model=str(model_dir), backend="transformers", output_dir=str(tmp_path / "base"), **common))
+    assert through_vllm == completions(tmp_path / "hf")
+    assert through_vllm != completions(tmp_path / "base")
+
+
+@pytest.mark.slow  # SmolLM2-135M generating 12 completions of up to 48 tokens
 def test_smollm2_generations_are_graded_for_real(tmp_path, capsys):
     """SmolLM2-135M-Instruct (offline GGUF) answers three easy problems and three AIME samples; every stored grade
     is what the reward functions give the stored completion."""

@@ -14,7 +14,15 @@ import pytest
 import yaml
 from tiny import save_tiny_chat_model
 
-from stapo_trl.storage import DamagedFileError, naming, read_json_file, storage_problem, write_text_atomically
+from stapo_trl.storage import (
+    DamagedFileError,
+    append_text,
+    naming,
+    read_json_file,
+    storage_problem,
+    sync_directory,
+    write_text_atomically,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,6 +46,67 @@ def test_a_whole_file_is_replaced_atomically_and_no_partial_file_is_left(tmp_pat
     write_text_atomically(path, '{"a": 2}\n')
     assert json.loads(path.read_text()) == {"a": 2}
     assert sorted(child.name for child in tmp_path.iterdir()) == ["summary.json"]
+
+
+def record_syncs_and_renames(monkeypatch) -> list[tuple]:
+    """``os.fsync`` and ``os.replace`` still run, and each call is recorded: ``("fsync", inode)`` of the file or
+    directory flushed, ``("replace", inode of the file moved, destination)``."""
+    events: list[tuple] = []
+    fsync, replace = os.fsync, os.replace
+
+    def recorded_fsync(descriptor):
+        events.append(("fsync", os.fstat(descriptor).st_ino))
+        fsync(descriptor)
+
+    def recorded_replace(source, destination):
+        events.append(("replace", os.stat(source).st_ino, str(destination)))
+        replace(source, destination)
+
+    monkeypatch.setattr(os, "fsync", recorded_fsync)
+    monkeypatch.setattr(os, "replace", recorded_replace)
+    return events
+
+
+@pytest.mark.skipif(os.name == "nt", reason="Windows cannot open a directory to flush it")
+def test_an_atomic_write_flushes_the_file_before_the_rename_and_its_directory_after(tmp_path, monkeypatch):
+    events = record_syncs_and_renames(monkeypatch)
+    path = write_text_atomically(tmp_path / "run_summary.json", '{"steps": 3}\n')
+    written, directory = path.stat().st_ino, tmp_path.stat().st_ino
+    assert events == [("fsync", written), ("replace", written, str(path)), ("fsync", directory)]
+    assert path.read_text() == '{"steps": 3}\n'
+
+
+def test_an_append_is_flushed_to_the_storage(tmp_path, monkeypatch):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n')
+    events = record_syncs_and_renames(monkeypatch)
+    append_text(path, '{"step": 2}\n')
+    assert events == [("fsync", path.stat().st_ino)]
+
+
+def test_a_directory_that_cannot_be_flushed_is_passed_over_but_a_failing_disk_is_not(tmp_path, monkeypatch):
+    def refuse(error_number):
+        def fsync(descriptor):
+            raise OSError(error_number, os.strerror(error_number))
+
+        return fsync
+
+    monkeypatch.setattr(os, "fsync", refuse(errno.EINVAL))  # a file system that does not sync directories
+    sync_directory(tmp_path)
+    monkeypatch.setattr(os, "fsync", refuse(errno.EIO))
+    with pytest.raises(OSError) as raised:
+        sync_directory(tmp_path)
+    assert raised.value.errno == errno.EIO and raised.value.filename == str(tmp_path)
+
+
+def test_the_stare_state_a_resume_reads_is_written_durably(tmp_path, monkeypatch):
+    """The STARE controller's checkpoint state, which a resume reads, goes through `write_text_atomically`."""
+    from stapo_trl.token_rules.stare_controller import STARE_STATE_FILE, STAREController
+
+    events = record_syncs_and_renames(monkeypatch)
+    STAREController(gate_mode="on").save_to(tmp_path)
+    state = tmp_path / STARE_STATE_FILE
+    assert ("replace", state.stat().st_ino, str(state)) in events and events[0] == ("fsync", state.stat().st_ino)
 
 
 def test_a_damaged_file_is_named_with_the_remedy(tmp_path):

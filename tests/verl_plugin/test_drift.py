@@ -5,6 +5,8 @@ import pytest
 
 pytest.importorskip("verl", reason="needs verl 0.9.1: run in the verl environment of docs/verl.md")
 
+import torch  # noqa: E402
+
 from stapo_trl.verl import drift  # noqa: E402
 
 
@@ -20,8 +22,9 @@ def test_a_ppo_loss_that_computes_no_entropy_is_reported(monkeypatch):
         return original(config, {"log_probs": model_output["log_probs"]}, data, dp_group)
 
     monkeypatch.setattr(drift, "ppo_loss", without_entropy)
-    (problem,) = drift.check_entropy_local()
-    assert "calculate_entropy=True" in problem
+    problems = drift.check_entropy_local()
+    assert [problem.split(":")[0] for problem in problems] == ["v0 layout", "v1 layout"]
+    assert all("calculate_entropy=True" in problem for problem in problems)
 
 
 def test_a_policy_loss_called_with_other_arguments_is_reported(monkeypatch):
@@ -42,3 +45,26 @@ def test_the_command_prints_every_check(capsys):
     assert [line.split(":")[0] for line in printed.splitlines() if not line.startswith(" ")] == [
         f"ok   {dependency.name}" for dependency in drift.DEPENDENCIES
     ]
+
+
+def test_a_driver_that_calls_the_update_otherwise_is_reported(monkeypatch):
+    class MovedUpdate(drift.PPOTrainer):
+        def _update_actor(self, batch, metrics, epoch):
+            return batch
+
+    monkeypatch.setattr(drift, "PPOTrainer", MovedUpdate)
+    problems = drift.check_pool_trainer_hooks()
+    assert "PPOTrainer._update_actor(self, batch, metrics, epoch) changed its arguments" in problems[0]
+    assert "no longer contains self.actor_rollout_wg.update_actor(batch)" in problems[1]
+
+
+def test_another_split_into_mini_batches_is_reported(monkeypatch):
+    monkeypatch.setattr(drift, "optimizer_step_rows", lambda rows, dp, mini: list(torch.arange(rows).split(mini)))
+    problems = drift.check_pool_trainer_hooks()
+    assert problems and all("splits 24 rows" in problem for problem in problems)
+
+
+def test_an_actor_config_built_elsewhere_is_reported(monkeypatch):
+    monkeypatch.setattr(drift, "validate_config", lambda config, use_reference_policy, use_critic: None)
+    (problem,) = drift.check_actor_config_built_at_start_up()
+    assert "no longer contains omega_conf_to_dataclass(config.actor_rollout_ref.actor)" in problem

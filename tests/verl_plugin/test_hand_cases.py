@@ -3,7 +3,8 @@
 silenced whole, negative advantages only, and padding.
 
 The mask is read off verl's path as the tokens whose loss gradient is exactly 0 (every loss token here has a
-non-zero advantage, so only a silenced token has none).
+non-zero advantage, so only a silenced token has none). Each case runs on the v0 trainer's padded batch and on the v1
+trainer's nested one.
 """
 
 import math
@@ -16,6 +17,7 @@ import torch  # noqa: E402
 from verl_loss_calls import metric, verl_loss  # noqa: E402
 
 from stapo_trl import spurious_token_mask  # noqa: E402
+from stapo_trl.verl.actor_batch import LAYOUTS  # noqa: E402
 
 LOW, HIGH = math.log(0.001), math.log(0.5)
 
@@ -57,15 +59,18 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("name", sorted(CASES))
 @pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-mean"])
-def test_hand_case_through_verl(name, loss_agg_mode):
+def test_hand_case_through_verl(name, loss_agg_mode, layout):
     (log_probs, entropies, advantages, response_mask), expected, tau_h = CASES[name]
     expected = torch.tensor(expected, dtype=torch.bool)
     pure, stats = spurious_token_mask(log_probs, entropies, torch.tensor(advantages), response_mask)
     assert torch.equal(pure, expected)
 
-    (loss,), gradient, (metrics,) = verl_loss(log_probs, entropies, advantages, response_mask, "stapo", loss_agg_mode)
+    (loss,), gradient, (metrics,) = verl_loss(
+        log_probs, entropies, advantages, response_mask, "stapo", loss_agg_mode, layout=layout
+    )
     through_verl = (gradient == 0) & response_mask.bool()
     assert torch.equal(through_verl, expected)
     assert metric(metrics, "actor/s2t/num_silenced") == int(expected.sum())
@@ -77,9 +82,12 @@ def test_hand_case_through_verl(name, loss_agg_mode):
     assert torch.isfinite(loss)
 
 
-def test_a_response_silenced_whole_still_counts_among_the_sequences():
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_response_silenced_whole_still_counts_among_the_sequences(layout):
     """Under seq-mean-token-mean, as under TRL's grpo loss, the silenced response contributes 0 and still counts:
     the loss is (0 + mean(-A over row 1's three tokens)) / 2 at ratio 1."""
     (log_probs, entropies, advantages, response_mask), _, _ = CASES["a response silenced whole"]
-    (loss,), _, _ = verl_loss(log_probs, entropies, advantages, response_mask, "stapo", "seq-mean-token-mean")
+    (loss,), _, _ = verl_loss(
+        log_probs, entropies, advantages, response_mask, "stapo", "seq-mean-token-mean", layout=layout
+    )
     assert loss.item() == pytest.approx((0.0 - 2.0) / 2, abs=1e-6)

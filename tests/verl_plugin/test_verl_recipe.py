@@ -1,5 +1,10 @@
 """The verl recipe runs the paper's setup of the TRL recipe beside it: the same batch arithmetic, lengths, optimizer,
-clip range, sampling and S2T thresholds; and verl's own config (Hydra, then its dataclasses) accepts every key."""
+clip range, sampling and S2T thresholds; and verl's own config (Hydra, then its dataclasses) accepts every key.
+
+Both of verl's trainers are composed and pass the check verl's ``main`` runs before Ray starts (``validate_config``):
+the v1 trainer (``trainer.use_v1=True``, verl's default, which the recipe states), whose modules import here because
+the ``verl`` extra installs verl's ``verl-core`` extra (TransferQueue), and the v0 trainer. So is the recipe with the
+paper's pool (trainer mode ``stapo_sync``)."""
 
 import re
 import shlex
@@ -13,9 +18,12 @@ import verl  # noqa: E402
 import yaml  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 from verl.trainer.ppo.core_algos import get_policy_loss_fn  # noqa: E402
-from verl.utils.config import omega_conf_to_dataclass  # noqa: E402
+from verl.trainer.ppo.utils import need_critic, need_reference_policy  # noqa: E402
+from verl.utils.config import omega_conf_to_dataclass, validate_config  # noqa: E402
 
+from stapo_trl.verl.actor_config import CheckedFSDPActorConfig  # noqa: E402
 from stapo_trl.verl.losses import s2t_policy_loss  # noqa: E402
+from stapo_trl.verl.pool_trainer import S2TPoolTrainer, check_pool_settings  # noqa: E402
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "dapo_math_17k" / "qwen3-1.7b-base"
 VERL_RECIPE = RECIPES / "verl-stapo.sh"
@@ -29,11 +37,31 @@ def verl_overrides() -> list[str]:
     return [argument.replace("$DATA", "/data/dapo-math-17k.parquet") for argument in arguments]
 
 
-@pytest.fixture(scope="module")
-def verl_config():
+POOL_ARGUMENTS = [
+    "trainer.v1.trainer_mode=stapo_sync",
+    "actor_rollout_ref.actor.policy_loss.loss_mode=vanilla",
+    "actor_rollout_ref.actor.calculate_entropy=False",
+]
+"""The arguments that the recipe's header gives for the paper's pool."""
+
+
+def recipe_config(*extra_arguments: str):
+    """verl's config composed with the recipe's arguments and then ``extra_arguments``, as ``main_ppo`` composes its
+    command line (a later value of a key wins)."""
     config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
     with initialize_config_dir(config_dir=config_dir, version_base=None):
-        return compose(config_name="ppo_trainer", overrides=verl_overrides())
+        return compose(config_name="ppo_trainer", overrides=verl_overrides() + list(extra_arguments))
+
+
+def passes_verl_s_start_up_check(config) -> bool:
+    """verl's ``main`` validates the config (actor config dataclass included) before it starts Ray."""
+    validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    return True
+
+
+@pytest.fixture(scope="module")
+def verl_config():
+    return recipe_config()
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +72,42 @@ def trl():
 def test_verl_accepts_every_key(verl_config):
     actor = omega_conf_to_dataclass(verl_config.actor_rollout_ref.actor)
     actor.validate(n_gpus=verl_config.trainer.n_gpus_per_node, train_batch_size=verl_config.data.train_batch_size)
+    assert type(actor) is CheckedFSDPActorConfig
     assert actor.policy_loss.loss_mode == "stapo"
     assert actor.calculate_entropy and actor.entropy_coeff == 0 and not actor.use_kl_loss
+    assert actor.engine.entropy_checkpointing, "the engine reads entropy_checkpointing from fsdp_config"
+    assert verl_config.trainer.use_v1 is True
+
+
+def test_the_v1_trainer_that_the_recipe_runs_imports_and_composes(verl_config):
+    import transfer_queue  # noqa: F401
+    from verl.trainer.main_ppo import TaskRunnerV1  # noqa: F401
+    from verl.trainer.ppo.v1 import AgentLoopManagerTQ, PPOTrainerSync, get_trainer_cls
+
+    assert passes_verl_s_start_up_check(verl_config)
+    assert get_trainer_cls(verl_config.trainer.v1.trainer_mode) is PPOTrainerSync
+    assert AgentLoopManagerTQ.__module__ == "verl.trainer.ppo.v1.agent_loop_tq"
+
+
+def test_the_recipe_also_composes_for_the_v0_trainer():
+    from verl.trainer.main_ppo_v0 import TaskRunner  # noqa: F401
+
+    config = recipe_config("trainer.use_v1=False")
+    assert config.trainer.use_v1 is False
+    assert passes_verl_s_start_up_check(config)
+
+
+def test_the_recipe_with_the_paper_s_pool_composes_and_picks_the_pool_trainer():
+    from verl.trainer.ppo.v1 import get_trainer_cls
+
+    config = recipe_config(*POOL_ARGUMENTS)
+    assert passes_verl_s_start_up_check(config)
+    check_pool_settings(config)
+    assert get_trainer_cls(config.trainer.v1.trainer_mode) is S2TPoolTrainer
+    actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
+    assert (actor.policy_loss.loss_mode, actor.calculate_entropy) == ("vanilla", False)
+    assert actor.ppo_mini_batch_size * config.actor_rollout_ref.rollout.n == 512
+    assert "trainer.v1.trainer_mode=stapo_sync" in VERL_RECIPE.read_text()
 
 
 def test_the_batch_arithmetic_is_the_trl_recipe_s(verl_config, trl):

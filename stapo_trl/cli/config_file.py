@@ -1,0 +1,235 @@
+"""The YAML config file of a command (`stapo-trl train`'s recipe, `stapo-trl eval`'s settings), read and checked
+before anything is loaded, the same way for every command: a key given twice, a key the command does not know, a value
+of the wrong type or an ``env`` that is not a mapping is refused in a message that names the file, the key and what to
+write instead. Each command says how it names its file and which error it raises (`ConfigFileKind`)."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import UsageError
+
+ENV_KEY = "env"
+"""The key under which a config file sets environment variables, as in TRL's `TrlParser`."""
+
+
+@dataclass(frozen=True)
+class ConfigFileKind:
+    """How one command names its config file in messages, and the error it raises for a bad one."""
+
+    command: str
+    """The command, as a user types it: ``stapo-trl train``."""
+    noun: str
+    """What the file is called: ``recipe``, ``config file``."""
+    example: str
+    """Where to find or how to write one, for the message about a missing file."""
+    error: type[UsageError]
+
+
+class _DuplicateKey(Exception):
+    """A mapping repeats a key (raised by the loader, turned into the command's error by `read_config_file`)."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that repeats a key (PyYAML keeps the last value without a word)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise _DuplicateKey(
+                    f"the key {key!r} appears twice (lines {seen[key]} and {key_node.start_mark.line + 1}); YAML would "
+                    "silently keep the second. Keep one."
+                )
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_config_file(path: str | os.PathLike, kind: ConfigFileKind) -> dict[str, Any]:
+    """The mapping in the YAML file ``path`` (``{}`` for an empty file); a directory, a missing file, YAML that does not
+    parse, a repeated key or a document that is not a mapping raises ``kind.error``."""
+    path = Path(path)
+    if path.is_dir():
+        found = sorted(str(child) for child in path.glob("*.yaml"))
+        raise kind.error(
+            f"{path} is a directory; --config takes one YAML {kind.noun}"
+            + (f", for example {found[0]}." if found else ".")
+        )
+    if not path.is_file():
+        raise kind.error(
+            f"{kind.noun[0].upper()}{kind.noun[1:]} not found: {path}. Pass the path of a YAML file, {kind.example}."
+        )
+    try:
+        config = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.YAMLError as error:
+        raise kind.error(f"{path} is not valid YAML: {error}") from None
+    except _DuplicateKey as error:
+        raise kind.error(f"{path}: {error}") from None
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        raise kind.error(f"{path} must hold a YAML mapping of keys to values, not a {type(config).__name__}.")
+    return config
+
+
+def apply_environment(config: Mapping[str, Any], where: str, kind: ConfigFileKind) -> None:
+    """Set the environment variables of the file's ``env`` mapping in this process."""
+    env = config.get(ENV_KEY) or {}
+    if not isinstance(env, dict):
+        raise kind.error(f"{where}: env must be a mapping of environment variables to values.")
+    for name, value in env.items():
+        os.environ[str(name)] = str(value)
+
+
+def split_flags(argv: list[str], names) -> tuple[dict[str, str | None], list[str]]:
+    """The last value of each of the flags ``names`` in ``argv`` (``--name value`` or ``--name=value``; None for a
+    flag that ends ``argv``), and the other tokens."""
+    values, rest, tokens = {}, [], iter(argv)
+    for token in tokens:
+        name, has_value, value = token.partition("=")
+        if name in names:
+            values[name] = value if has_value else next(tokens, None)
+        else:
+            rest.append(token)
+    return values, rest
+
+
+def config_path(argv: list[str], kind: ConfigFileKind) -> tuple[Path | None, list[str]]:
+    """The path given as ``--config`` (None without one) and the rest of ``argv``."""
+    flags, rest = split_flags(argv, ("--config",))
+    if "--config" not in flags:
+        return None, rest
+    if flags["--config"] is None:
+        raise kind.error(f"--config needs the path of a YAML {kind.noun}.")
+    return Path(flags["--config"]), rest
+
+
+def suggest(name: str, candidates: Iterable[str]) -> str:
+    """`` Did you mean 'x'?`` for the closest of ``candidates``, or nothing."""
+    matches = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return f" Did you mean {matches[0]!r}?" if matches else ""
+
+
+def parser_actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """Each destination of ``parser`` and the action of its ``--name`` option: for a boolean field that defaults to
+    true, `HfArgumentParser` adds a ``--no_name`` action with the same destination, which takes no value."""
+    actions: dict[str, argparse.Action] = {}
+    for action in parser._actions:
+        if action.dest != "help":
+            actions.setdefault(action.dest, action)
+    return actions
+
+
+def refuse_unknown_keys(
+    config: Mapping[str, Any],
+    known: Iterable[str],
+    where: str,
+    kind: ConfigFileKind,
+    *,
+    reasons: Mapping[str, str] | None = None,
+    candidates: Iterable[str] = (),
+) -> None:
+    """Raise ``kind.error`` listing every key of ``config`` not in ``known``, each with its reason (``reasons``: a key
+    the command refuses or that was renamed, and what to use instead) or the closest of ``candidates``."""
+    known, reasons, candidates = set(known), reasons or {}, list(candidates)
+    unknown = [key for key in config if key not in known]
+    if not unknown:
+        return
+    lines = []
+    for key in unknown:
+        reason = reasons.get(key)
+        lines.append(f"  {key}: " + (reason + "." if reason else "not a known key." + suggest(str(key), candidates)))
+    raise kind.error(f"{where} has keys that {kind.command} does not know:\n" + "\n".join(lines))
+
+
+def field_annotation(dataclass_types, name: str) -> str:
+    """The annotation of the field ``name`` of the first of ``dataclass_types`` that has one, as text."""
+    for dataclass_type in dataclass_types:
+        for item in fields(dataclass_type):
+            if item.name == name:
+                return item.type.__name__ if isinstance(item.type, type) else str(item.type)
+    return ""
+
+
+def checked_values(
+    config: Mapping[str, Any],
+    actions: Mapping[str, argparse.Action],
+    dataclass_types,
+    where: str,
+    kind: ConfigFileKind,
+) -> dict[str, Any]:
+    """The keys of ``config`` that name an argument of the parser (``actions``), each value converted to what the
+    parser expects for it (`checked_value`); other keys are left out."""
+    return {
+        key: checked_value(key, value, actions[key], field_annotation(dataclass_types, key), where, kind)
+        for key, value in config.items()
+        if key in actions
+    }
+
+
+def checked_value(key: str, value: Any, action: argparse.Action, annotation: str, where: str, kind: ConfigFileKind):
+    """``value`` converted to what the parser expects for ``key``, or ``kind.error`` naming the key and its type."""
+    type_function = action.type
+    type_name = getattr(type_function, "__name__", "")
+    if value is None:
+        if "None" in annotation or action.default is None:
+            return None
+        raise kind.error(f"{where}: {key} has no value; it needs a {annotation or type_name}.")
+    if action.nargs in ("+", "*"):
+        items = value if isinstance(value, list) else [value]
+        for item in items:
+            if isinstance(item, dict | list):
+                raise kind.error(
+                    f"{where}: {key} takes a list of single values ({annotation}); an entry is a "
+                    f"{type(item).__name__}: {item!r}."
+                )
+        return [_checked_scalar(key, item, action, annotation, where, kind) for item in items]
+    if isinstance(value, dict | list):
+        # Several TrainingArguments fields typed `str` also take a list or a dict (report_to, fsdp, *_kwargs).
+        if type_function is str or "dict" in annotation or "list" in annotation:
+            return value
+        raise kind.error(f"{where}: {key} must be a single value ({annotation}), not a {type(value).__name__}.")
+    return _checked_scalar(key, value, action, annotation, where, kind)
+
+
+def _checked_scalar(key, value, action, annotation, where, kind):
+    type_function = action.type
+    type_name = getattr(type_function, "__name__", "")
+
+    def fail(reason: str) -> UsageError:
+        return kind.error(f"{where}: {key}: {reason} (got {value!r}; expected {annotation or type_name}).")
+
+    if type_name == "string_to_bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return type_function(value)
+            except (ValueError, argparse.ArgumentTypeError):
+                raise fail("not a boolean") from None
+        raise fail("not a boolean; write true or false")
+    if isinstance(value, bool) and annotation.split("|")[0].strip() in ("int", "float"):
+        raise fail("a boolean where a number is needed; YAML reads an unquoted yes, no, on, off, true or false as one")
+    if type_function is int and isinstance(value, float) and not value.is_integer():
+        raise fail("not a whole number")
+    converted = value
+    if callable(type_function):
+        try:
+            converted = type_function(value if isinstance(value, str) else str(value))
+        except (TypeError, ValueError, argparse.ArgumentTypeError):
+            raise fail("wrong type") from None
+    if action.choices is not None and converted not in action.choices:
+        raise kind.error(
+            f"{where}: {key} must be one of {list(action.choices)}, got {value!r}."
+            + suggest(str(value), [str(choice) for choice in action.choices])
+        )
+    return converted

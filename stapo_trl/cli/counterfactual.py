@@ -1,0 +1,151 @@
+"""`stapo-trl counterfactual RUN_DIR`: rebuild a run's trainer from its recipe, apply its saved generations again under
+each arm and read what each update did to the policy (`stapo_trl.counterfactual.study`); then a table, a summary and a
+figure of the paired differences (`stapo_trl.counterfactual.summary`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+RECORDS_FILE = "records.jsonl"
+FIGURE_FILE = "counterfactual.png"
+SUMMARY_FILE = "summary.json"
+TABLE_FILE = "table.md"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stapo-trl counterfactual",
+        description="Apply every saved generation of a training run again from its saved state, once per arm (which "
+        "tokens each optimizer step silences: none, S2T, S2T at a hundredth of prob_threshold, as many random "
+        "positive-advantage tokens as S2T, as many lowest-probability positive tokens outside S2T's), on the same "
+        "completions and dropout masks, and read each update teacher-forced on held-out prompts: the entropy change "
+        "and KL on sampled responses, the log-probability of the correct responses, and the update's norm. The run "
+        "must have been trained with generation_states_every (one process; for GRPO with shadow_token_rules: [s2t]). "
+        "Results are appended as they finish, so an interrupted command continues where it stopped when run again.",
+    )
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a `stapo-trl train` output directory with saved states")
+    parser.add_argument("--output_dir", default=None, help="where results go (default RUN_DIR/counterfactual)")
+    parser.add_argument(
+        "--arms",
+        nargs="+",
+        default=None,
+        help="arms to run, by name (default: all; 'none' is always run, since every other arm is read against it)",
+    )
+    parser.add_argument("--probe_problems", type=int, default=32, help="held-out problems in each probe set")
+    parser.add_argument("--max_generations", type=int, default=None, help="only the first this many saved ones")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the sampled responses and the random arm")
+    return parser
+
+
+def write_summary(records_path: Path, output_dir: Path, title: str) -> dict:
+    """Summarize ``records_path`` into ``summary.json``, ``table.md`` and the figure; returns the summary."""
+    from ..counterfactual.summary import COMPARISONS, MEASURES, summarize, summary_table
+    from ..diagnostics.plotting import DifferencePanel, DifferenceRow, plot_difference_panels
+    from ..storage import read_json_lines, write_text_atomically
+
+    summary = summarize(read_json_lines(records_path))
+    write_text_atomically(output_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
+    tables = [
+        f"After the generation's {name}: mean [95% interval] (generations with S2T tokens)\n\n"
+        + summary_table(summary, point)
+        for point, name in (("first_step", "first optimizer step"), ("generation", "last optimizer step"))
+    ]
+    write_text_atomically(output_dir / TABLE_FILE, "\n\n".join(tables) + "\n")
+    panels = []
+    for measure, meaning in MEASURES.items():
+        rows = []
+        for first, second in COMPARISONS:
+            cell = summary["comparisons"][f"{first} - {second}"]["generation"][measure]
+            rows.append(DifferenceRow(f"{first} - {second}", cell["values"], cell["mean"], cell["low"], cell["high"]))
+        panels.append(DifferencePanel(meaning, rows, xlabel="difference per generation"))
+    plot_difference_panels(panels, output_dir / FIGURE_FILE, title=title)
+    return summary
+
+
+def run_counterfactual(run_dir: Path, output_dir: Path, options) -> Path:
+    """Replay every complete saved generation of ``run_dir`` under each arm of ``options`` (a
+    `CounterfactualOptions`), appending one JSON record per generation and arm to ``output_dir/records.jsonl`` as
+    each finishes; what is already there is skipped, so an interrupted command continues. Returns that path."""
+    from tqdm.auto import tqdm
+
+    from ..counterfactual.study import CounterfactualError, build_probe_set, recipe_arguments, run_generation
+    from ..cpu.runtime import cpu_runtime
+    from ..generation_states import saved_generations
+    from ..storage import append_text, read_json_lines
+    from .recipe import parse_train_args
+    from .train import build_trainer, resolve_rewards_and_model
+
+    generations = saved_generations(run_dir)
+    if not generations:
+        raise CounterfactualError(
+            f"{run_dir} holds no complete saved generation ({run_dir}/generation_states/*/generation.json). Train with "
+            "generation_states_every: 1 (and, for GRPO, shadow_token_rules: [s2t]) to save them."
+        )
+    if options.max_generations is not None:
+        generations = generations[: options.max_generations]
+    output_dir.mkdir(parents=True, exist_ok=True)
+    records_path = output_dir / RECORDS_FILE
+    done = {(r["generation"], r["arm"]) for r in read_json_lines(records_path)} if records_path.is_file() else set()
+
+    # The run's own recipe and flags, then what the replay changes: nothing saved or logged, the held-out problems
+    # the policy is read on, and every layer run (the frozen-layer replay would read the probe sets' first layers
+    # from a recording in one readout and compute them in the next, off by rounding).
+    overrides = ["--output_dir", str(output_dir / "trainer"), "--generation_states_every", "0"]
+    overrides += ["--dump_silenced_tokens", "false", "--gradient_probe_steps", "0", "--report_to", "none"]
+    overrides += ["--heldout_problems", str(options.probe_problems), "--replay_frozen_layers", "false"]
+    request = parse_train_args([*recipe_arguments(run_dir), *overrides])
+    script, training = request.script, request.training
+    with cpu_runtime(training, lm_head=script.cpu_lm_head, replay_frozen_layers=False):
+        reward_funcs, model_path = resolve_rewards_and_model(request)
+        trainer, tokenizer, heldout = build_trainer(request, reward_funcs, model_path)
+        if heldout is None or len(heldout) == 0:
+            raise CounterfactualError("The run's recipe gives no held-out problems to read the policy on.")
+        trainer.create_optimizer_and_scheduler(num_training_steps=training.max_steps)
+        probe = build_probe_set(tokenizer, heldout, options.probe_problems, script.prompt_style)
+        todo = [g for g in generations if any((g.generation, arm) not in done for arm in options.arms)]
+        for generation in tqdm(todo, desc="counterfactual updates", unit="generation"):
+            for record in run_generation(trainer, generation, probe, options):
+                if (record["generation"], record["arm"]) not in done:
+                    record["run"] = run_dir.name
+                    append_text(records_path, json.dumps(record) + "\n")
+    settings = {"run_dir": str(run_dir), **asdict(options), "arms": list(options.arms)}
+    (output_dir / "settings.json").write_text(json.dumps(settings, indent=2) + "\n")
+    return records_path
+
+
+def counterfactual_command(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    from ..counterfactual.study import CounterfactualError, CounterfactualOptions
+
+    if args.probe_problems < 1:
+        raise CounterfactualError(f"--probe_problems is {args.probe_problems}; it must be at least 1.")
+    if args.max_generations is not None and args.max_generations < 1:
+        raise CounterfactualError(f"--max_generations is {args.max_generations}; it must be at least 1.")
+    run_dir = Path(args.run_dir)
+    output_dir = Path(args.output_dir) if args.output_dir else run_dir / "counterfactual"
+    options = CounterfactualOptions(
+        arms=CounterfactualOptions.arms if args.arms is None else tuple(args.arms),
+        probe_problems=args.probe_problems,
+        max_generations=args.max_generations,
+        seed=args.seed,
+    )
+    records = run_counterfactual(run_dir, output_dir, options)
+    summary = write_summary(records, output_dir, f"Counterfactual updates of {run_dir.name}, after each generation")
+    primary = summary["primary"]
+    print(
+        f"{summary['generations']} generations replayed, {summary['generations_with_silenced_tokens']} where "
+        f"{summary['reference_arm']} silenced tokens ({summary['silenced_tokens']} in all); replaying the recorded "
+        f"updates: largest difference {summary['reproduction_max_abs_difference']}"
+    )
+    if primary["n"]:
+        print(
+            f"{primary['measure']}, {primary['comparison']}, after each generation: mean {primary['mean']:+.3g}"
+            + (f", 95% interval [{primary['low']:+.3g}, {primary['high']:+.3g}]" if primary["low"] is not None else "")
+            + f" over {primary['n']} generations"
+        )
+    for name in (TABLE_FILE, SUMMARY_FILE, FIGURE_FILE, RECORDS_FILE):
+        print(f"{name}: {output_dir / name}")
+    return 0

@@ -1,0 +1,179 @@
+"""Reading the records of `stapo-trl counterfactual`: paired differences between arms over saved generations, with
+95% t-intervals, a Markdown table and the data of its figure.
+
+Two arms are compared generation by generation (each generation is one saved state, so seed-to-seed drift cancels):
+for each measure, the value under one arm minus the value under the other, read at the same point (after the
+generation's first optimizer step, or after its last). Only generations where S2T silenced at least one token up to
+that point count (in the other generations every count-matched arm silences nothing either, and the difference is 0
+by construction); how many there were is reported beside each interval. A comparison of an arm with ``none`` counts
+the generations where that arm silenced a token.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+from dataclasses import dataclass
+
+from ..token_rules.counterfactual_arms import ARMS, COMPARISONS, NONE_ARM, PRIMARY_COMPARISON
+
+MEASURES = {
+    "entropy_change": "entropy change (nats/token)",
+    "kl_from_state": "KL(updated || state) (nats/token)",
+    "reference_log_prob_change": "log p of correct response (nats)",
+    "update_norm": "update norm",
+}
+"""Each measure of `stapo_trl.counterfactual.study.measure`, with a short title: the change in mean entropy over the
+sampled held-out responses' tokens; KL(updated || saved state) per token on them; the change in the summed
+log-probability of each correct held-out response, averaged over problems; the norm of the update."""
+PRIMARY = (*PRIMARY_COMPARISON, "generation", "entropy_change")
+
+
+@functools.cache
+def student_t_quantile(probability: float, degrees_of_freedom: int) -> float:
+    """The ``probability`` quantile of Student's t distribution, by bisection on its CDF (the density integrated with
+    Simpson's rule): within 1e-6 of the tables."""
+    if not 0.5 <= probability < 1 or degrees_of_freedom < 1:
+        raise ValueError("needs 0.5 <= probability < 1 and at least 1 degree of freedom")
+    v = degrees_of_freedom
+    log_norm = math.lgamma((v + 1) / 2) - math.lgamma(v / 2) - 0.5 * math.log(v * math.pi)
+
+    def density(x: float) -> float:
+        return math.exp(log_norm - (v + 1) / 2 * math.log1p(x * x / v))
+
+    def cdf(t: float, intervals: int = 1000) -> float:
+        width = t / intervals
+        total = density(0.0) + density(t)
+        total += sum((4 if i % 2 else 2) * density(i * width) for i in range(1, intervals))
+        return 0.5 + total * width / 3
+
+    low, high = 0.0, 1.0
+    while cdf(high) < probability:
+        high *= 2
+    for _ in range(40):
+        middle = (low + high) / 2
+        low, high = (middle, high) if cdf(middle) < probability else (low, middle)
+    return (low + high) / 2
+
+
+@dataclass
+class Interval:
+    n: int
+    mean: float | None
+    low: float | None
+    high: float | None
+    values: list[float]
+
+    def reads(self) -> str:
+        if self.n < 2:
+            return "too few generations"
+        if self.low > 0:
+            return "above 0"
+        if self.high < 0:
+            return "below 0"
+        return "includes 0"
+
+
+def mean_interval(values: list[float]) -> Interval:
+    """The mean of ``values`` and its two-sided 95% t-interval (None where fewer than 2 values)."""
+    if len(values) < 2:
+        mean = values[0] if values else None
+        return Interval(len(values), mean, None, None, list(values))
+    mean = statistics.fmean(values)
+    half = student_t_quantile(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    return Interval(len(values), mean, mean - half, mean + half, list(values))
+
+
+def _silenced_up_to(record: dict, point: str) -> int:
+    counts = record.get("silenced_per_step") or []
+    return counts[0] if point == "first_step" and counts else sum(counts)
+
+
+def paired_differences(records: list[dict], first: str, second: str, point: str, measure: str) -> list[float]:
+    """``first`` minus ``second`` per (run, generation) where ``first`` silenced a token up to ``point`` (for the
+    count-matched arms, exactly where S2T did)."""
+    by_state: dict[tuple, dict[str, dict]] = {}
+    for record in records:
+        by_state.setdefault((record.get("run"), record["generation"]), {})[record["arm"]] = record
+    differences = []
+    for arms in by_state.values():
+        if first not in arms or second not in arms or _silenced_up_to(arms[first], point) == 0:
+            continue
+        values = [(arms[arm].get("points") or {}).get(point, {}).get(measure) for arm in (first, second)]
+        if None in values:
+            continue
+        differences.append(values[0] - values[1])
+    return differences
+
+
+def summarize(records: list[dict]) -> dict:
+    """Counts, the reproduction check and every comparison's interval, by point and measure."""
+    reference = PRIMARY_COMPARISON[0]
+    nones = [record for record in records if record["arm"] == NONE_ARM]
+    selected = [record for record in records if record["arm"] == reference]
+    reproduction = [value for record in nones for value in record.get("reproduction_max_abs_difference") or []]
+    comparisons = {}
+    for first, second in COMPARISONS:
+        key = f"{first} - {second}"
+        comparisons[key] = {
+            point: {
+                measure: mean_interval(paired_differences(records, first, second, point, measure)).__dict__
+                for measure in MEASURES
+            }
+            for point in ("first_step", "generation")
+        }
+    per_token = {}
+    for arm in [name for name in ARMS if name != NONE_ARM]:
+        ratios = []
+        for record in records:
+            if record["arm"] != arm or not record.get("points") or record.get("same_as_none"):
+                continue
+            none = next(
+                (r for r in nones if (r.get("run"), r["generation"]) == (record.get("run"), record["generation"])),
+                None,
+            )
+            count = sum(record.get("silenced_per_step") or [])
+            if none and none.get("points") and count:
+                change = (
+                    record["points"]["generation"]["entropy_change"] - none["points"]["generation"]["entropy_change"]
+                )
+                ratios.append(change / count)
+        per_token[arm] = mean_interval(ratios).__dict__
+    first, second, point, measure = PRIMARY
+    return {
+        "generations": len(nones),
+        "reference_arm": reference,
+        "generations_with_silenced_tokens": sum(1 for r in selected if sum(r.get("silenced_per_step") or []) > 0),
+        "generations_with_silenced_tokens_in_first_step": sum(
+            1 for r in selected if (r.get("silenced_per_step") or [0])[0] > 0
+        ),
+        "silenced_tokens": sum(sum(r.get("silenced_per_step") or []) for r in selected),
+        "reproduction_max_abs_difference": max(reproduction) if reproduction else None,
+        "primary": {"comparison": f"{first} - {second}", "point": point, "measure": measure}
+        | comparisons[f"{first} - {second}"][point][measure],
+        "comparisons": comparisons,
+        "entropy_change_per_silenced_token_vs_none": per_token,
+    }
+
+
+def _number(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+.3g}"
+
+
+def summary_table(summary: dict, point: str = "generation") -> str:
+    """A Markdown table: one row per comparison, one column per measure, each cell ``mean [low, high] (n)``."""
+    header = "| comparison | " + " | ".join(MEASURES) + " |"
+    lines = [header, "|" + "---|" * (len(MEASURES) + 1)]
+    for comparison, points in summary["comparisons"].items():
+        cells = []
+        for measure in MEASURES:
+            cell = points[point][measure]
+            if cell["n"] == 0:
+                cells.append("no generation")
+            else:
+                cells.append(
+                    f"{_number(cell['mean'])} [{_number(cell['low'])}, {_number(cell['high'])}] ({cell['n']})"
+                )
+        lines.append(f"| {comparison} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

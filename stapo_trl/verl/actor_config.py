@@ -1,0 +1,63 @@
+"""verl's FSDP actor config with the plugin's start-up checks, selected with one config line:
+``actor_rollout_ref.actor._target_=stapo_trl.verl.actor_config.CheckedFSDPActorConfig``.
+
+verl turns ``actor_rollout_ref.actor`` into a dataclass with Hydra's ``instantiate`` (``omega_conf_to_dataclass``)
+on the driver, in ``validate_config`` before Ray starts, and in every actor worker, in ``init_model``, before the first
+rollout. Naming this class there makes each of those processes import stapo-trl:
+
+- a process without stapo-trl stops there, with Hydra's ``Error locating target
+  'stapo_trl.verl.actor_config.CheckedFSDPActorConfig'`` and ``No module named 'stapo_trl'``;
+- a process with it has the plugin's loss modes registered (this module imports them, whatever
+  ``VERL_USE_EXTERNAL_PLUGINS`` says), and :func:`check_actor_settings` runs: a ``loss_mode`` verl does not know, or
+  an S2T loss without verl's entropy, stops the run there too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
+from verl.workers.config import FSDPActorConfig
+
+from .losses import SILENCING_LOSS_MODES
+
+INSTALL_HINT = (
+    "Install stapo-trl with its verl extra in the environment of every node (pip install -e '.[verl]' in a clone of "
+    "stapo-trl; docs/verl.md)"
+)
+
+
+def check_actor_settings(actor: Any) -> None:
+    """Raise a ValueError that says what to change when verl's actor config cannot run the chosen loss."""
+    loss_mode = actor.policy_loss.loss_mode
+    if loss_mode not in POLICY_LOSS_REGISTRY:
+        raise ValueError(
+            f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode!r} is not a policy loss verl knows in this "
+            f"process (it knows {', '.join(sorted(POLICY_LOSS_REGISTRY))}). stapo-trl registers stapo, stare, "
+            f"stare_c2 and the names given to register_s2t_loss or register_stare_loss in a module verl imports. "
+            f"{INSTALL_HINT}, and check the name."
+        )
+    if loss_mode not in SILENCING_LOSS_MODES:
+        return
+    if not actor.calculate_entropy and actor.entropy_coeff == 0:
+        raise ValueError(
+            f"loss_mode={loss_mode} reads the per-token entropy, which verl's actor update computes only with "
+            "actor_rollout_ref.actor.calculate_entropy=True (or a nonzero entropy_coeff): set calculate_entropy=True "
+            "(entropy_coeff stays 0, so the loss is unchanged)."
+        )
+    sequence_parallel = getattr(actor.engine, "ulysses_sequence_parallel_size", 1)
+    if sequence_parallel > 1:
+        raise ValueError(
+            f"loss_mode={loss_mode} pools its candidates over the data-parallel ranks, and Ulysses sequence "
+            f"parallelism ({sequence_parallel}) splits each sequence over several processes. Run it with data "
+            "parallelism only, or use trainer.v1.trainer_mode=stapo_sync with loss_mode=vanilla, whose mask is "
+            "taken on verl's driver."
+        )
+
+
+class CheckedFSDPActorConfig(FSDPActorConfig):
+    """verl's ``FSDPActorConfig``, plus :func:`check_actor_settings` when it is built."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_actor_settings(self)

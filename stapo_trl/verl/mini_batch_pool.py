@@ -1,0 +1,80 @@
+"""The S2T mask pooled over each whole mini-batch (one optimizer step, every data-parallel rank) of verl's actor update,
+from the statistics of the policy before the update: the tensor part, which :mod:`.pool_trainer` applies in verl's v1
+trainer.
+
+verl's driver holds the whole batch, with the old policy's log-probabilities and entropies, before the actor update. It
+then hands rank *r* the *r*-th of ``dp_size`` contiguous chunks of the batch, and each rank cuts its chunk into
+contiguous mini-batches (without ``actor.shuffle``); optimizer step *j* trains on the *j*-th mini-batch of every rank.
+:func:`optimizer_step_rows` reproduces that split, and :func:`whole_step_keep` takes S2T's ``tau_h`` over each step's
+rows, as stapo-trl's TRL trainer pools one optimizer step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..distributed import world_size
+from ..token_rules import TokenRuleResult
+
+
+def optimizer_step_rows(batch_size: int, dp_size: int, mini_batch_size: int) -> list[torch.Tensor]:
+    """The rows of a batch of ``batch_size`` rows that each optimizer step of verl's actor update trains on.
+
+    ``mini_batch_size`` counts the rows of one step over all ranks (verl's ``ppo_mini_batch_size × rollout.n``). The
+    batch is cut into ``dp_size`` contiguous chunks, one per rank, and each chunk into contiguous mini-batches of
+    ``mini_batch_size / dp_size`` rows; step *j* is the *j*-th mini-batch of every rank, in rank order.
+    """
+    if batch_size % dp_size or mini_batch_size % dp_size:
+        raise ValueError(
+            f"verl splits the batch ({batch_size} rows) and the mini-batch ({mini_batch_size} rows) evenly over "
+            f"{dp_size} data-parallel ranks; both must be multiples of it."
+        )
+    per_rank, per_rank_step = batch_size // dp_size, mini_batch_size // dp_size
+    if per_rank % per_rank_step:
+        raise ValueError(
+            f"Each rank holds {per_rank} rows, which is not a whole number of mini-batches of {per_rank_step} rows."
+        )
+    return [
+        torch.cat([torch.arange(start, start + per_rank_step) + rank * per_rank for rank in range(dp_size)])
+        for start in range(0, per_rank, per_rank_step)
+    ]
+
+
+@dataclass
+class WholeStepMask:
+    keep: torch.Tensor
+    """``[B, T]`` bool: False where S2T silences the token."""
+    step_stats: list[dict[str, float | int]]
+    """The S2T rule's statistics of each optimizer step, in step order."""
+
+
+def whole_step_keep(
+    log_probs: torch.Tensor,
+    entropies: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    step_rows: list[torch.Tensor],
+    keep_rule: Callable[..., TokenRuleResult],
+) -> WholeStepMask:
+    """The keep-mask of ``keep_rule`` (S2T with its thresholds: :func:`~stapo_trl.verl.losses.s2t_keep_rule`) applied
+    to the rows of each optimizer step at once (``step_rows``), so that ``tau_h`` is taken over the step, for padded
+    ``[B, T]`` tensors of the whole batch. Rows in no step are kept whole.
+
+    It runs in one process that holds every rank's rows (verl's driver), so it gathers nothing: it refuses to run
+    under ``torch.distributed``, where the S2T rule would pool across processes.
+    """
+    if world_size() > 1:
+        raise RuntimeError(
+            "whole_step_keep pools the rows it is given, which must be every rank's: call it in one process (verl's "
+            "driver), not under torch.distributed."
+        )
+    keep = torch.ones_like(response_mask, dtype=torch.bool)
+    step_stats = []
+    for rows in step_rows:
+        result = keep_rule(log_probs[rows], entropies[rows], advantages[rows], response_mask[rows].bool())
+        keep[rows] = result.keep
+        step_stats.append(result.stats)
+    return WholeStepMask(keep, step_stats)

@@ -1,0 +1,131 @@
+"""verl's v1 sync trainer with STAPO's S2T mask pooled over each whole mini-batch: the trainer mode ``stapo_sync``.
+
+Selected with ``trainer.v1.trainer_mode=stapo_sync`` (verl's trainer registry, ``register_trainer``), with a
+``loss_mode`` that does not mask by itself, such as verl's default ``vanilla``. Before each actor update it reads what
+verl's driver already holds for the whole batch: the old policy's log-probabilities and entropies (verl's
+``_compute_old_log_prob`` computes the entropy in every v1 run), the advantages and the masks. It takes S2T's mask with
+``tau_h`` over each optimizer step's rows, every rank's (:mod:`.mini_batch_pool`), removes the silenced tokens from
+``response_mask`` and ``loss_mask`` for the update, and writes the two masks back unchanged afterwards.
+
+verl's engine then divides ``token-mean`` by the step's ``loss_mask`` tokens over all ranks: the step's kept tokens, as
+TRL's ``dapo`` does with stapo-trl's whole-step mask. No code of verl is patched; the subclass overrides the driver's
+``_update_actor``, which :mod:`.drift` checks. This module imports verl's v1 trainer, which needs verl's ``verl-core``
+extra (TransferQueue); it is the ``stapo_trl_trainer`` entry point of ``verl.plugins``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import transfer_queue as tq
+from tensordict import TensorDict
+from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.workers.utils.padding import response_to_nested
+
+from .losses import SILENCING_LOSS_MODES, s2t_keep_rule, s2t_metrics
+from .mini_batch_pool import optimizer_step_rows, whole_step_keep
+
+POOL_TRAINER_MODE = "stapo_sync"
+POOL_FIELDS = ("old_log_probs", "entropy", "advantages", "response_mask", "loss_mask")
+MASK_FIELDS = ("response_mask", "loss_mask")
+
+
+def check_pool_settings(config: Any) -> None:
+    """Refuse, before any rollout, the settings under which the whole-mini-batch pool would be wrong or double."""
+    actor = config.actor_rollout_ref.actor
+    problems = []
+    loss_mode = actor.policy_loss.get("loss_mode", "vanilla")
+    if loss_mode in SILENCING_LOSS_MODES:
+        problems.append(
+            f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} masks each micro-batch again; with this "
+            "trainer mode use a loss that does not mask, such as vanilla"
+        )
+    if actor.get("shuffle", False):
+        problems.append(
+            "actor_rollout_ref.actor.shuffle=True shuffles each rank's rows into mini-batches on the workers, so the "
+            "driver cannot know each optimizer step's rows: set it to False"
+        )
+    correction = config.algorithm.get("rollout_correction", None)
+    if correction is not None and correction.get("bypass_mode", False):
+        problems.append(
+            "algorithm.rollout_correction.bypass_mode=True uses the rollout's log-probabilities as the old ones and "
+            "computes no entropy, which the mask needs: turn bypass mode off"
+        )
+    if problems:
+        raise ValueError(f"trainer.v1.trainer_mode={config.trainer.v1.trainer_mode}: " + "; ".join(problems) + ".")
+
+
+def mean_over_steps(step_stats: list[dict[str, float | int]]) -> dict[str, float]:
+    """The S2T statistics as ``actor/s2t/`` metrics, each the mean over the optimizer steps where it is defined."""
+    per_step = [s2t_metrics(stats) for stats in step_stats]
+    names = sorted({name for metrics in per_step for name in metrics})
+    means = {}
+    for name in names:
+        values = [metrics[name] for metrics in per_step if name in metrics]
+        means[name] = math.fsum(values) / len(values)
+    return means
+
+
+class S2TPoolTrainer(PPOTrainerSync):
+    """verl's ``PPOTrainerSync`` whose actor update trains on the tokens that the whole-mini-batch S2T mask keeps."""
+
+    keep_rule = s2t_keep_rule()
+    """S2T with the paper's thresholds; :func:`register_s2t_pool_trainer` registers others."""
+
+    def __init__(self, config):
+        check_pool_settings(config)
+        super().__init__(config)
+
+    def _actor_dp_size(self) -> int:
+        """The actor's data-parallel size, from the worker group's dispatch information, as verl's ``_balance_batch``
+        reads it."""
+        worker_group = self.actor_rollout_wg
+        if "actor" not in worker_group._dispatch_info:
+            worker_group._dispatch_info["actor"] = worker_group._query_dispatch_info("actor")
+        return max(worker_group._dispatch_info["actor"]) + 1
+
+    def _update_actor(self, batch, metrics: dict):
+        keys, partition_id = batch.keys, batch.partition_id
+        fields = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=list(POOL_FIELDS))
+        padded = fields.to_padded_tensor()
+        mini_batch_size = (
+            self.config.actor_rollout_ref.actor.ppo_mini_batch_size * self.config.actor_rollout_ref.rollout.n
+        )
+        mask = whole_step_keep(
+            padded["old_log_probs"],
+            padded["entropy"],
+            padded["advantages"],
+            padded["response_mask"],
+            optimizer_step_rows(len(batch), self._actor_dp_size(), mini_batch_size),
+            self.keep_rule,
+        )
+        silenced_masks = TensorDict(
+            {
+                name: response_to_nested((padded[name] * mask.keep).to(padded[name].dtype), fields["response_mask"])
+                for name in MASK_FIELDS
+            },
+            batch_size=len(batch),
+        )
+        tq.kv_batch_put(keys=keys, partition_id=partition_id, fields=silenced_masks)
+        try:
+            updated = super()._update_actor(batch, metrics)
+        finally:
+            tq.kv_batch_put(keys=keys, partition_id=partition_id, fields=fields.select(*MASK_FIELDS))
+        metrics.update(mean_over_steps(mask.step_stats))
+        return updated
+
+
+def register_s2t_pool_trainer(name: str, **thresholds):
+    """Register :class:`S2TPoolTrainer` as verl's v1 trainer mode ``name``, with S2T's thresholds given as
+    :func:`~stapo_trl.verl.losses.register_s2t_loss` takes them (``prob_threshold``, ``entropy_quantile``)."""
+    trainer = type(
+        f"S2TPoolTrainer_{name}",
+        (S2TPoolTrainer,),
+        {"keep_rule": s2t_keep_rule(**thresholds), "__module__": __name__},
+    )
+    return register_trainer(name)(trainer)
+
+
+register_trainer(POOL_TRAINER_MODE)(S2TPoolTrainer)
