@@ -17,6 +17,16 @@ from stapo_trl.cpu.kv_cache import InPlaceLayer, inplace_cache, inplace_kv_cache
 
 PROMPTS = ("1+2=", "33+4=", "5+6=")
 REPEATED_PROMPTS = ("1+2=", "1+2=", "33+4=", "33+4=", "5+6=", "5+6=")
+UNPADDED_PROMPTS = ("1+2=", "3+4=", "5+6=")
+UNPADDED_REPEATED_PROMPTS = ("1+2=", "1+2=", "3+4=", "3+4=")
+PROMPT_SETS = {
+    "distinct-padded": PROMPTS,
+    "repeated-padded": REPEATED_PROMPTS,
+    "distinct-unpadded": UNPADDED_PROMPTS,
+    "repeated-unpadded": UNPADDED_REPEATED_PROMPTS,
+}
+"""Padded prompts give attention a mask; prompts of one length give it none (transformers' SDPA path then hands the
+cached keys and values to torch with their two heads, for torch's own grouped-query attention)."""
 TIMINGS = {"step_time"}
 """Logged values that measure time, left out where runs are compared."""
 
@@ -88,11 +98,14 @@ def test_the_cache_is_transformers_default_with_in_place_full_attention_layers()
     assert all(type(layer) is DynamicLayer for layer in default.layers)
 
 
-def lora_policy():
+def lora_policy(attention: str = "sdpa"):
     """The tiny Qwen3 (grouped-query attention: 4 heads over 2 key/value heads) with LoRA on its last layer, no
-    dropout, the adapter's B matrices non-zero so that the adapted layer matters."""
+    dropout, the adapter's B matrices non-zero so that the adapted layer matters, its attention run by ``attention``
+    (transformers' ``attn_implementation``)."""
     tokenizer = build_char_tokenizer()
     model = build_tiny_qwen3(tokenizer, seed=2)
+    model.set_attn_implementation(attention)
+    assert model.config._attn_implementation == attention
     lora = LoraConfig(
         r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], layers_to_transform=[1]
     )
@@ -134,24 +147,38 @@ def count_inplace_updates(monkeypatch) -> list[int]:
     return calls
 
 
-@pytest.mark.parametrize("prompts", [PROMPTS, REPEATED_PROMPTS], ids=["distinct-prompts", "repeated-prompts"])
+@pytest.mark.parametrize("prompts", PROMPT_SETS.values(), ids=PROMPT_SETS.keys())
 @pytest.mark.parametrize("shared_prefill", [False, True], ids=["plain", "with-the-replays-shared-prefill"])
-def test_generate_samples_the_same_tokens_from_bit_identical_logits(monkeypatch, prompts, shared_prefill):
-    tokenizer, policy = lora_policy()
-    want_sequences, want_logits = sample(tokenizer, policy, prompts)
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_generate_samples_the_same_tokens_from_bit_identical_logits(monkeypatch, prompts, shared_prefill, attention):
+    """The same seed samples the same tokens with the in-place cache as with transformers' `DynamicCache`, from logits
+    equal bit for bit at every decoding step. With the replay's shared prefill, the reference is the replay with
+    transformers' cache (and the plain run as well: the shared prefill changes no bit here either)."""
+    tokenizer, policy = lora_policy(attention)
     base = policy.get_base_model()
+    plain_sequences, plain_logits = sample(tokenizer, policy, prompts)
+    references = [(plain_sequences, plain_logits)]
+    repeats = len(set(prompts)) < len(prompts)
+    if shared_prefill:
+        with replay_frozen_prefix(base) as replay:
+            references.append(sample(tokenizer, policy, prompts))
+        assert replay.shared_prefills == (1 if repeats else 0)
     updates = count_inplace_updates(monkeypatch)
     with inplace_kv_cache(base):
         if shared_prefill:
             with replay_frozen_prefix(base) as replay:
                 got_sequences, got_logits = sample(tokenizer, policy, prompts)
-            assert replay.shared_prefills == (1 if prompts == REPEATED_PROMPTS else 0)
+            assert replay.shared_prefills == (1 if repeats else 0)
         else:
             got_sequences, got_logits = sample(tokenizer, policy, prompts)
     assert updates, "generate() did not use the in-place cache"
-    assert torch.equal(got_sequences, want_sequences)
-    assert len(got_logits) == len(want_logits) == 8
-    assert all(torch.equal(got, want) for got, want in zip(got_logits, want_logits, strict=True))
+    assert len(set(map(tuple, got_sequences[:, -8:].tolist()))) > 1, (
+        "every row sampled one completion: a weak comparison"
+    )
+    for want_sequences, want_logits in references:
+        assert torch.equal(got_sequences, want_sequences)
+        assert len(got_logits) == len(want_logits) == 8
+        assert all(torch.equal(got, want) for got, want in zip(got_logits, want_logits, strict=True))
 
 
 @pytest.mark.parametrize(
@@ -183,10 +210,11 @@ def test_the_block_puts_generate_back():
 
 
 @pytest.mark.slow
-def test_a_stapo_run_logs_every_number_as_without_the_in_place_cache(tmp_path):
+def test_a_stapo_run_logs_every_number_as_without_the_in_place_cache(tmp_path, monkeypatch):
     """Two STAPO steps (mask on, at a probability threshold that gives it candidates) on the tiny model with LoRA on
     its last layer, inside `cpu_runtime` with the CPU head and the replay, with the in-place cache and without: every
     logged number is the same, bit for bit, and so are the trained adapter's weights."""
+    updates = count_inplace_updates(monkeypatch)
     runs = []
     for inplace in (False, True):
         config = tiny_config(STAPOConfig, tmp_path / str(inplace), learning_rate=5e-2, prob_threshold=0.05)
@@ -198,6 +226,7 @@ def test_a_stapo_run_logs_every_number_as_without_the_in_place_cache(tmp_path):
                 STAPOTrainer, config, model=build_tiny_qwen3(build_char_tokenizer(), seed=3), peft_config=lora
             )
             trainer.train()
+        assert bool(updates) == inplace, "the training generations use the in-place cache when, and only when, asked"
         logs = [
             {key: value for key, value in entry.items() if key not in TIMINGS}
             for entry in trainer.state.log_history
