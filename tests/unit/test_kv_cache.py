@@ -25,8 +25,9 @@ PROMPT_SETS = {
     "distinct-unpadded": UNPADDED_PROMPTS,
     "repeated-unpadded": UNPADDED_REPEATED_PROMPTS,
 }
-"""Padded prompts give attention a mask; prompts of one length give it none (transformers' SDPA path then hands the
-cached keys and values to torch with their two heads, for torch's own grouped-query attention)."""
+"""Padded prompts give attention a mask, prompts of one length none. At each decoding step transformers' SDPA path
+hands the cached keys and values, with their 2 heads, to torch as they are either way: with a mask it folds the 4
+query heads over them, without one it asks torch for grouped-query attention."""
 TIMINGS = {"step_time"}
 """Logged values that measure time, left out where runs are compared."""
 
