@@ -12,6 +12,13 @@ environment variables set as `stapo-trl train` sets them) with timers around:
   ``head_backward``;
 - ``rest``: everything else in the step (rewards, advantages, the token rules, the optimizer, logging).
 
+Nested in those parts, and reported beside them as ``token_rule_work`` (CPU and wall seconds per step, not a part of
+its own): the work a run with token rules does that a run without them (``--use_s2t_mask false``) does not, namely the
+generation recorder's hooks on the model and its LM head (p and H at every decoding step, inside ``generate``), the
+statistics' begin and finish around each generation, and the token rules with their metrics and the silenced-token
+dump (inside ``rest``). Profiling a run with the mask and one without, side by side, shows whether the parts differ
+by more than this.
+
 With a vLLM recipe (``--recipe recipes/quickstart/smollm2-135m-cpu-vllm.yaml``, in the vLLM environment), two more
 parts, and ``generate`` is the colocated engine's generation:
 
@@ -73,6 +80,8 @@ class Clock:
         self.rss_at_start_mib: dict[str, float] = defaultdict(float)
         self.in_loss = 0
         """How deep inside `compute_loss` the step is: the LM head's op outside it belongs to ``old_logps``."""
+        self.nested: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        """Seconds of work timed inside the parts (``token_rule_work``), for the step under way."""
 
     @contextmanager
     def part(self, name: str):
@@ -90,8 +99,19 @@ class Clock:
         self.step[name][0] += cpu
         self.step[name][1] += wall
 
+    @contextmanager
+    def inside(self, name: str):
+        """Time work that runs inside the parts, under ``name``, without taking it out of them."""
+        cpu, wall = time.process_time(), time.perf_counter()
+        try:
+            yield
+        finally:
+            self.nested[name][0] += time.process_time() - cpu
+            self.nested[name][1] += time.perf_counter() - wall
+
     def start_step(self):
         self.step = defaultdict(lambda: [0.0, 0.0])
+        self.nested = defaultdict(lambda: [0.0, 0.0])
         self.step_started = (time.process_time(), time.perf_counter())
 
     def end_step(self):
@@ -102,7 +122,14 @@ class Clock:
         parts["body_backward"] = [a - b for a, b in zip(parts.pop("backward"), parts["head_backward"], strict=True)]
         measured = [sum(values[i] for values in parts.values()) for i in (0, 1)]
         parts["rest"] = [cpu - measured[0], wall - measured[1]]
-        self.steps.append({"cpu": cpu, "wall": wall, "parts": {name: parts.get(name, [0.0, 0.0]) for name in PARTS}})
+        self.steps.append(
+            {
+                "cpu": cpu,
+                "wall": wall,
+                "parts": {name: parts.get(name, [0.0, 0.0]) for name in PARTS},
+                "token_rule_work": list(self.nested["token_rule_work"]),
+            }
+        )
 
 
 def install_timers(clock: Clock) -> None:
@@ -204,6 +231,7 @@ def install_timers(clock: Clock) -> None:
 
     GRPOTrainer.compute_loss = compute_loss
     install_vllm_timers(clock, timed)
+    install_token_rule_timers(clock)
 
     try:
         from stapo_trl.cpu.frozen_layer_replay import FrozenPrefixReplay
@@ -224,6 +252,34 @@ def install_timers(clock: Clock) -> None:
         original_detach(self)
 
     FrozenPrefixReplay.detach = detach
+
+
+def install_token_rule_timers(clock: Clock) -> None:
+    """Time, as ``token_rule_work``, what only a run with token rules runs (see the module docstring)."""
+    try:
+        from stapo_trl.fused_stats.generation import GenerationStatsRecorder
+        from stapo_trl.token_stats import TokenStatistics
+        from stapo_trl.trainer import STAPOTrainer
+    except ImportError:  # an earlier stapo-trl, profiled with --recipe and its own PYTHONPATH
+        return
+
+    def nested(cls, name):
+        original = getattr(cls, name)
+
+        def wrapper(*args, **kwargs):
+            with clock.inside("token_rule_work"):
+                return original(*args, **kwargs)
+
+        setattr(cls, name, wrapper)
+
+    for cls, names in (
+        (GenerationStatsRecorder, ("_before_forward", "_after_lm_head", "finish")),
+        (TokenStatistics, ("begin_generation", "recording_generate", "finish_generation")),
+        (STAPOTrainer, ("apply_token_rules",)),
+    ):
+        for name in names:
+            if hasattr(cls, name):
+                nested(cls, name)
 
 
 def install_vllm_timers(clock: Clock, timed) -> None:
@@ -545,7 +601,12 @@ def main() -> None:
         result["floors"] = (vllm_floors if "vllm_generate" in clock.shapes else floors)(clock.shapes, values)
     for index, step in enumerate(clock.steps, 1):
         parts = "  ".join(f"{name} {cpu:.1f}/{wall:.1f}" for name, (cpu, wall) in step["parts"].items())
-        print(f"step {index}: cpu {step['cpu']:.1f} s, wall {step['wall']:.1f} s | {parts}", flush=True)
+        rule_cpu, rule_wall = step["token_rule_work"]
+        print(
+            f"step {index}: cpu {step['cpu']:.1f} s, wall {step['wall']:.1f} s | {parts} | of which token-rule work "
+            f"{rule_cpu:.2f}/{rule_wall:.2f}",
+            flush=True,
+        )
     print(f"RSS when training starts: {result['rss_mib_at_start_of'].get('train')} MiB")
     for name in MEMORY_PARTS:
         start, peak = result["rss_mib_at_start_of"].get(name), result["peak_rss_mib_during"].get(name)
