@@ -6,9 +6,10 @@
 Each run is one fresh process of ``python -m stapo_trl train --config recipes/quickstart/smollm2-135m-cpu.yaml
 --max_steps 1 --heldout_problems 0 --seed 7``: STAPO as the recipe has it, and GRPO as the same recipe with
 ``--use_s2t_mask false`` (the same trainer with no token rule, so no statistics are recorded, no mask runs and no dump
-is written). The runs alternate GRPO, STAPO, GRPO, STAPO, ... after one discarded warm-up run (it converts the GGUF
-model on a fresh machine and fills the page cache), so both sides of each pair see the same load; the ratio is taken
-within each pair.
+is written). The runs alternate after one discarded warm-up run (it converts the GGUF model on a fresh machine and
+fills the page cache), so both sides of each pair see the same load, and the order within a pair alternates too
+(GRPO then STAPO, STAPO then GRPO, ...), so that a cost of running first or second in a pair falls on both sides alike.
+The ratio is taken within each pair.
 
 Recorded per run, from the operating system (``os.wait4`` on the run's process, which includes the processes it waited
 for): CPU time (user + system) from start to exit, so imports, loading, the step, saving and the run record are all
@@ -79,8 +80,10 @@ def measure(pairs: int, warmup: bool, scratch: Path) -> dict:
     warmup_run = run_once(scratch / "warmup", SIDES["stapo"]) if warmup else None
     runs = {side: [] for side in SIDES}
     for pair in range(pairs):
-        for side, flags in SIDES.items():
-            record = run_once(scratch / f"{side}-{pair}", flags)
+        order = list(SIDES) if pair % 2 == 0 else list(reversed(SIDES))
+        for side in order:
+            record = run_once(scratch / f"{side}-{pair}", SIDES[side])
+            record["position_in_pair"] = order.index(side) + 1
             runs[side].append(record)
             print(
                 f"{pair + 1}/{pairs} {side:>5}: {record['cpu_seconds']:.1f} s CPU, {record['wall_seconds']:.1f} s wall, "
