@@ -290,6 +290,7 @@ def test_stapo_trl_train_with_two_processes_runs_two_colocated_engines(tmp_path)
     output_dir = tmp_path / "quickstart-vllm-2"
     command = [sys.executable, "-m", "stapo_trl", "train", "--config"]
     command += [str(REPO / "recipes" / "quickstart" / "smollm2-135m-cpu-vllm.yaml"), "--num_processes", "2"]
+    command += ["--main_process_port", "0"]  # a free port, not 29500, which another launch may hold
     command += ["--max_steps", "1", "--heldout_problems", "0", "--per_device_train_batch_size", "4"]
     command += ["--reward_funcs", "dapo", "rank_probe.record_rank", "--output_dir", str(output_dir)]
     environment = {
