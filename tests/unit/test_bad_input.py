@@ -44,7 +44,13 @@ CATEGORIES = (
     "Python API",
 )
 CASE_SECONDS = 60
-SEPARATE_PROCESS_ENVIRONMENT = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def separate_process_environment() -> dict[str, str]:
+    """The environment of a command line's own process: this one's, with one OpenMP thread."""
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
 PACKAGE_DIR = Path(stapo_trl.__file__).resolve().parent
 
 
@@ -90,7 +96,7 @@ class Workspace:
                 capture_output=True,
                 text=True,
                 timeout=CASE_SECONDS,
-                env=SEPARATE_PROCESS_ENVIRONMENT,
+                env=separate_process_environment(),
             )
             return CliResult(result.returncode, result.stdout, result.stderr)
         try:
@@ -979,7 +985,7 @@ def test_a_case_of_each_subcommand_in_a_fresh_process(case, tmp_path, tiny_model
 
 @pytest.fixture(scope="module")
 def forked_command_lines():
-    server = ForkedCommandLines("stapo_trl", env=SEPARATE_PROCESS_ENVIRONMENT)
+    server = ForkedCommandLines("stapo_trl", env=separate_process_environment())
     yield server
     server.close()
 
