@@ -33,11 +33,11 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 from importlib.metadata import version
 from pathlib import Path
 
 from provenance import cpu_model, provenance
+from timed_process import run_timed
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = Path("recipes") / "quickstart" / "smollm2-135m-cpu.yaml"
@@ -69,28 +69,19 @@ def run_once(tree: Path, output_dir: Path, extra: list[str], steps: int, environ
     command = [sys.executable, "-m", "stapo_trl", "train", "--config", str(tree / RECIPE)]
     command += ["--max_steps", str(steps), "--heldout_problems", "0", "--disable_tqdm", "true"]
     command += ["--output_dir", str(output_dir), *extra]
-    environment = {**os.environ, **environment, "PYTHONPATH": str(tree)}
-    load_before = os.getloadavg()[0]
-    started = time.perf_counter()
-    process = subprocess.Popen(
-        command, cwd=tree, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    output = process.stdout.read()
-    _, status, usage = os.wait4(process.pid, 0)
-    wall = time.perf_counter() - started
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"{command} failed:\n{output[-3000:]}")
+    run = run_timed(command, cwd=tree, env={**os.environ, **environment, "PYTHONPATH": str(tree)})
+    usage = run.usage
     records = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines() if line]
     steps_logged = [record for record in records if "reward" in record]
     return {
         "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1),
         "user_seconds": round(usage.ru_utime, 1),
         "system_seconds": round(usage.ru_stime, 1),
-        "wall_seconds": round(wall, 1),
+        "wall_seconds": round(run.wall_seconds, 1),
         "peak_rss_mib": round(usage.ru_maxrss / 1024),
         "minor_page_faults": usage.ru_minflt,
-        "load_before": round(load_before, 2),
-        "load_after": round(os.getloadavg()[0], 2),
+        "load_before": round(run.load_before, 2),
+        "load_after": round(run.load_after, 2),
         "steps": [{key: record.get(key) for key in STEP_KEYS} for record in steps_logged],
     }
 

@@ -27,13 +27,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from provenance import provenance
+from timed_process import run_timed
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = Path("recipes") / "quickstart" / "smollm2-135m-cpu.yaml"
@@ -46,27 +45,18 @@ SAMPLE_KEYS = ("reward", "completions/mean_length")
 def run_once(output_dir: Path, flags: tuple[str, ...]) -> dict:
     command = [sys.executable, "-m", "stapo_trl", "train", "--config", str(RECIPE), *RUN_FLAGS, *flags]
     command += ["--output_dir", str(output_dir)]
-    environment = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-    load_before = os.getloadavg()[0]
-    started = time.perf_counter()
-    process = subprocess.Popen(
-        command, cwd=REPO, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    output = process.stdout.read()
-    _, status, usage = os.wait4(process.pid, 0)
-    wall = time.perf_counter() - started
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"{' '.join(command)} failed:\n{output[-3000:]}")
+    run = run_timed(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})
+    usage = run.usage
     records = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines() if line]
     steps = [record for record in records if "reward" in record]
     return {
         "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 2),
         "user_seconds": round(usage.ru_utime, 2),
         "system_seconds": round(usage.ru_stime, 2),
-        "wall_seconds": round(wall, 2),
+        "wall_seconds": round(run.wall_seconds, 2),
         "peak_rss_mib": round(usage.ru_maxrss / 1024),
-        "load_before": round(load_before, 2),
-        "load_after": round(os.getloadavg()[0], 2),
+        "load_before": round(run.load_before, 2),
+        "load_after": round(run.load_after, 2),
         "samples": [[step.get(key) for key in SAMPLE_KEYS] for step in steps],
         "silenced_tokens": [step.get("s2t/num_silenced") for step in steps],
     }

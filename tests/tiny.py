@@ -138,6 +138,37 @@ def save_tiny_chat_model(directory, max_position_embeddings: int = 1024, seed: i
     return directory
 
 
+def save_tiny_llama_chat_model(directory, seed: int = 0, embedding_std: float = 0.1):
+    """A 2-layer Llama, SmolLM2's architecture with its LM head tied to the embedding, with the character tokenizer and
+    the plain chat template, saved like a Hub checkpoint. Its attention heads have 32 dimensions, the fewest vLLM's CPU
+    attention kernels accept. ``embedding_std`` sets the spread of the (tied) logits: at 0.5 the head, which is the
+    embedding, favoured each input token so strongly that every completion of a group came out the same."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = build_char_tokenizer()
+    tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    set_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    model = LlamaForCausalLM(config)
+    torch.nn.init.normal_(model.model.embed_tokens.weight, std=embedding_std)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
 TOOL_SPECIAL_TOKENS = [
     "<|im_start|>",
     "<|im_end|>",

@@ -46,6 +46,8 @@ def launch(stage, num_processes, out_dir):
         str(ACCELERATE_CONFIGS / f"zero{stage}.yaml"),
         "--num_processes",
         str(num_processes),
+        "--main_process_port",  # 0: a free port that accelerate picks, not 29500, which another launch may hold
+        "0",
         "--mixed_precision",
         "no",
         str(WORKER),

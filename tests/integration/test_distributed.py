@@ -103,7 +103,8 @@ def test_stapo_trl_train_with_two_processes_on_the_cpu_trains_in_both(tmp_path, 
         first = json.loads((tmp_path / name / "metrics.jsonl").read_text().splitlines()[0])
         return {"ranks": sorted(set((tmp_path / f"{name}-ranks.txt").read_text().split())), "tokens": first}
 
-    two = train("two", "--num_processes", "2")
+    # port 0: a free port that accelerate picks, not 29500, which a launch in another CI lane may hold
+    two = train("two", "--num_processes", "2", "--main_process_port", "0")
     one = train("one")
     assert two["ranks"] == ["0", "1"] and one["ranks"] == ["none"]
     assert two["tokens"]["num_tokens"] > 1.5 * one["tokens"]["num_tokens"]

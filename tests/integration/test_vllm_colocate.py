@@ -1,8 +1,11 @@
 """STAPO and GRPO through TRL's colocated vLLM (``use_vllm=True, vllm_mode="colocate"``) on the CPU.
 
-Each run trains SmolLM2-135M-Instruct (the quickstart's GGUF) on the quickstart's arithmetic task inside
-`colocated_vllm_on_cpu()`, in its own process (`vllm_colocate_worker.py`, plainly or under torchrun), with TRL's vLLM
-importance-sampling correction on. The worker's probes record what happened; these tests assert on it:
+The mechanism runs train a tiny Llama built in code (`tiny.save_tiny_llama_chat_model`: SmolLM2's architecture with
+its LM head tied to the embedding, 2 layers, the character tokenizer) on the quickstart's arithmetic prompts, with the
+``dapo`` reward and a dense vowel-count reward (a random model never writes a correct answer, and without spread in a
+group's rewards nothing would be learned or silenced), inside `colocated_vllm_on_cpu()`, each in its own process
+(`vllm_colocate_worker.py`, plainly or under torchrun), with TRL's vLLM importance-sampling correction on. The
+worker's probes record what happened; these tests assert on it:
 
 - completions come from the vLLM engine and never from transformers' ``generate()``;
 - the weights reach vLLM after every optimizer step: before each generation, vLLM's log-probabilities of a fixed
@@ -12,7 +15,8 @@ importance-sampling correction on. The worker's probes record what happened; the
 - STAPO with the mask off is GRPOTrainer, log for log and bit for bit;
 - TRL's importance-sampling metrics are logged at every step;
 - two processes (torchrun, gloo) each build their own engine and train as on the transformers path;
-- `stapo-trl train` runs the vLLM quickstart recipe (one step of 48 completions) and the mask fires.
+- `stapo-trl train` runs the vLLM quickstart recipe on SmolLM2-135M-Instruct (one step of 48 completions) and the
+  mask fires, in one process and in two.
 
 TRL syncs lazily: before the first generation after a step. A run of k steps therefore checks the weights after
 steps 1 to k-1; the weights of step k never reach vLLM because nothing is generated after it.
@@ -33,6 +37,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny import save_tiny_llama_chat_model
 
 from stapo_trl import spurious_token_mask
 
@@ -96,41 +101,46 @@ def largest_gap(first: list[float], second: list[float]) -> float:
 
 
 @pytest.fixture(scope="module")
-def full_run(tmp_path_factory):
+def tiny_llama(tmp_path_factory) -> dict:
+    """The spec entries every mechanism run shares: the tiny Llama's directory and the vowel-count reward."""
+    directory = save_tiny_llama_chat_model(tmp_path_factory.mktemp("tiny-llama"))
+    return {"model_path": str(directory), "vowel_reward": True}
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory, tiny_llama):
     """STAPO, full fine-tuning, 3 steps of 16 completions (4 prompts x 4)."""
-    spec = {"trainer": "stapo", "learning_rate": 1e-5, "per_device_train_batch_size": 16, "max_steps": 3}
-    return run_worker(spec, tmp_path_factory.mktemp("full"))[0]
+    spec = {"trainer": "stapo", "learning_rate": 1e-3, "per_device_train_batch_size": 16, "max_steps": 3}
+    return run_worker({**spec, **tiny_llama}, tmp_path_factory.mktemp("full"))[0]
 
 
 @pytest.fixture(scope="module")
-def lora_run(tmp_path_factory):
+def lora_run(tmp_path_factory, tiny_llama):
     """STAPO, LoRA r=16 on the attention projections, 3 steps of 16 completions."""
-    spec = {"trainer": "stapo", "peft": True, "learning_rate": 2e-3, "per_device_train_batch_size": 16, "max_steps": 3}
-    return run_worker(spec, tmp_path_factory.mktemp("lora"))[0]
+    spec = {"trainer": "stapo", "peft": True, "learning_rate": 4e-3, "per_device_train_batch_size": 16, "max_steps": 3}
+    return run_worker({**spec, **tiny_llama}, tmp_path_factory.mktemp("lora"))[0]
 
 
 @pytest.fixture(scope="module")
-def grpo_and_stapo_mask_off(tmp_path_factory):
+def grpo_and_stapo_mask_off(tmp_path_factory, tiny_llama):
     """GRPOTrainer and STAPOTrainer with the mask off, same config and seed, 2 steps of 16 completions, no probes."""
-    common = {"learning_rate": 1e-5, "max_steps": 2, "per_device_train_batch_size": 16, "no_probe": True}
+    common = {"learning_rate": 1e-3, "max_steps": 2, "per_device_train_batch_size": 16, "no_probe": True, **tiny_llama}
     grpo = run_worker({"trainer": "grpo", **common}, tmp_path_factory.mktemp("grpo"))[0]
     stapo = run_worker({"trainer": "stapo", "use_s2t_mask": False, **common}, tmp_path_factory.mktemp("off"))[0]
     return grpo, stapo
 
 
 @pytest.fixture(scope="module")
-def two_processes(tmp_path_factory):
-    """STAPO on 2 processes (torchrun, gloo), 4 completions each per step, 2 steps. The mechanism is under test, not
-    the task: a dense vowel-count reward is added to the ``dapo`` reward so that every group has positive advantages
-    (with ``dapo`` alone every group of this run scored -1: nothing to silence), and prob_threshold is 0.05 so that
-    the pooled mask has candidates."""
+def two_processes(tmp_path_factory, tiny_llama):
+    """STAPO on 2 processes (torchrun, gloo), 4 completions each per step, 2 steps, prob_threshold 0.05 so that the
+    pooled mask has candidates."""
     spec = {
         "trainer": "stapo",
-        "learning_rate": 1e-5,
+        "learning_rate": 1e-3,
         "per_device_train_batch_size": 4,
         "max_steps": 2,
         "prob_threshold": 0.05,
-        "vowel_reward": True,
+        **tiny_llama,
     }
     return run_worker(spec, tmp_path_factory.mktemp("torchrun"), processes=2)
 
@@ -162,7 +172,7 @@ def test_the_weights_reach_vllm_after_every_optimizer_step(run_name, request):
     for probe in probes[1:]:
         moved = largest_gap(probe["hf"], probes[0]["hf"])
         assert moved >= MOVED, f"the policy moved only {moved:.2e} nats by step {probe['global_step']}"
-    # SmolLM2 ties its LM head to the embedding: the head's packed kernel is rebuilt at every sync.
+    # The tiny Llama, like SmolLM2, ties its LM head to the embedding: the head's packed kernel is rebuilt at every sync.
     assert all(probe["tied_kernels_rebuilt"] == ["model.embed_tokens", "lm_head"] for probe in probes)
 
 
@@ -290,6 +300,7 @@ def test_stapo_trl_train_with_two_processes_runs_two_colocated_engines(tmp_path)
     output_dir = tmp_path / "quickstart-vllm-2"
     command = [sys.executable, "-m", "stapo_trl", "train", "--config"]
     command += [str(REPO / "recipes" / "quickstart" / "smollm2-135m-cpu-vllm.yaml"), "--num_processes", "2"]
+    command += ["--main_process_port", "0"]  # a free port, not 29500, which another launch may hold
     command += ["--max_steps", "1", "--heldout_problems", "0", "--per_device_train_batch_size", "4"]
     command += ["--reward_funcs", "dapo", "rank_probe.record_rank", "--output_dir", str(output_dir)]
     environment = {

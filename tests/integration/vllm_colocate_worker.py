@@ -3,7 +3,8 @@ test_vllm_colocate.py (plainly, or under ``torchrun --nproc_per_node 2``).
 
 usage: vllm_colocate_worker.py SPEC_JSON OUT_DIR
 
-The run trains SmolLM2-135M-Instruct (the quickstart's GGUF, converted once) on the quickstart's arithmetic task inside
+The run trains the model at ``spec["model_path"]`` (test_vllm_colocate.py passes a tiny Llama built in code), else
+SmolLM2-135M-Instruct (the quickstart's GGUF, converted once), on the quickstart's arithmetic task inside
 `colocated_vllm_on_cpu()`, and writes ``OUT_DIR/rank{R}.json`` with what the probes saw:
 
 - ``weight_probes``: before each vLLM generation (TRL has just synced the weights if a step happened), the per-token
@@ -92,7 +93,7 @@ def main(spec: dict, out_dir: str) -> None:
     from stapo_trl.gguf import SMOLLM2_GGUF, gguf_checkpoint
     from stapo_trl.rewards import get_reward_func
 
-    model_path = str(gguf_checkpoint(SMOLLM2_GGUF))
+    model_path = spec.get("model_path") or str(gguf_checkpoint(SMOLLM2_GGUF))
     config = build_config(spec, out_dir)
     dataset = load_arithmetic(64, seed=config.seed, num_fewshot=1, system_prompt=SYSTEM_PROMPT)
     peft_config = (

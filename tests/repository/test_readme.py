@@ -44,12 +44,17 @@ def test_ci_runs_the_readme_test_command():
     assert "block README.md test-command" in ci_script
 
 
-def test_ci_runs_the_readme_slow_tier_command_after_the_default_tier():
+def test_ci_runs_the_readme_slow_tier_command_in_an_environment_installed_as_the_readme_says():
     block = re.search(r"<!-- ci:slow-test-command:start -->\n```bash\n(.*?)\n```", README.read_text(), re.DOTALL)
     assert block is not None
     assert block.group(1) == "python -m pytest -m slow"
     ci_script = (README.parent / ".ci" / "run").read_text()
-    assert ci_script.index('run_tests "default tier"') < ci_script.index('run_tests "slow tier" "$slow_command"')
+    assert 'test_install="${test_command%%python -m pytest*}true"' in ci_script
+    slow_lane = ci_script[ci_script.index("slow_lane() {") :]
+    slow_lane = slow_lane[: slow_lane.index("\n}\n")]
+    assert 'install_environment slow "$test_install"' in slow_lane
+    assert 'run_tests "slow tier" "$slow_command"' in slow_lane
+    assert "start_lane slow slow_lane" in ci_script and 'finish_lane slow "$slow_lane_pid"' in ci_script
 
 
 def test_the_main_job_command_installs_then_runs_the_quickstart_recipe():

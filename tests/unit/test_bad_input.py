@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import yaml
+from forked_cli import ForkedCommandLines
 
 import stapo_trl
 from stapo_trl import STAPOConfig
@@ -43,6 +44,13 @@ CATEGORIES = (
     "Python API",
 )
 CASE_SECONDS = 60
+
+
+def separate_process_environment() -> dict[str, str]:
+    """The environment of a command line's own process: this one's, with one OpenMP thread."""
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
 PACKAGE_DIR = Path(stapo_trl.__file__).resolve().parent
 
 
@@ -56,6 +64,9 @@ class Workspace:
     capsys: pytest.CaptureFixture | None
     separate_process: bool = False
     """Run command lines as `python -m stapo_trl ...` in their own process instead of calling `main()`."""
+    forked: ForkedCommandLines | None = None
+    """With `separate_process`: fork that process from this server (torch, TRL and the rest imported once) instead
+    of starting a fresh Python."""
 
     def write(self, files: dict[str, str | bytes]) -> None:
         """Create `files` (paths relative to `tmp`, text or bytes) before a case runs."""
@@ -76,13 +87,16 @@ class Workspace:
         )
 
     def cli(self, argv: list[str]) -> CliResult:
+        if self.separate_process and self.forked is not None:
+            result = self.forked.run([self.fill(token) for token in argv], timeout=CASE_SECONDS)
+            return CliResult(result.returncode, result.stdout, result.stderr)
         if self.separate_process:
             result = subprocess.run(
                 [sys.executable, "-m", "stapo_trl", *[self.fill(token) for token in argv]],
                 capture_output=True,
                 text=True,
                 timeout=CASE_SECONDS,
-                env={**os.environ, "OMP_NUM_THREADS": "1"},
+                env=separate_process_environment(),
             )
             return CliResult(result.returncode, result.stdout, result.stderr)
         try:
@@ -937,9 +951,9 @@ def subcommand(case: Case) -> str:
 
 
 def in_own_process_by_default(cases: list[Case]) -> list[Case]:
-    """The first case of each subcommand: these run in their own process in the default tier, the others in the slow
-    tier. Each such process imports torch and TRL (5 to 12 s of CPU time), while the default tier already runs every
-    case through `main()` (the test above)."""
+    """The first case of each subcommand: these run in a fresh process in the default tier. Each such process imports
+    torch and TRL (5 to 12 s of CPU time), while the default tier already runs every case through `main()` (the test
+    above)."""
     first: dict[str, Case] = {}
     for case in cases:
         first.setdefault(subcommand(case), case)
@@ -959,17 +973,31 @@ def test_the_default_tier_runs_a_case_of_each_subcommand_in_its_own_process():
     assert all(isinstance(case.expect, Exits) for case in OWN_PROCESS_BY_DEFAULT)
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(case, marks=() if case in OWN_PROCESS_BY_DEFAULT else pytest.mark.slow)
-        for case in COMMAND_LINE_CASES
-    ],
-    ids=lambda case: f"{case.category}: {case.id}",
-)
-def test_each_command_line_case_in_its_own_process(case, tmp_path, tiny_model_dir):
-    """The same outcome from `python -m stapo_trl ...` as a process: its real exit code and its real stderr, with the
-    logging, warnings and exception hooks a user's shell sees."""
+@pytest.mark.parametrize("case", OWN_PROCESS_BY_DEFAULT, ids=lambda case: f"{case.category}: {case.id}")
+def test_a_case_of_each_subcommand_in_a_fresh_process(case, tmp_path, tiny_model_dir):
+    """The same outcome from `python -m stapo_trl ...` as a fresh process: its real exit code and its real stderr,
+    with the logging, warnings (those printed while torch, TRL and the rest import too) and exception hooks a user's
+    shell sees."""
     case.expect.check(
         case.given, Workspace(tmp=prepare(tmp_path), model=tiny_model_dir, capsys=None, separate_process=True)
     )
+
+
+@pytest.fixture(scope="module")
+def forked_command_lines():
+    server = ForkedCommandLines("stapo_trl", env=separate_process_environment())
+    yield server
+    server.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", COMMAND_LINE_CASES, ids=lambda case: f"{case.category}: {case.id}")
+def test_each_command_line_case_in_its_own_process(case, tmp_path, tiny_model_dir, forked_command_lines):
+    """The same outcome from `python -m stapo_trl ...` as a process of its own: its real exit code, stdout and stderr,
+    with the logging and exception hooks a user's shell sees. The process is forked from one that has already
+    imported torch, TRL and the rest (`forked_cli.py`), which saves each case those imports; what they print while
+    importing only a fresh process shows (the test above)."""
+    workspace = Workspace(
+        tmp=prepare(tmp_path), model=tiny_model_dir, capsys=None, separate_process=True, forked=forked_command_lines
+    )
+    case.expect.check(case.given, workspace)
