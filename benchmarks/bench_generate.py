@@ -16,8 +16,9 @@ Runs `stapo-trl train` on the quickstart recipe in this process (``--heldout_pro
 
 Each call is timed in process CPU time (user + system, every thread) and wall time, with its minor page faults. The
 script checks that every call sampled the same completions as the first, and that every recording gave the same p and
-H bit for bit. Results, with the provenance block and the load average, go to ``--output``
-(docs/benchmarks/generate_cache.json by default).
+H bit for bit. With ``--top_ops N``, one more call of the in-place cache with the recorder runs under torch's profiler
+and its N operators of most self CPU time are kept (the profiler's overhead included). Results, with the provenance
+block and the load average, go to ``--output`` (docs/benchmarks/generate_cache.json by default).
 """
 
 from __future__ import annotations
@@ -52,7 +53,27 @@ def cache_for(variant: str):
     return lambda model, capacity: DynamicCache(config=model.config.get_text_config(decoder=True))
 
 
-def measure_first_generation(repeats: int, results: dict, scratch: Path) -> None:
+def operator_profile(call, top: int) -> list[dict]:
+    """One more call under torch's profiler: the ``top`` operators by self CPU time (the profiler's own overhead
+    included, which weighs most on the many small operators), with their call counts."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        call()
+    averages = sorted(profiler.key_averages(), key=lambda event: event.self_cpu_time_total, reverse=True)
+    total = sum(event.self_cpu_time_total for event in averages)
+    return [
+        {
+            "op": event.key,
+            "calls": event.count,
+            "self_cpu_seconds": round(event.self_cpu_time_total / 1e6, 3),
+            "share": round(event.self_cpu_time_total / total, 4),
+        }
+        for event in averages[:top]
+    ]
+
+
+def measure_first_generation(repeats: int, results: dict, scratch: Path, top_ops: int = 0) -> None:
     """Replace the trainer's generation by the measurement, which ends the process once done."""
     import torch
 
@@ -105,6 +126,15 @@ def measure_first_generation(repeats: int, results: dict, scratch: Path) -> None
                 }
                 results["runs"][variant].append(record)
                 print(f"{repeat + 1}/{repeats} {variant:>24}: {record}", flush=True)
+        if top_ops:
+            torch.set_rng_state(state)
+            recorder = GenerationStatsRecorder(self.temperature)
+            with recorder.attached(base, lm_head):
+                results["operators_of_inplace_cache+recorder"] = operator_profile(
+                    lambda: original(self, prompt_ids, *args, **kwargs), top_ops
+                )
+            for row in results["operators_of_inplace_cache+recorder"]:
+                print(f"{row['self_cpu_seconds']:8.3f} s {row['share']:6.1%} {row['calls']:7d}  {row['op']}")
         finish(results, scratch)
 
     STAPOTrainer.generate_single_turn = measured
@@ -144,6 +174,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=None, help="the run's seed (default: the recipe's)")
     parser.add_argument("--note", default=None, help="a note kept in the JSON (for example: under load)")
     parser.add_argument("--output", type=Path, default=REPO / "docs" / "benchmarks" / "generate_cache.json")
+    parser.add_argument(
+        "--top_ops",
+        type=int,
+        default=0,
+        help="after the repeats, one more in-place-cache call with the recorder under torch's profiler: keep its N "
+        "operators of most self CPU time",
+    )
     args = parser.parse_args()
 
     from stapo_trl.cpu.environment import set_cpu_environment
@@ -161,7 +198,7 @@ def main() -> None:
         "output": str(args.output),
     }
     scratch = Path(tempfile.mkdtemp())
-    measure_first_generation(args.repeats, results, scratch)
+    measure_first_generation(args.repeats, results, scratch, args.top_ops)
     from stapo_trl.cli.train import train_command
 
     argv = ["--config", str(RECIPE), "--max_steps", "1", "--heldout_problems", "0", "--disable_tqdm", "true"]
