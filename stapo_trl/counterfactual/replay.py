@@ -10,6 +10,7 @@ trained with S2T in shadow reproduces the recorded update (`tests/unit/test_coun
 
 from __future__ import annotations
 
+import copy
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -37,10 +38,13 @@ def set_trainable(model: torch.nn.Module, values: dict[str, torch.Tensor]) -> No
 
 
 def restore_start(trainer, start: dict[str, Any]) -> None:
-    """Put the trainer's model, optimizer and scheduler where a saved generation started."""
+    """Put the trainer's model, optimizer and scheduler where a saved generation started, leaving ``start`` as it
+    is: torch's ``load_state_dict`` keeps the tensors it is given as the optimizer's moments and step counts, which
+    ``optimizer.step()`` then updates in place, so they are handed over as copies. Every arm restored from one loaded
+    ``start`` thus begins from the saved state."""
     set_trainable(trainer.accelerator.unwrap_model(trainer.model), start["trainable"])
-    trainer.optimizer.load_state_dict(start["optimizer"])
-    trainer.lr_scheduler.load_state_dict(start["lr_scheduler"])
+    trainer.optimizer.load_state_dict(copy.deepcopy(start["optimizer"]))
+    trainer.lr_scheduler.load_state_dict(copy.deepcopy(start["lr_scheduler"]))
     trainer.model.zero_grad(set_to_none=True)
 
 

@@ -205,6 +205,33 @@ def test_the_none_arm_reproduces_every_recorded_update_bit_for_bit(grpo_run, tmp
                 assert torch.equal(after[name], value), (generation.generation, step.global_step, name)
 
 
+def test_every_arm_starts_from_the_saved_state_however_many_arms_ran_before_it(grpo_run, tmp_path):
+    """`run_generation` loads a generation's start once and restores it before each arm. Restoring must copy the
+    optimizer's moments and step counts (torch's ``load_state_dict`` keeps the given tensors, which the next
+    ``optimizer.step()`` updates in place): the none arm replayed after two other replays from the same loaded start
+    still reproduces the recorded updates, and the loaded start is left as it was."""
+    _, generations = grpo_run
+    generation = generations[1]  # the first step of generation 0 starts from an empty optimizer state
+    start = generation.start()
+    assert start["optimizer"]["state"], "the optimizer state is empty: the test would show nothing"
+    untouched = generation.start()
+    trainer = fresh_trainer(tmp_path, use_s2t_mask=False, shadow_token_rules=["s2t"])
+    steps = [generation.step(index) for index in range(generation.optimizer_steps)]
+    nothing = [torch.zeros_like(step.batches[0]["completion_mask"], dtype=torch.bool) for step in steps]
+    some = [mask.clone() for mask in nothing]
+    some[0][0, 0] = True
+    for masks in (some, nothing, nothing):
+        restore_start(trainer, start)
+        for step, mask in zip(steps, masks, strict=True):
+            replay_step(trainer, step, mask)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    for name, value in steps[-1].trainable_after.items():
+        assert torch.equal(dict(model.named_parameters())[name], value), name
+    for key, saved in untouched["optimizer"]["state"].items():
+        for field, value in saved.items():
+            assert torch.equal(start["optimizer"]["state"][key][field], value), (key, field)
+
+
 def test_the_s2t_arm_selects_what_s2t_in_shadow_would_have_silenced(grpo_run):
     trainer, generations = grpo_run
     silenced_somewhere = False
