@@ -48,6 +48,17 @@ def restore_start(trainer, start: dict[str, Any]) -> None:
     trainer.model.zero_grad(set_to_none=True)
 
 
+def snapshot(trainer) -> dict[str, Any]:
+    """The trainer's trainable parameters, optimizer and scheduler now, copied, in the form of a saved generation's
+    start (so that `restore_start` can return to it)."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    return {
+        "trainable": {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad},
+        "optimizer": copy.deepcopy(trainer.optimizer.state_dict()),
+        "lr_scheduler": copy.deepcopy(trainer.lr_scheduler.state_dict()),
+    }
+
+
 @dataclass
 class ReplayedStep:
     grad_norm: float

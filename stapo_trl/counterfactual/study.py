@@ -20,7 +20,8 @@ each step are compared with those the run recorded: a replay that reproduces the
 
 An arm that silences no token in any step of a generation computes exactly what ``none`` computes, so its numbers are
 ``none``'s (recorded with ``same_as_none``); a generation where every arm is ``none`` is only replayed for the
-reproduction check.
+reproduction check. Likewise an arm's steps before its first silenced token are ``none``'s: the arm starts from
+``none``'s state after them (``replayed_from_step`` in its record; `CounterfactualOptions.share_quiet_steps`).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from ..file_and_metric_names import (
 )
 from ..generation_states import SavedGeneration, trainable_parameters
 from ..token_rules.counterfactual_arms import ARMS, NONE_ARM, StepTokens, arm_settings, select_tokens
-from .replay import record_frozen_inputs, replay_step, restore_start
+from .replay import record_frozen_inputs, replay_step, restore_start, snapshot
 from .teacher_forced import (
     FrozenInputs,
     ProbeSequences,
@@ -73,6 +74,11 @@ class CounterfactualOptions:
     """Only the first this many saved generations (all by default)."""
     seed: int = 0
     """Seeds the sampled responses (with the generation's index) and the random arm's draws."""
+    share_quiet_steps: bool = True
+    """An arm's steps before the first one in which it silences a token compute exactly what the ``none`` arm's
+    compute: start the arm from ``none``'s state after them (and take ``none``'s first-step readout when they include
+    the first step) instead of computing them again. False replays every step of every arm (the same records, slower;
+    `tests/unit/test_counterfactual.py` compares the two)."""
 
     def __post_init__(self):
         self.arms = checked_arms(self.arms)
@@ -252,6 +258,8 @@ def run_generation(trainer, generation: SavedGeneration, probe: ProbeSet, option
 
     records = []
     measured: dict[str, dict] = {}
+    none_after: list[dict[str, Any]] = []
+    none_grad_norms: list[float] = []
     for arm in options.arms:
         same_as_none = arm != NONE_ARM and arm not in active
         record = {**base, "arm": arm, "silenced_per_step": per_arm_counts.get(arm), "same_as_none": same_as_none}
@@ -259,18 +267,30 @@ def run_generation(trainer, generation: SavedGeneration, probe: ProbeSet, option
             record["points"] = measured.get(NONE_ARM)
             records.append(record)
             continue
-        restore_start(trainer, start)
+        first = 0
+        if arm != NONE_ARM and options.share_quiet_steps:
+            first = next(index for index, count in enumerate(per_arm_counts[arm]) if count)
         started = time.perf_counter()
-        points, grad_norms, profiles, reproduction = {}, [], [], []
+        points, grad_norms, profiles, reproduction = {}, none_grad_norms[:first], [], []
+        if first:
+            restore_start(trainer, none_after[first - 1])
+            if state is not None:
+                points["first_step"] = measured[NONE_ARM]["first_step"]
+        else:
+            restore_start(trainer, start)
         for index, step in enumerate(steps):
             silenced = selections[arm][index]
             profiles.append(_silenced_profile(step_tokens(step.batches), silenced))
+            if index < first:
+                continue
             grad_norms.append(replay_step(trainer, step, silenced, frozen_inputs[index]).grad_norm)
             if arm == NONE_ARM:
                 now = trainable_parameters(model)
                 reproduction.append(
                     max(float((now[name] - value).abs().max()) for name, value in step.trainable_after.items())
                 )
+                if options.share_quiet_steps and index < len(steps) - 1:
+                    none_after.append(snapshot(trainer))
             point = "first_step" if index == 0 else "generation" if index == len(steps) - 1 else None
             if state is not None and point is not None:
                 points[point] = measure(model, probe, state, start["trainable"], trainer.temperature)
@@ -280,9 +300,11 @@ def run_generation(trainer, generation: SavedGeneration, probe: ProbeSet, option
             points=points or None,
             grad_norms=grad_norms,
             silenced_profile=profiles,
+            replayed_from_step=first,
             seconds=time.perf_counter() - started,
         )
         if arm == NONE_ARM:
+            none_grad_norms = grad_norms
             record["reproduction_max_abs_difference"] = reproduction
             record["state"] = (
                 None if state is None else {"entropy": state.entropy, "reference_log_prob": state.reference_log_prob}

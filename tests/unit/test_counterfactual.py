@@ -232,6 +232,38 @@ def test_every_arm_starts_from_the_saved_state_however_many_arms_ran_before_it(g
             assert torch.equal(start["optimizer"]["state"][key][field], value), (key, field)
 
 
+def test_arms_that_start_from_the_none_arms_state_give_the_records_of_a_full_replay(grpo_run, tmp_path, monkeypatch):
+    """`share_quiet_steps`: an arm quiet in a generation's first step starts from ``none``'s state after it and takes
+    ``none``'s first-step readout; every number in its record is what replaying all its steps gives."""
+    from stapo_trl.counterfactual import study
+
+    _, generations = grpo_run
+    generation = generations[1]
+    steps = [generation.step(index) for index in range(generation.optimizer_steps)]
+    quiet = torch.zeros_like(steps[0].batches[0]["completion_mask"], dtype=torch.bool)
+    some = quiet.clone()
+    some[0, :2] = some[2, 1] = True
+    masks = {"none": [quiet, quiet], "s2t": [quiet, some], "random_positive": [some, quiet]}
+    monkeypatch.setattr(study, "arm_selections", lambda *args: {arm: masks[arm] for arm in args[-1].arms})
+    trainer = fresh_trainer(tmp_path, use_s2t_mask=False, shadow_token_rules=["s2t"])
+    tokenizer = trainer.processing_class
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    probe = study.ProbeSet(prompts, probe_sequences(prompts, [[12, 13, 14], [15, 16]], tokenizer.pad_token_id))
+    records = {}
+    for share in (False, True):
+        options = study.CounterfactualOptions(arms=tuple(masks), probe_problems=2, share_quiet_steps=share)
+        records[share] = study.run_generation(trainer, generation, probe, options)
+    assert [record["replayed_from_step"] for record in records[True]] == [0, 1, 0]
+    assert [record["replayed_from_step"] for record in records[False]] == [0, 0, 0]
+    for full, shared in zip(records[False], records[True], strict=True):
+        for key in ("seconds", "replayed_from_step"):
+            full.pop(key), shared.pop(key)
+        assert shared == full, full["arm"]
+    s2t = records[True][1]
+    assert s2t["points"]["first_step"] == records[True][0]["points"]["first_step"]
+    assert s2t["points"]["generation"] != records[True][0]["points"]["generation"]
+
+
 def test_the_s2t_arm_selects_what_s2t_in_shadow_would_have_silenced(grpo_run):
     trainer, generations = grpo_run
     silenced_somewhere = False
