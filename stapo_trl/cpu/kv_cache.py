@@ -112,12 +112,17 @@ def inplace_cache(model: torch.nn.Module, capacity: int) -> DynamicCache:
     return cache
 
 
+def _generation_config_of_call(args: tuple, kwargs: dict):
+    """The ``generation_config`` a `generate(inputs, generation_config, ...)` call passes, by keyword or by position."""
+    return kwargs.get("generation_config", args[1] if len(args) > 1 else None)
+
+
 def _cache_left_to_transformers(model: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
     """Whether this `generate()` call leaves the cache to transformers' default `DynamicCache`: no cache handed in,
     no ``cache_implementation`` or ``use_cache=False`` asked for, and a model that takes the default cache."""
     if any(kwargs.get(name) is not None for name in GIVEN_CACHE_ARGUMENTS):
         return False
-    configs = [kwargs.get("generation_config"), getattr(model, "generation_config", None)]
+    configs = [_generation_config_of_call(args, kwargs), getattr(model, "generation_config", None)]
     for source in [kwargs, *(vars(config) for config in configs if config is not None)]:
         if source.get("cache_implementation") is not None or source.get("use_cache") is False:
             return False
@@ -129,7 +134,7 @@ def _capacity(model: torch.nn.Module, args: tuple, kwargs: dict) -> int:
     """The positions one row can reach in this call: the prompt's length plus ``max_new_tokens`` when both are known
     (0 otherwise: the layers then size their buffers from the first update and double them as needed)."""
     input_ids = kwargs.get("input_ids", args[0] if args else None)
-    config = kwargs.get("generation_config") or getattr(model, "generation_config", None)
+    config = _generation_config_of_call(args, kwargs) or getattr(model, "generation_config", None)
     max_new_tokens = kwargs.get("max_new_tokens", getattr(config, "max_new_tokens", None))
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or max_new_tokens is None:
         return 0

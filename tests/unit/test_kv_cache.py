@@ -202,6 +202,19 @@ def test_a_call_that_chooses_its_own_cache_runs_unchanged(monkeypatch, options):
     assert updates == []
 
 
+def test_a_generation_config_passed_by_position_is_read_like_one_passed_by_keyword(monkeypatch):
+    tokenizer, policy = lora_policy()
+    base = policy.get_base_model()
+    encoded = tokenizer(list(PROMPTS), return_tensors="pt", padding=True)
+    options = {"max_new_tokens": 4, "do_sample": False, "pad_token_id": tokenizer.pad_token_id}
+    updates = count_inplace_updates(monkeypatch)
+    with inplace_kv_cache(base), torch.no_grad():
+        base.generate(encoded["input_ids"], GenerationConfig(**options, cache_implementation="static"))
+        assert updates == []
+        base.generate(encoded["input_ids"], GenerationConfig(**options))
+    assert updates != []
+
+
 def test_the_block_puts_generate_back():
     _, policy = lora_policy()
     base = policy.get_base_model()
