@@ -146,6 +146,8 @@ def counterfactual_command(argv: list[str]) -> int:
             + (f", 95% interval [{primary['low']:+.3g}, {primary['high']:+.3g}]" if primary["low"] is not None else "")
             + f" over {primary['n']} generations"
         )
+        own = summary["none_over_the_same_generations"][primary["point"]][primary["measure"]]
+        print(f"  beside none's own {primary['measure']} over the same generations: mean {own['mean']:+.3g}")
     for name in (TABLE_FILE, SUMMARY_FILE, FIGURE_FILE, RECORDS_FILE):
         print(f"{name}: {output_dir / name}")
     return 0

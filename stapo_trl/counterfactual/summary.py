@@ -107,6 +107,22 @@ def paired_differences(records: list[dict], first: str, second: str, point: str,
     return differences
 
 
+def arm_values(records: list[dict], arm: str, selecting_arm: str, point: str, measure: str) -> list[float]:
+    """``arm``'s own value of ``measure`` at ``point``, per (run, generation) where ``selecting_arm`` silenced a token
+    up to ``point``: for ``none``, the size of the change that the paired differences are read against."""
+    by_state: dict[tuple, dict[str, dict]] = {}
+    for record in records:
+        by_state.setdefault((record.get("run"), record["generation"]), {})[record["arm"]] = record
+    values = []
+    for arms in by_state.values():
+        if arm not in arms or selecting_arm not in arms or _silenced_up_to(arms[selecting_arm], point) == 0:
+            continue
+        value = (arms[arm].get("points") or {}).get(point, {}).get(measure)
+        if value is not None:
+            values.append(value)
+    return values
+
+
 def summarize(records: list[dict]) -> dict:
     """Counts, the reproduction check and every comparison's interval, by point and measure."""
     reference = PRIMARY_COMPARISON[0]
@@ -153,6 +169,13 @@ def summarize(records: list[dict]) -> dict:
         "primary": {"comparison": f"{first} - {second}", "point": point, "measure": measure}
         | comparisons[f"{first} - {second}"][point][measure],
         "comparisons": comparisons,
+        "none_over_the_same_generations": {
+            point: {
+                measure: mean_interval(arm_values(records, NONE_ARM, reference, point, measure)).__dict__
+                for measure in MEASURES
+            }
+            for point in ("first_step", "generation")
+        },
         "entropy_change_per_silenced_token_vs_none": per_token,
     }
 
@@ -161,19 +184,19 @@ def _number(value: float | None) -> str:
     return "n/a" if value is None else f"{value:+.3g}"
 
 
+def _cell(cell: dict) -> str:
+    if cell["n"] == 0:
+        return "no generation"
+    return f"{_number(cell['mean'])} [{_number(cell['low'])}, {_number(cell['high'])}] ({cell['n']})"
+
+
 def summary_table(summary: dict, point: str = "generation") -> str:
-    """A Markdown table: one row per comparison, one column per measure, each cell ``mean [low, high] (n)``."""
+    """A Markdown table: one row per comparison, one column per measure, each cell ``mean [low, high] (n)``; a last row
+    gives the ``none`` arm's own values over the generations where S2T silenced a token."""
     header = "| comparison | " + " | ".join(MEASURES) + " |"
     lines = [header, "|" + "---|" * (len(MEASURES) + 1)]
     for comparison, points in summary["comparisons"].items():
-        cells = []
-        for measure in MEASURES:
-            cell = points[point][measure]
-            if cell["n"] == 0:
-                cells.append("no generation")
-            else:
-                cells.append(
-                    f"{_number(cell['mean'])} [{_number(cell['low'])}, {_number(cell['high'])}] ({cell['n']})"
-                )
-        lines.append(f"| {comparison} | " + " | ".join(cells) + " |")
+        lines.append(f"| {comparison} | " + " | ".join(_cell(points[point][measure]) for measure in MEASURES) + " |")
+    own = summary["none_over_the_same_generations"][point]
+    lines.append(f"| {NONE_ARM} itself (not a difference) | " + " | ".join(_cell(own[m]) for m in MEASURES) + " |")
     return "\n".join(lines)

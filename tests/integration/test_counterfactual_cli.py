@@ -77,8 +77,10 @@ def test_counterfactual_replays_every_generation_and_writes_its_outputs(saved_ru
             assert values["kl_from_state"] >= 0 and values["update_norm"] > 0
     table = (output / "table.md").read_text()
     assert "| s2t - lowest_p_outside_s2t |" in table and "After the generation's first optimizer step" in table
+    assert "| none itself (not a difference) |" in table
     assert (output / "counterfactual.png").stat().st_size > 10_000
     assert "largest difference 0.0" in printed
+    assert "beside none's own entropy_change over the same generations: mean" in printed
 
     # Run again: every generation and arm is in the records, so nothing is replayed and nothing is appended.
     assert main(["counterfactual", str(saved_run), "--probe_problems", "3"]) == 0

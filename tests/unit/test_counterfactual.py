@@ -13,7 +13,14 @@ from tiny import tiny_config, tiny_trainer
 from stapo_trl import STAPOConfig, STAPOTrainer
 from stapo_trl.counterfactual.replay import replay_step, restore_start
 from stapo_trl.counterfactual.study import CounterfactualOptions, arm_selections, reference_text, step_tokens
-from stapo_trl.counterfactual.summary import mean_interval, paired_differences, student_t_quantile
+from stapo_trl.counterfactual.summary import (
+    arm_values,
+    mean_interval,
+    paired_differences,
+    student_t_quantile,
+    summarize,
+    summary_table,
+)
 from stapo_trl.counterfactual.teacher_forced import kl_divergence, probe_sequences
 from stapo_trl.file_and_metric_names import (
     REWARDS_KEY,
@@ -128,6 +135,22 @@ def test_paired_differences_count_only_generations_where_the_first_arm_silenced_
     ]
     assert paired_differences(records, "s2t", "none", "generation", "entropy_change") == [0.25, 0.25]
     assert paired_differences(records, "s2t", "none", "first_step", "entropy_change") == [0.25]
+
+
+def test_the_none_arms_own_change_is_read_over_the_generations_where_s2t_silenced_a_token():
+    records = [
+        record(0, "s2t", [1, 0], -0.5),
+        record(0, "none", [0, 0], -0.75),
+        record(1, "s2t", [0, 0], -0.25),
+        record(1, "none", [0, 0], -2.0),
+        record(2, "s2t", [0, 3], 0.25),
+        record(2, "none", [0, 0], -0.25),
+    ]
+    assert arm_values(records, "none", "s2t", "generation", "entropy_change") == [-0.75, -0.25]
+    assert arm_values(records, "none", "s2t", "first_step", "entropy_change") == [-0.75]
+    own = summarize(records)["none_over_the_same_generations"]["generation"]["entropy_change"]
+    assert (own["n"], own["mean"]) == (2, -0.5)
+    assert "| none itself (not a difference) | -0.5 [" in summary_table(summarize(records))
 
 
 # --- replaying saved generations on the tiny model ----------------------------------------------------------------------
