@@ -67,8 +67,9 @@ def write_summary(records_path: Path, output_dir: Path, title: str) -> dict:
 
 def run_counterfactual(run_dir: Path, output_dir: Path, options) -> Path:
     """Replay every complete saved generation of ``run_dir`` under each arm of ``options`` (a
-    `CounterfactualOptions`), appending one JSON record per generation and arm to ``output_dir/records.jsonl`` as
-    each finishes; what is already there is skipped, so an interrupted command continues. Returns that path."""
+    `CounterfactualOptions`), appending one JSON record per generation and arm to ``output_dir/records.jsonl``, a
+    generation's records when it finishes; what is already there is skipped, so an interrupted command starts again at
+    the first generation it had not finished. Returns that path."""
     from tqdm.auto import tqdm
 
     from ..counterfactual.study import CounterfactualError, build_probe_set, recipe_arguments, run_generation
