@@ -90,14 +90,19 @@ def _silenced_up_to(record: dict, point: str) -> int:
     return counts[0] if point == "first_step" and counts else sum(counts)
 
 
-def paired_differences(records: list[dict], first: str, second: str, point: str, measure: str) -> list[float]:
-    """``first`` minus ``second`` per (run, generation) where ``first`` silenced a token up to ``point`` (for the
-    count-matched arms, exactly where S2T did)."""
+def _by_state(records: list[dict]) -> dict[tuple, dict[str, dict]]:
+    """The records by saved state, (run, generation), then by arm."""
     by_state: dict[tuple, dict[str, dict]] = {}
     for record in records:
         by_state.setdefault((record.get("run"), record["generation"]), {})[record["arm"]] = record
+    return by_state
+
+
+def paired_differences(records: list[dict], first: str, second: str, point: str, measure: str) -> list[float]:
+    """``first`` minus ``second`` per (run, generation) where ``first`` silenced a token up to ``point`` (for the
+    count-matched arms, exactly where S2T did)."""
     differences = []
-    for arms in by_state.values():
+    for arms in _by_state(records).values():
         if first not in arms or second not in arms or _silenced_up_to(arms[first], point) == 0:
             continue
         values = [(arms[arm].get("points") or {}).get(point, {}).get(measure) for arm in (first, second)]
@@ -110,11 +115,8 @@ def paired_differences(records: list[dict], first: str, second: str, point: str,
 def arm_values(records: list[dict], arm: str, selecting_arm: str, point: str, measure: str) -> list[float]:
     """``arm``'s own value of ``measure`` at ``point``, per (run, generation) where ``selecting_arm`` silenced a token
     up to ``point``: for ``none``, the size of the change that the paired differences are read against."""
-    by_state: dict[tuple, dict[str, dict]] = {}
-    for record in records:
-        by_state.setdefault((record.get("run"), record["generation"]), {})[record["arm"]] = record
     values = []
-    for arms in by_state.values():
+    for arms in _by_state(records).values():
         if arm not in arms or selecting_arm not in arms or _silenced_up_to(arms[selecting_arm], point) == 0:
             continue
         value = (arms[arm].get("points") or {}).get(point, {}).get(measure)
