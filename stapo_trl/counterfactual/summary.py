@@ -90,39 +90,38 @@ def _silenced_up_to(record: dict, point: str) -> int:
     return counts[0] if point == "first_step" and counts else sum(counts)
 
 
-def _by_state(records: list[dict]) -> dict[tuple, dict[str, dict]]:
-    """The records by saved state, (run, generation), then by arm."""
+def _states_where_silenced(records: list[dict], arm: str, point: str):
+    """Each saved state's records, by arm, for the (run, generation)s where ``arm`` silenced a token up to ``point``."""
     by_state: dict[tuple, dict[str, dict]] = {}
     for record in records:
         by_state.setdefault((record.get("run"), record["generation"]), {})[record["arm"]] = record
-    return by_state
+    return [arms for arms in by_state.values() if arm in arms and _silenced_up_to(arms[arm], point) > 0]
+
+
+def _value(record: dict, point: str, measure: str) -> float | None:
+    return (record.get("points") or {}).get(point, {}).get(measure)
 
 
 def paired_differences(records: list[dict], first: str, second: str, point: str, measure: str) -> list[float]:
     """``first`` minus ``second`` per (run, generation) where ``first`` silenced a token up to ``point`` (for the
     count-matched arms, exactly where S2T did)."""
     differences = []
-    for arms in _by_state(records).values():
-        if first not in arms or second not in arms or _silenced_up_to(arms[first], point) == 0:
-            continue
-        values = [(arms[arm].get("points") or {}).get(point, {}).get(measure) for arm in (first, second)]
-        if None in values:
-            continue
-        differences.append(values[0] - values[1])
+    for arms in _states_where_silenced(records, first, point):
+        values = [_value(arms[arm], point, measure) for arm in (first, second) if arm in arms]
+        if len(values) == 2 and None not in values:
+            differences.append(values[0] - values[1])
     return differences
 
 
 def arm_values(records: list[dict], arm: str, selecting_arm: str, point: str, measure: str) -> list[float]:
     """``arm``'s own value of ``measure`` at ``point``, per (run, generation) where ``selecting_arm`` silenced a token
     up to ``point``: for ``none``, the size of the change that the paired differences are read against."""
-    values = []
-    for arms in _by_state(records).values():
-        if arm not in arms or selecting_arm not in arms or _silenced_up_to(arms[selecting_arm], point) == 0:
-            continue
-        value = (arms[arm].get("points") or {}).get(point, {}).get(measure)
-        if value is not None:
-            values.append(value)
-    return values
+    values = [
+        _value(arms[arm], point, measure)
+        for arms in _states_where_silenced(records, selecting_arm, point)
+        if arm in arms
+    ]
+    return [value for value in values if value is not None]
 
 
 def summarize(records: list[dict]) -> dict:
