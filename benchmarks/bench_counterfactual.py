@@ -14,7 +14,8 @@ S2T in shadow. What differs: every generation's state is saved (``generation_sta
 replay is off (so that the loss runs every layer, as the replay of a saved step does, and the none arm reproduces the
 run bit for bit), and there is no held-out evaluation in training (the counterfactual reads its own held-out probe
 sets). Both stages resume: a finished run (``run_summary.json``) is skipped and an unfinished one continues from its
-newest checkpoint; `stapo-trl counterfactual` skips the generations and arms already in its records.
+newest checkpoint; `stapo-trl counterfactual` skips the generations and arms already in its records. The records do
+not say which commit replayed them: ``analyze --replayed_with "..."`` writes the replayer's account into the JSON.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def replay(root: Path, seed: int) -> Path:
     return output_dir / "counterfactual" / "records.jsonl"
 
 
-def analyze(root: Path, seeds: list[int]) -> dict:
+def analyze(root: Path, seeds: list[int], replayed_with: str | None = None) -> dict:
     sys.path.insert(0, str(REPO))
     from stapo_trl.cli.counterfactual import write_summary
     from stapo_trl.storage import read_json_lines
@@ -95,6 +96,7 @@ def analyze(root: Path, seeds: list[int]) -> dict:
         "settings": {"recipe": str(RECIPE.relative_to(REPO)), "flags": SETTING, "probe_problems": PROBE_PROBLEMS},
         "seeds": seeds,
         "seeds_missing": missing,
+        "replayed_with": replayed_with,
         "summary": summary,
         "records": records,
     }
@@ -110,9 +112,13 @@ def main() -> None:
     parser.add_argument("stage", choices=("train", "replay", "analyze"))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     parser.add_argument("--root", type=Path, default=REPO / "outputs" / "counterfactual")
+    parser.add_argument(
+        "--replayed_with",
+        help="analyze: which code replayed the records (they do not say), written to the JSON as given",
+    )
     args = parser.parse_args()
     if args.stage == "analyze":
-        analyze(args.root, args.seeds)
+        analyze(args.root, args.seeds, args.replayed_with)
         return
     for seed in args.seeds:
         (train if args.stage == "train" else replay)(args.root, seed)

@@ -49,8 +49,8 @@ def write_summary(records_path: Path, output_dir: Path, title: str) -> dict:
     summary = summarize(read_json_lines(records_path))
     write_text_atomically(output_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
     tables = [
-        f"After the generation's {name}: mean [95% interval] (generations with S2T tokens)\n\n"
-        + summary_table(summary, point)
+        f"After the generation's {name}: first arm minus second, mean [95% interval] (n: the generations in which "
+        "the first arm had silenced a token by then; for the last row, s2t)\n\n" + summary_table(summary, point)
         for point, name in (("first_step", "first optimizer step"), ("generation", "last optimizer step"))
     ]
     write_text_atomically(output_dir / TABLE_FILE, "\n\n".join(tables) + "\n")
@@ -60,8 +60,13 @@ def write_summary(records_path: Path, output_dir: Path, title: str) -> dict:
         for first, second in COMPARISONS:
             cell = summary["comparisons"][f"{first} - {second}"]["generation"][measure]
             rows.append(DifferenceRow(f"{first} - {second}", cell["values"], cell["mean"], cell["low"], cell["high"]))
-        panels.append(DifferencePanel(meaning, rows, xlabel="difference per generation"))
-    plot_difference_panels(panels, output_dir / FIGURE_FILE, title=title)
+        panels.append(DifferencePanel(meaning, rows, xlabel="first arm minus second, per generation"))
+    plot_difference_panels(
+        panels,
+        output_dir / FIGURE_FILE,
+        title=f"{title}\nafter each generation's last optimizer step; a dot per generation in which the first arm "
+        "silenced a token; bar: mean and 95% interval",
+    )
     return summary
 
 
