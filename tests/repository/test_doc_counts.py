@@ -148,3 +148,19 @@ def test_the_dump_caps_the_docs_quote_are_the_configs_defaults():
         quoted = re.search(rf"`{name}` \((\d+)\)", text)
         assert quoted is not None, name
         assert int(quoted.group(1)) == fields[name].default, name
+
+
+def test_the_counterfactual_result_recomputes_from_its_records_and_the_docs_quote_it():
+    from stapo_trl.counterfactual.summary import summarize
+
+    result = json.loads((DOCS / "benchmarks" / "counterfactual_2e-3.json").read_text())
+    assert summarize(result["records"]) == result["summary"]
+    primary = result["summary"]["primary"]
+    quoted = f"−{-primary['mean']:.4f} [−{-primary['low']:.4f}, −{-primary['high']:.4f}]"
+    assert primary["high"] < 0 and quoted == "−0.0063 [−0.0092, −0.0034]"
+    benchmarks = (DOCS / "benchmarks.md").read_text()
+    record = (RECORDS / "counterfactual-updates.md").read_text()
+    assert f"−0.0063 nats/token [−0.0092, −0.0034] over the {primary['n']} generations" in benchmarks
+    assert "**−0.0063 nats per token, 95% interval [−0.0092, −0.0034]**" in record
+    assert f"over the {primary['n']} generations" in record
+    assert result["summary"]["reproduction_max_abs_difference"] == 0.0
