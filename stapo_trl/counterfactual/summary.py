@@ -143,19 +143,10 @@ def summarize(records: list[dict]) -> dict:
     per_token = {}
     for arm in [name for name in ARMS if name != NONE_ARM]:
         ratios = []
-        for record in records:
-            if record["arm"] != arm or not record.get("points") or record.get("same_as_none"):
-                continue
-            none = next(
-                (r for r in nones if (r.get("run"), r["generation"]) == (record.get("run"), record["generation"])),
-                None,
-            )
-            count = sum(record.get("silenced_per_step") or [])
-            if none and none.get("points") and count:
-                change = (
-                    record["points"]["generation"]["entropy_change"] - none["points"]["generation"]["entropy_change"]
-                )
-                ratios.append(change / count)
+        for arms in _states_where_silenced(records, arm, "generation"):
+            values = [_value(arms[name], "generation", "entropy_change") for name in (arm, NONE_ARM) if name in arms]
+            if len(values) == 2 and None not in values:
+                ratios.append((values[0] - values[1]) / _silenced_up_to(arms[arm], "generation"))
         per_token[arm] = mean_interval(ratios).__dict__
     first, second, point, measure = PRIMARY
     return {
