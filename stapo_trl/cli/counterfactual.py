@@ -20,7 +20,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="stapo-trl counterfactual",
         description="Apply every saved generation of a training run again from its saved state, once per arm (which "
         "tokens each optimizer step silences: none, S2T, S2T at a hundredth of prob_threshold, as many random "
-        "positive-advantage tokens as S2T, as many lowest-probability positive tokens outside S2T's), on the same "
+        "positive-advantage tokens as S2T, as many lowest-probability positive tokens outside S2T's, every S2T "
+        "candidate, the candidates S2T keeps, and as many of S2T's tokens as those), on the same "
         "completions and dropout masks, and read each update teacher-forced on held-out prompts: the entropy change "
         "and KL on sampled responses, the log-probability of the correct responses, and the update's norm. The run "
         "must have been trained with generation_states_every (one process; for GRPO with shadow_token_rules: [s2t]). "
@@ -49,23 +50,34 @@ def write_summary(records_path: Path, output_dir: Path, title: str) -> dict:
     summary = summarize(read_json_lines(records_path))
     write_text_atomically(output_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
     tables = [
-        f"After the generation's {name}: first arm minus second, mean [95% interval] (n: the generations in which "
-        "the first arm had silenced a token by then; for the last row, s2t)\n\n" + summary_table(summary, point)
+        f"After the generation's {name}: first arm minus second, mean [95% interval] (n). Per generation: each "
+        "generation in which the first arm had silenced a token by then is one draw; per seed: each run's mean over "
+        "those generations is one draw. The last row is the none arm's own value over the generations where s2t "
+        "silenced a token.\n\n" + summary_table(summary, point)
         for point, name in (("first_step", "first optimizer step"), ("generation", "last optimizer step"))
     ]
     write_text_atomically(output_dir / TABLE_FILE, "\n\n".join(tables) + "\n")
+    # The comparisons whose arms the records hold (a study replayed without the later arms has none of theirs).
+    shown = [
+        pair for pair in COMPARISONS if summary["comparisons"][" - ".join(pair)]["generation"]["entropy_change"]["n"]
+    ]
     panels = []
     for measure, meaning in MEASURES.items():
         rows = []
-        for first, second in COMPARISONS:
+        for first, second in shown:
             cell = summary["comparisons"][f"{first} - {second}"]["generation"][measure]
-            rows.append(DifferenceRow(f"{first} - {second}", cell["values"], cell["mean"], cell["low"], cell["high"]))
-        panels.append(DifferencePanel(meaning, rows, xlabel="first arm minus second, per generation"))
+            seeds = cell["seed_level"]
+            rows.append(
+                DifferenceRow(
+                    f"{first} - {second}", cell["values"], seeds["mean"], seeds["low"], seeds["high"], seeds["values"]
+                )
+            )
+        panels.append(DifferencePanel(meaning, rows, xlabel="first arm minus second"))
     plot_difference_panels(
         panels,
         output_dir / FIGURE_FILE,
-        title=f"{title}\nafter each generation's last optimizer step; a dot per generation in which the first arm "
-        "silenced a token; bar: mean and 95% interval",
+        title=f"{title}\nafter each generation's last optimizer step; dot: a generation in which the first arm silenced a "
+        "token; diamond: a run's mean over them; bar: the mean over runs and its 95% interval",
     )
     return summary
 
@@ -77,7 +89,14 @@ def run_counterfactual(run_dir: Path, output_dir: Path, options) -> Path:
     the first generation it had not finished. Returns that path."""
     from tqdm.auto import tqdm
 
-    from ..counterfactual.study import CounterfactualError, build_probe_set, recipe_arguments, run_generation
+    from ..counterfactual.study import (
+        CounterfactualError,
+        build_probe_set,
+        check_statistics_source,
+        recipe_arguments,
+        replay_provenance,
+        run_generation,
+    )
     from ..cpu.runtime import cpu_runtime
     from ..generation_states import saved_generations
     from ..storage import append_text, read_json_lines
@@ -104,6 +123,8 @@ def run_counterfactual(run_dir: Path, output_dir: Path, options) -> Path:
     overrides += ["--heldout_problems", str(options.probe_problems), "--replay_frozen_layers", "false"]
     request = parse_train_args([*recipe_arguments(run_dir), *overrides])
     script, training = request.script, request.training
+    check_statistics_source(training, generations)
+    provenance = replay_provenance()
     with cpu_runtime(training, lm_head=script.cpu_lm_head, replay_frozen_layers=False):
         reward_funcs, model_path = resolve_rewards_and_model(request)
         trainer, tokenizer, heldout = build_trainer(request, reward_funcs, model_path)
@@ -116,6 +137,7 @@ def run_counterfactual(run_dir: Path, output_dir: Path, options) -> Path:
             for record in run_generation(trainer, generation, probe, options):
                 if (record["generation"], record["arm"]) not in done:
                     record["run"] = run_dir.name
+                    record["replayed_with"] = provenance
                     append_text(records_path, json.dumps(record) + "\n")
     settings = {"run_dir": str(run_dir), **asdict(options), "arms": list(options.arms)}
     (output_dir / "settings.json").write_text(json.dumps(settings, indent=2) + "\n")

@@ -27,9 +27,12 @@ reproduction check. Likewise an arm's steps before its first silenced token are 
 from __future__ import annotations
 
 import math
+import platform
 import shlex
+import subprocess
 import time
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +100,69 @@ def checked_arms(arms) -> tuple[str, ...]:
     if unknown:
         raise CounterfactualError(f"Unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}.")
     return tuple(arm for arm in ARMS if arm == NONE_ARM or arm in arms)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def replay_provenance() -> dict[str, Any]:
+    """What replays a run, written into each record: the package's version and, when it runs from a git checkout,
+    its commit and whether its files differ from it; torch's and transformers' versions, the CPU, the threads torch
+    uses and its CPU capability (a replay reproduces a run bit for bit only with the same kernels)."""
+    source = Path(__file__).resolve().parents[1]
+    commit = dirty = None
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        changed = subprocess.run(
+            ["git", "-C", str(source), "status", "--porcelain", "--", "."], capture_output=True, text=True, check=True
+        ).stdout
+        dirty = bool(changed.strip())
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    versions = {}
+    for package in ("stapo-trl", "torch", "transformers", "trl", "peft", "accelerate"):
+        try:
+            versions[package] = version(package)
+        except PackageNotFoundError:
+            versions[package] = None
+    return {
+        "commit": commit,
+        "uncommitted_changes": dirty,
+        "packages": versions,
+        "cpu": _cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def check_statistics_source(config, generations: list[SavedGeneration]) -> None:
+    """Refuse a run whose token rules read ``p`` and ``H`` from the policy being optimized (``token_stats_source:
+    loss``) when a generation feeds several optimizer steps. Its saved steps hold the statistics of the recorded
+    trajectory's policy at each step; once an arm has silenced a token its policy is another, so the tokens an arm
+    would select from its own policy in a later step are not known, and every selection would be read from the wrong
+    policy. With one optimizer step per generation the loss-time statistics are the generating policy's, the same for
+    every arm."""
+    if getattr(config, "token_stats_source", "generation") != "loss":
+        return
+    several = [g.generation for g in generations if g.optimizer_steps > 1]
+    if several:
+        raise CounterfactualError(
+            f"This run took p and H from the policy being optimized (token_stats_source: loss), and its generations "
+            f"feed {max(g.optimizer_steps for g in generations)} optimizer steps each (generation {several[0]} first): "
+            "after an arm's first silenced step its own policy differs from the recorded one, so the saved statistics "
+            "would select its later tokens from the wrong policy. Replay a run trained with token_stats_source: "
+            "generation (the default), or with one optimizer step per generation (steps_per_generation equal to "
+            "gradient_accumulation_steps)."
+        )
 
 
 def recipe_arguments(run_dir: Path) -> list[str]:

@@ -408,14 +408,15 @@ def plot_grouped_bars(
 
 @dataclass
 class DifferenceRow:
-    """One comparison in a `DifferencePanel`: its paired differences, their mean and 95% interval (None where there
-    are too few)."""
+    """One comparison in a `DifferencePanel`: its paired differences, a mean and its 95% interval (None where there
+    are too few), and optionally the mean of each group of differences (a run's, say), drawn larger than the dots."""
 
     label: str
     values: list[float]
     mean: float | None
     low: float | None
     high: float | None
+    group_means: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -426,8 +427,9 @@ class DifferencePanel:
 
 
 def plot_difference_panels(panels: Sequence[DifferencePanel], path: str | Path, title: str | None = None) -> Path:
-    """One panel per measure: for each comparison (a row), every paired difference as a dot and their mean with its
-    95% interval as a bar, beside a line at 0. A comparison without differences says so in place of its dots."""
+    """One panel per measure: for each comparison (a row), every paired difference as a dot, each group's mean as a
+    diamond, and the row's mean with its 95% interval as a bar, beside a line at 0. A comparison without differences
+    says so in place of its dots."""
     if not panels:
         raise ValueError("There are no panels to plot.")
     rows = max(len(panel.rows) for panel in panels)
@@ -448,7 +450,11 @@ def plot_difference_panels(panels: Sequence[DifferencePanel], path: str | Path, 
                 )
                 continue
             jitter = np.linspace(-0.15, 0.15, len(row.values)) if len(row.values) > 1 else np.zeros(1)
-            axis.scatter(row.values, y + jitter, s=10, alpha=0.5, color="C0", zorder=2)
+            axis.scatter(row.values, y + jitter, s=8, alpha=0.35, color="C0", zorder=2)
+            if row.group_means:
+                axis.scatter(
+                    row.group_means, [y + 0.25] * len(row.group_means), s=22, marker="D", color="C1", zorder=3
+                )
             if row.low is not None and row.high is not None:
                 axis.hlines(y, row.low, row.high, color="C3", linewidth=2.5, zorder=3)
             if row.mean is not None:

@@ -13,7 +13,13 @@ Every arm but ``none`` is compared with S2T's own selection of the step:
 - ``lowest_p_outside_s2t``: as many tokens as ``s2t`` silences, the positive-advantage loss tokens of lowest
   probability among those ``s2t`` keeps, so that it shares no token with ``s2t``: S2T's candidates above ``tau_h``
   first, then the next least likely positive tokens. It matches ``s2t`` on the sign of the advantage and, as closely
-  as the step allows, on ``p``, but not on ``H``.
+  as the step allows, on ``p``, but not on ``H``;
+- ``p_only``: every S2T candidate (a positive-advantage loss token with ``p`` below ``prob_threshold``), whatever its
+  entropy: the probability-only ablation of the paper (§5, "w/o entropy"), S2T's tokens included;
+- ``low_p_high_h``: the S2T candidates S2T keeps, those with entropy at or above ``tau_h``: disjoint from ``s2t``,
+  selected by the same probability criterion, differing in entropy;
+- ``s2t_as_many_as_low_p_high_h``: as many of S2T's tokens as ``low_p_high_h`` silences, drawn uniformly from S2T's: the
+  count-matched partner of ``low_p_high_h`` (both low ``p``, one low ``H`` and one high).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import torch
 
 from .random_silencing import count_matched_draw
 from .registry import per_token_advantages
-from .s2t import spurious_token_mask
+from .s2t import spurious_token_candidates, spurious_token_mask
 
 NONE_ARM = "none"
 LOW_P_DIVISOR = 100.0
@@ -95,6 +101,14 @@ def lowest_p_outside(tokens: StepTokens, excluded: torch.Tensor, count: int) -> 
     return chosen.view_as(pool)
 
 
+def low_p_candidates(tokens: StepTokens, prob_threshold: float) -> torch.Tensor:
+    """S2T's candidates of the step (`spurious_token_candidates`): positive-advantage loss tokens with ``p`` below
+    ``prob_threshold``."""
+    return spurious_token_candidates(
+        tokens.log_probs, tokens.entropies, tokens.advantages, tokens.loss_mask, prob_threshold=prob_threshold
+    )
+
+
 def _none(tokens: StepTokens, settings: ArmSettings) -> torch.Tensor:
     return torch.zeros_like(tokens.loss_mask, dtype=torch.bool)
 
@@ -116,6 +130,20 @@ def _lowest_p_outside_s2t(tokens: StepTokens, settings: ArmSettings) -> torch.Te
     return lowest_p_outside(tokens, settings.s2t, int(settings.s2t.sum()))
 
 
+def _p_only(tokens: StepTokens, settings: ArmSettings) -> torch.Tensor:
+    return low_p_candidates(tokens, settings.prob_threshold)
+
+
+def _low_p_high_h(tokens: StepTokens, settings: ArmSettings) -> torch.Tensor:
+    return low_p_candidates(tokens, settings.prob_threshold) & ~settings.s2t.bool()
+
+
+def _s2t_as_many_as_low_p_high_h(tokens: StepTokens, settings: ArmSettings) -> torch.Tensor:
+    count = int(_low_p_high_h(tokens, settings).sum())
+    (drawn,) = count_matched_draw([settings.s2t.bool()], count, settings.generator)
+    return drawn
+
+
 ARMS: dict[str, Arm] = {
     arm.name: arm
     for arm in (
@@ -128,22 +156,38 @@ ARMS: dict[str, Arm] = {
             "as many positive-advantage tokens as S2T silences, the least likely of those S2T keeps",
             _lowest_p_outside_s2t,
         ),
+        Arm("p_only", "every S2T candidate (p below prob_threshold, any entropy)", _p_only),
+        Arm("low_p_high_h", "the S2T candidates S2T keeps (entropy at or above tau_h)", _low_p_high_h),
+        Arm(
+            "s2t_as_many_as_low_p_high_h",
+            "as many of S2T's tokens as low_p_high_h silences, drawn uniformly",
+            _s2t_as_many_as_low_p_high_h,
+        ),
     )
 }
-"""The arms by name, in the order they run."""
+"""The arms by name, in the order they run. An arm's random draws are seeded by its position here: new arms go last."""
 
 
 COMPARISONS = (
+    ("s2t_as_many_as_low_p_high_h", "low_p_high_h"),
     ("s2t", "lowest_p_outside_s2t"),
     ("s2t", "random_positive"),
     ("s2t", "none"),
     ("lowest_p_outside_s2t", "none"),
     ("random_positive", "none"),
     ("s2t_low_p", "none"),
+    ("p_only", "none"),
+    ("p_only", "s2t"),
+    ("low_p_high_h", "none"),
+    ("s2t_as_many_as_low_p_high_h", "none"),
 )
-"""The comparisons `stapo-trl counterfactual` reports, first arm minus second. The first, with the entropy change after
-a generation's last step, is the primary one of the study in docs/records/counterfactual-updates.md."""
+"""The comparisons `stapo-trl counterfactual` reports, first arm minus second. With the entropy change after a
+generation's last step, the first is the primary comparison of the study's second plan (2026-12-05) and the second that
+of its first plan (2026-11-28); both plans are in docs/records/counterfactual-updates.md."""
 PRIMARY_COMPARISON = COMPARISONS[0]
+FIRST_PLAN_PRIMARY_COMPARISON = COMPARISONS[1]
+REFERENCE_ARM = "s2t"
+"""The arm whose selection the counts of a summary describe (how many generations and tokens S2T silenced)."""
 
 
 def arm_settings(config, tokens: StepTokens, generator: torch.Generator) -> ArmSettings:

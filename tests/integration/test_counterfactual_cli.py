@@ -7,9 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from stapo_trl.cli import main
+from stapo_trl.token_rules.counterfactual_arms import ARMS
 
 pytestmark = pytest.mark.slow
 
@@ -60,10 +62,11 @@ def test_counterfactual_replays_every_generation_and_writes_its_outputs(saved_ru
     output = saved_run / "counterfactual"
     records = [json.loads(line) for line in (output / "records.jsonl").read_text().splitlines()]
     assert sorted({(r["generation"], r["arm"]) for r in records}) == [
-        (generation, arm)
-        for generation in (0, 1)
-        for arm in sorted(("none", "s2t", "s2t_low_p", "random_positive", "lowest_p_outside_s2t"))
+        (generation, arm) for generation in (0, 1) for arm in sorted(ARMS)
     ]
+    assert len(ARMS) == 8 and {"p_only", "low_p_high_h", "s2t_as_many_as_low_p_high_h"} < set(ARMS)
+    provenance = records[0]["replayed_with"]
+    assert provenance["packages"]["torch"] == torch.__version__ and provenance["threads"] == torch.get_num_threads()
     nones = [r for r in records if r["arm"] == "none"]
     assert all(r["reproduction_max_abs_difference"] == [0.0, 0.0] for r in nones)
     summary = json.loads((output / "summary.json").read_text())
@@ -76,6 +79,9 @@ def test_counterfactual_replays_every_generation_and_writes_its_outputs(saved_ru
             values = record["points"][point]
             assert values["kl_from_state"] >= 0 and values["update_norm"] > 0
     table = (output / "table.md").read_text()
+    assert "| s2t - lowest_p_outside_s2t | generation |" in table and "| | seed |" in table
+    assert summary["primary"]["comparison"] == "s2t_as_many_as_low_p_high_h - low_p_high_h"
+    assert summary["primary"]["seed_level"]["runs"] in ([], [saved_run.name])
     assert "| s2t - lowest_p_outside_s2t |" in table and "After the generation's first optimizer step" in table
     assert "| none itself (not a difference) |" in table
     assert (output / "counterfactual.png").stat().st_size > 10_000

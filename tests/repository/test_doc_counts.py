@@ -155,9 +155,17 @@ def test_the_counterfactual_result_recomputes_from_its_records_and_the_docs_quot
 
     result = json.loads((DOCS / "benchmarks" / "counterfactual_2e-3.json").read_text())
     assert summarize(result["records"]) == result["summary"]
-    primary = result["summary"]["primary"]
+    primary = result["summary"]["first_plan_primary"]
+    assert primary["comparison"] == "s2t - lowest_p_outside_s2t"
     quoted = f"−{-primary['mean']:.4f} [−{-primary['low']:.4f}, −{-primary['high']:.4f}]"
     assert primary["high"] < 0 and quoted == "−0.0063 [−0.0092, −0.0034]"
+    seeds = primary["seed_level"]
+    assert (seeds["n"], f"{seeds['mean']:.4f}", f"{seeds['low']:.4f}", f"{seeds['high']:+.4f}") == (
+        4,
+        "-0.0066",
+        "-0.0137",
+        "+0.0006",
+    )
     benchmarks = (DOCS / "benchmarks.md").read_text()
     record = (RECORDS / "counterfactual-updates.md").read_text()
     assert f"−0.0063 nats/token [−0.0092, −0.0034] over the {primary['n']} generations" in benchmarks

@@ -4,6 +4,7 @@ which tokens they silence, and each arm's selection and the summary's statistics
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 import torch
@@ -72,6 +73,37 @@ def test_lowest_p_outside_s2t_takes_the_least_likely_positive_tokens_s2t_keeps()
     assert not (chosen & S2T).any()
     one = lowest_p_outside(TOKENS, S2T, 1)
     assert one.tolist() == [[False, False, False, True], [False, False, False, False]]
+
+
+def test_p_only_silences_every_s2t_candidate_whatever_its_entropy():
+    # The candidates of the positive response: tokens 0, 2 and 3 (p 0.001, 0.0005, 0.001); token 1 (p 0.5) is not.
+    chosen = select_tokens("p_only", TOKENS, settings())
+    assert chosen.tolist() == [[True, False, True, True], [False, False, False, False]]
+
+
+def test_low_p_high_h_silences_the_candidates_s2t_keeps():
+    # tau_h is 0.7: the candidate with H 0.9 is at or above it, so S2T keeps it and this arm silences it.
+    chosen = select_tokens("low_p_high_h", TOKENS, settings())
+    assert chosen.tolist() == [[False, False, False, True], [False, False, False, False]]
+    assert not (chosen & S2T).any()
+
+
+def test_s2t_as_many_as_low_p_high_h_draws_that_many_of_s2ts_tokens():
+    drawn_tokens = set()
+    for seed in range(20):
+        drawn = select_tokens("s2t_as_many_as_low_p_high_h", TOKENS, settings(seed))
+        assert int(drawn.sum()) == 1  # low_p_high_h silences one token
+        assert not (drawn & ~S2T).any()  # only S2T's tokens (0 and 2) are drawn
+        drawn_tokens.add(int(drawn[0].nonzero()[0]))
+    assert drawn_tokens == {0, 2}
+
+
+def test_the_arms_that_existed_before_keep_their_random_draws():
+    # A random arm's draws are seeded by its position in ARMS: new arms go last, so the first study's records stay
+    # reproducible.
+    from stapo_trl.token_rules.counterfactual_arms import ARMS
+
+    assert list(ARMS)[:5] == ["none", "s2t", "s2t_low_p", "random_positive", "lowest_p_outside_s2t"]
 
 
 def test_an_unknown_arm_is_refused_and_none_always_runs_first():
@@ -150,7 +182,57 @@ def test_the_none_arms_own_change_is_read_over_the_generations_where_s2t_silence
     assert arm_values(records, "none", "s2t", "first_step", "entropy_change") == [-0.75]
     own = summarize(records)["none_over_the_same_generations"]["generation"]["entropy_change"]
     assert (own["n"], own["mean"]) == (2, -0.5)
-    assert "| none itself (not a difference) | -0.5 [" in summary_table(summarize(records))
+    assert "| none itself (not a difference) | generation | -0.5 [" in summary_table(summarize(records))
+
+
+def test_the_seed_level_interval_averages_each_run_first():
+    # Run a: differences 0.25 and 0.75 (mean 0.5); run b: -0.25 (one generation); run c: 0.5 and 1.0 (mean 0.75).
+    records = []
+    for run, generation, difference in (("a", 0, 0.25), ("a", 1, 0.75), ("b", 0, -0.25), ("c", 0, 0.5), ("c", 1, 1.0)):
+        records += [
+            {**record(generation, "s2t", [1, 0], difference), "run": run},
+            {**record(generation, "none", [0, 0], 0.0), "run": run},
+        ]
+    cell = summarize(records)["comparisons"]["s2t - none"]["generation"]["entropy_change"]
+    assert (cell["n"], cell["mean"]) == (5, pytest.approx(0.45))
+    seed_level = cell["seed_level"]
+    assert seed_level["runs"] == ["a", "b", "c"]
+    assert seed_level["values"] == [0.5, -0.25, 0.75]
+    half = 4.3027 * statistics.stdev([0.5, -0.25, 0.75]) / math.sqrt(3)
+    assert (seed_level["mean"], seed_level["low"], seed_level["high"]) == pytest.approx(
+        (1 / 3, 1 / 3 - half, 1 / 3 + half), abs=1e-3
+    )
+
+
+def test_grad_norm_ratios_count_the_steps_in_which_the_arm_silenced_a_token():
+    records = [
+        {"run": "r", "generation": 0, "arm": "none", "silenced_per_step": [0, 0, 0], "grad_norms": [1.0, 2.0, 4.0]},
+        {"run": "r", "generation": 0, "arm": "s2t", "silenced_per_step": [0, 3, 1], "grad_norms": [1.0, 1.0, 8.0]},
+        {"run": "r", "generation": 1, "arm": "none", "silenced_per_step": [0], "grad_norms": [1.0]},
+        {"run": "r", "generation": 1, "arm": "s2t", "silenced_per_step": [0], "grad_norms": [1.0]},
+    ]
+    ratios = summarize(records)["grad_norm_ratio_vs_none"]["s2t"]
+    # Steps 1 and 2 of generation 0: ratios 0.5 and 2.0, geometric mean 1.
+    assert ratios == {"steps": 2, "geometric_mean": pytest.approx(1.0), "median": 1.25, "min": 0.5, "max": 2.0}
+
+
+def test_the_silenced_token_profile_is_the_median_of_the_steps_medians():
+    profile = [{"log_prob_median": math.log(0.001), "entropy_median": 1.0}, {"log_prob_median": None}]
+    records = [
+        {"run": "r", "generation": 0, "arm": "s2t", "silenced_per_step": [2, 0], "silenced_profile": profile},
+        {
+            "run": "r",
+            "generation": 1,
+            "arm": "s2t",
+            "silenced_per_step": [1],
+            "silenced_profile": [{"log_prob_median": math.log(0.003), "entropy_median": 3.0}],
+        },
+    ]
+    assert summarize(records)["silenced_token_profile"]["s2t"] == {
+        "steps": 2,
+        "median_p": pytest.approx(0.002),
+        "median_entropy": 2.0,
+    }
 
 
 # --- replaying saved generations on the tiny model ----------------------------------------------------------------------
@@ -368,6 +450,19 @@ def test_saving_states_needs_a_token_rule_and_one_process(tmp_path):
         tiny_config(STAPOConfig, tmp_path, use_s2t_mask=False, generation_states_every=1)
     with pytest.raises(ValueError, match="generation_states_every must be an integer >= 0"):
         tiny_config(STAPOConfig, tmp_path, generation_states_every=-1)
+
+
+def test_a_run_whose_rules_read_the_loss_policy_is_refused_when_a_generation_feeds_several_steps(tmp_path):
+    from stapo_trl.counterfactual.study import CounterfactualError, check_statistics_source
+    from stapo_trl.generation_states import SavedGeneration
+
+    loss = tiny_config(STAPOConfig, tmp_path, token_stats_source="loss")
+    generation = tiny_config(STAPOConfig, tmp_path)
+    several = [SavedGeneration(tmp_path, 0, 0, 4)]
+    with pytest.raises(CounterfactualError, match="token_stats_source: loss.*feed 4 optimizer steps"):
+        check_statistics_source(loss, several)
+    check_statistics_source(generation, several)  # the generating policy: the same saved state for every arm
+    check_statistics_source(loss, [SavedGeneration(tmp_path, 0, 0, 1)])  # one step: the loss policy generated it
 
 
 def test_a_run_without_saved_states_is_refused_before_anything_loads(tmp_path, capsys):
