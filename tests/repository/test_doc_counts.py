@@ -168,7 +168,9 @@ def test_the_counterfactual_result_recomputes_from_its_records_and_the_docs_quot
     )
     benchmarks = (DOCS / "benchmarks.md").read_text()
     record = (RECORDS / "counterfactual-updates.md").read_text()
-    assert f"−0.0063 nats/token [−0.0092, −0.0034] over the {primary['n']} generations" in benchmarks
+    assert f"−0.0063 [−0.0092, −0.0034] over the {primary['n']} generations" in benchmarks
+    assert f"−0.0066 nats/token [−0.0137, +0.0006] over the {seeds['n']} seed means" in benchmarks
+    assert "**−0.0066 nats per token, with a 95% t-interval over the four seed means" in record
     assert "**−0.0063 nats per token, 95% interval [−0.0092, −0.0034]**" in record
     assert f"over the {primary['n']} generations" in record
     assert result["summary"]["reproduction_max_abs_difference"] == 0.0
