@@ -9,17 +9,23 @@ rollout. Naming this class there makes each of those processes import stapo-trl:
   'stapo_trl.verl.actor_config.CheckedFSDPActorConfig'`` and ``No module named 'stapo_trl'``;
 - a process with it has the plugin's loss modes registered (this module imports them, whatever
   ``VERL_USE_EXTERNAL_PLUGINS`` says), and :func:`check_actor_settings` runs: a ``loss_mode`` verl does not know, or
-  an S2T loss without verl's entropy, stops the run there too.
+  an S2T loss without verl's entropy, stops the run there too;
+- on the driver, verl's ``validate_config`` calls the config's ``validate`` with ``actor_rollout_ref.model``, a node of
+  the whole config, from which :func:`check_trainer_settings` reads the trainer's settings: a pool trainer mode
+  (``stapo_sync``) that verl would ignore (``trainer.use_v1=False``) or cannot run (no v1 trainer) stops there.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
+from omegaconf import DictConfig, OmegaConf
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
 from verl.workers.config import FSDPActorConfig
 
 from .losses import SILENCING_LOSS_MODES
+from .mini_batch_pool import POOL_TRAINER_MODES
 
 INSTALL_HINT = (
     "Install stapo-trl with its verl extra in the environment of every node (pip install -e '.[verl]' in a clone of "
@@ -55,9 +61,50 @@ def check_actor_settings(actor: Any) -> None:
         )
 
 
+def v1_trainer_unavailable() -> str | None:
+    """Why verl's v1 trainer, which the pool trainer subclasses, cannot be imported here; None when it can."""
+    for module in ("transfer_queue", "verl.trainer.ppo.v1.trainer_sync"):
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            return f"importing {module} fails ({error})"
+    return None
+
+
+def check_trainer_settings(config: Any) -> None:
+    """Refuse a pool trainer mode that this run would not use: with ``trainer.use_v1=False`` verl's v0 trainer ignores
+    ``trainer.v1.trainer_mode`` and would train with no mask, and without verl's v1 trainer (a verl without
+    TransferQueue, such as its ``neo`` branch) the mode cannot be built."""
+    mode = OmegaConf.select(config, "trainer.v1.trainer_mode")
+    if mode not in POOL_TRAINER_MODES:
+        return
+    alternative = (
+        "For S2T on this trainer, use the per-micro-batch loss instead: actor_rollout_ref.actor.policy_loss.loss_mode="
+        "stapo with actor_rollout_ref.actor.calculate_entropy=True (docs/verl.md)."
+    )
+    if not OmegaConf.select(config, "trainer.use_v1", default=True):
+        raise ValueError(
+            f"trainer.v1.trainer_mode={mode} is the S2T pool over whole mini-batches, which exists only in verl's v1 "
+            "trainer, and trainer.use_v1=False selects verl's v0 trainer, which ignores trainer_mode: the run would "
+            f"train with no mask. Set trainer.use_v1=True. {alternative}"
+        )
+    problem = v1_trainer_unavailable()
+    if problem is not None:
+        raise ValueError(
+            f"trainer.v1.trainer_mode={mode} subclasses verl's v1 trainer, which this verl cannot provide: {problem}. "
+            f"The pool trainer supports verl 0.9.1 with its verl-core extra (pip install -e '.[verl]'). {alternative}"
+        )
+
+
 class CheckedFSDPActorConfig(FSDPActorConfig):
-    """verl's ``FSDPActorConfig``, plus :func:`check_actor_settings` when it is built."""
+    """verl's ``FSDPActorConfig``, plus :func:`check_actor_settings` when it is built and
+    :func:`check_trainer_settings` when verl validates it on the driver."""
 
     def __post_init__(self):
         super().__post_init__()
         check_actor_settings(self)
+
+    def validate(self, n_gpus: int, train_batch_size: int, model_config: Any = None):
+        super().validate(n_gpus, train_batch_size, model_config)
+        if isinstance(model_config, DictConfig):
+            check_trainer_settings(model_config._get_root())

@@ -19,6 +19,11 @@ import torch
 from ..distributed import world_size
 from ..token_rules import TokenRuleResult
 
+POOL_TRAINER_MODES: set[str] = {"stapo_sync"}
+"""The ``trainer.v1.trainer_mode`` names of the pool trainer (``stapo_sync`` and those given to
+``register_s2t_pool_trainer``), kept here, apart from verl's v1 trainer, so that the start-up checks can name them
+where that trainer cannot be imported."""
+
 
 def optimizer_step_rows(batch_size: int, dp_size: int, mini_batch_size: int) -> list[torch.Tensor]:
     """The rows of a batch of ``batch_size`` rows that each optimizer step of verl's actor update trains on.

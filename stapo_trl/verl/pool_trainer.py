@@ -9,8 +9,15 @@ verl's driver already holds for the whole batch: the old policy's log-probabilit
 
 verl's engine then divides ``token-mean`` by the step's ``loss_mask`` tokens over all ranks: the step's kept tokens, as
 TRL's ``dapo`` does with stapo-trl's whole-step mask. No code of verl is patched; the subclass overrides the driver's
-``_update_actor``, which :mod:`.drift` checks. This module imports verl's v1 trainer, which needs verl's ``verl-core``
-extra (TransferQueue); it is the ``stapo_trl_trainer`` entry point of ``verl.plugins``.
+``_update_actor``, which :mod:`.drift` checks.
+
+Everything else is verl's sync trainer. verl chooses its sync or asynchronous behaviour by comparing the trainer's
+``trainer_mode`` attribute with ``"sync"`` (``verl/trainer/ppo/v1/trainer_base.py``: set at line 129, read for the
+replay buffer at 130 and 153, the dataloader's generation batch size at 731, TransferQueue state in checkpoints at 902,
+912 and 1004, and the prompt fields stored in TransferQueue at 1499). The subclass's ``trainer_mode`` reads ``"sync"``
+whatever name it was registered under, so each of those branches is the sync trainer's. This module imports verl's v1
+trainer, which needs verl's ``verl-core`` extra (TransferQueue); it is the ``stapo_trl_trainer`` entry point of
+``verl.plugins``.
 """
 
 from __future__ import annotations
@@ -25,9 +32,12 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.workers.utils.padding import response_to_nested
 
 from .losses import SILENCING_LOSS_MODES, s2t_keep_rule, s2t_metrics
-from .mini_batch_pool import optimizer_step_rows, whole_step_keep
+from .mini_batch_pool import POOL_TRAINER_MODES, optimizer_step_rows, whole_step_keep
 
 POOL_TRAINER_MODE = "stapo_sync"
+CHECKED_ACTOR_CONFIG = "stapo_trl.verl.actor_config.CheckedFSDPActorConfig"
+SYNC_MODE = "sync"
+"""The mode name verl's v1 trainer compares with to take its sync branches."""
 POOL_FIELDS = ("old_log_probs", "entropy", "advantages", "response_mask", "loss_mask")
 MASK_FIELDS = ("response_mask", "loss_mask")
 
@@ -46,6 +56,11 @@ def check_pool_settings(config: Any) -> None:
         problems.append(
             "actor_rollout_ref.actor.shuffle=True shuffles each rank's rows into mini-batches on the workers, so the "
             "driver cannot know each optimizer step's rows: set it to False"
+        )
+    if actor.get("_target_") != CHECKED_ACTOR_CONFIG:
+        problems.append(
+            f"it needs actor_rollout_ref.actor._target_={CHECKED_ACTOR_CONFIG}, whose check on verl's driver stops a "
+            "run that would train without the pool (trainer.use_v1=False ignores the trainer mode) before Ray starts"
         )
     correction = config.algorithm.get("rollout_correction", None)
     if correction is not None and correction.get("bypass_mode", False):
@@ -73,6 +88,21 @@ class S2TPoolTrainer(PPOTrainerSync):
 
     keep_rule = s2t_keep_rule()
     """S2T with the paper's thresholds; :func:`register_s2t_pool_trainer` registers others."""
+
+    registered_mode: str | None = None
+    """The ``trainer.v1.trainer_mode`` that selected this trainer (``stapo_sync``, or a name given to
+    :func:`register_s2t_pool_trainer`)."""
+
+    @property
+    def trainer_mode(self) -> str:
+        """``"sync"``: verl's v1 trainer compares this attribute with ``"sync"`` to take its sync branches (see the
+        module docstring), which this trainer takes in every respect but the mask."""
+        return SYNC_MODE
+
+    @trainer_mode.setter
+    def trainer_mode(self, name: str) -> None:
+        # verl's PPOTrainer.__init__ assigns the configured mode's name here; it is kept, and reads stay "sync".
+        self.registered_mode = name
 
     def __init__(self, config):
         check_pool_settings(config)
@@ -125,6 +155,7 @@ def register_s2t_pool_trainer(name: str, **thresholds):
         (S2TPoolTrainer,),
         {"keep_rule": s2t_keep_rule(**thresholds), "__module__": __name__},
     )
+    POOL_TRAINER_MODES.add(name)
     return register_trainer(name)(trainer)
 
 

@@ -204,6 +204,7 @@ def pool_config():
         f"actor_rollout_ref.rollout.n={ROLLOUT_N}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={PROMPTS_PER_STEP}",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.actor._target_=stapo_trl.verl.actor_config.CheckedFSDPActorConfig",
     ]
     with initialize_config_dir(config_dir=config_dir, version_base=None):
         return compose(config_name="ppo_trainer", overrides=overrides)
@@ -279,7 +280,9 @@ def test_the_metrics_are_the_mean_over_steps_and_leave_out_an_undefined_threshol
 
 def test_a_registered_pool_trainer_carries_its_thresholds(monkeypatch):
     monkeypatch.delitem(TRAINER_REGISTRY, "stapo_sync_test", raising=False)
+    monkeypatch.setattr(pool_trainer, "POOL_TRAINER_MODES", set(pool_trainer.POOL_TRAINER_MODES))
     trainer = pool_trainer.register_s2t_pool_trainer("stapo_sync_test", prob_threshold=0.05, entropy_quantile=0.5)
+    assert "stapo_sync_test" in pool_trainer.POOL_TRAINER_MODES
     assert get_trainer_cls("stapo_sync_test") is trainer and issubclass(trainer, S2TPoolTrainer)
     assert trainer.keep_rule.keywords == THRESHOLDS
     assert S2TPoolTrainer.keep_rule.keywords == {"prob_threshold": 0.002, "entropy_quantile": 0.8}

@@ -104,3 +104,60 @@ def test_without_the_plugin_the_trainer_mode_is_unknown_to_the_v1_task_runner(mo
     monkeypatch.delitem(TRAINER_REGISTRY, "stapo_sync")
     with pytest.raises(ValueError, match=r"Unknown trainer 'stapo_sync'\. Available trainers: .*sync"):
         get_trainer_cls("stapo_sync")
+
+
+POOL = ["trainer.v1.trainer_mode=stapo_sync", "actor_rollout_ref.actor.policy_loss.loss_mode=vanilla"]
+
+
+def test_the_pool_trainer_mode_with_the_v0_trainer_stops_before_ray_starts():
+    """verl's v0 trainer ignores ``trainer.v1.trainer_mode``: with ``use_v1=False`` the run would train with no mask.
+    verl's own check before Ray starts calls the checked actor config's ``validate`` with a node of the whole config."""
+    config = recipe_config(*POOL, "trainer.use_v1=False")
+    with pytest.raises(ValueError, match=r"trainer.use_v1=False selects verl's v0 trainer.*Set trainer.use_v1=True"):
+        driver_checks_the_config(config)
+    driver_checks_the_config(recipe_config(*POOL))  # use_v1=True, the recipe's: passes
+    driver_checks_the_config(recipe_config("trainer.use_v1=False"))  # the per-micro-batch loss on v0: passes
+
+
+def test_the_pool_trainer_mode_without_verl_s_v1_trainer_names_the_per_micro_batch_loss(monkeypatch):
+    """verl's next trainer (its ``neo`` branch) has no TransferQueue and no v1 trainer; simulated here by an import of
+    TransferQueue that fails."""
+    import stapo_trl.verl.actor_config as actor_config
+
+    real_import = actor_config.importlib.import_module
+
+    def without_transfer_queue(name, *args):
+        if name == "transfer_queue":
+            raise ModuleNotFoundError("No module named 'transfer_queue'")
+        return real_import(name, *args)
+
+    monkeypatch.setattr(actor_config.importlib, "import_module", without_transfer_queue)
+    with pytest.raises(ValueError, match=r"importing transfer_queue fails.*verl 0\.9\.1.*loss_mode=stapo"):
+        driver_checks_the_config(recipe_config(*POOL))
+    driver_checks_the_config(recipe_config())  # the per-micro-batch loss needs no v1 trainer: passes
+
+
+def test_the_per_micro_batch_loss_registers_without_transfer_queue_or_the_v1_trainer():
+    """What the plugin keeps on a verl without the v1 trainer: the loss modes, whose module imports neither."""
+    import subprocess
+
+    script = (
+        "import sys\n"
+        "sys.modules['transfer_queue'] = None\n"
+        "sys.modules['verl.trainer.ppo.v1'] = None\n"
+        "import stapo_trl.verl.losses\n"
+        "from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY\n"
+        "assert {'stapo', 'stare', 'stare_c2'} <= set(POLICY_LOSS_REGISTRY), sorted(POLICY_LOSS_REGISTRY)\n"
+        "print('registered')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "registered" in result.stdout
+
+
+def test_the_pool_trainer_mode_needs_the_checked_actor_config():
+    from stapo_trl.verl.pool_trainer import S2TPoolTrainer
+
+    config = recipe_config(*POOL, "actor_rollout_ref.actor._target_=verl.workers.config.FSDPActorConfig")
+    with pytest.raises(ValueError, match=r"needs actor_rollout_ref.actor._target_=stapo_trl.verl.actor_config"):
+        S2TPoolTrainer(config)
