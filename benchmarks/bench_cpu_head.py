@@ -56,7 +56,7 @@ def run_case(case: dict) -> dict:
             )
             return log_probs, entropies
     else:
-        from stapo_trl.cpu.logprob_entropy import cpu_logprob_entropy
+        from stapo_trl.core.token_stats.torch_backend import cpu_logprob_entropy
 
         def step(h):
             return cpu_logprob_entropy(

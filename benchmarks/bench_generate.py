@@ -77,9 +77,9 @@ def measure_first_generation(repeats: int, results: dict, scratch: Path, top_ops
     """Replace the trainer's generation by the measurement, which ends the process once done."""
     import torch
 
+    from stapo_trl.core.token_stats.generation import GenerationStatsRecorder
+    from stapo_trl.core.trainer import STAPOTrainer
     from stapo_trl.cpu import kv_cache
-    from stapo_trl.fused_stats.generation import GenerationStatsRecorder
-    from stapo_trl.trainer import STAPOTrainer
 
     original = STAPOTrainer.generate_single_turn
     built = kv_cache.inplace_cache

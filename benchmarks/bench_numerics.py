@@ -32,7 +32,7 @@ MEMORY_RUNS = [("naive", 4096), ("torch", 4096), ("torch", 32768), ("torch", 131
 def degenerate_rows() -> list[dict]:
     import torch
 
-    from stapo_trl.fused_stats import BACKENDS
+    from stapo_trl.core.token_stats.backends import BACKENDS
 
     inf = float("inf")
     eye = torch.eye(4)
@@ -87,7 +87,7 @@ def bf16_against_fp32(seeds: int) -> list[dict]:
     import torch
 
     from stapo_trl import spurious_token_mask
-    from stapo_trl.fused_stats import BACKENDS
+    from stapo_trl.core.token_stats.backends import BACKENDS
 
     shape = BF16_SHAPE
     log_tau_p = math.log(0.002)
@@ -159,7 +159,7 @@ def bf16_against_fp32(seeds: int) -> list[dict]:
 def measure_memory(method: str, tokens: int, hidden_size: int, vocab: int) -> dict:
     import torch
 
-    from stapo_trl.fused_stats import BACKENDS
+    from stapo_trl.core.token_stats.backends import BACKENDS
 
     function, generator = BACKENDS[method], torch.Generator().manual_seed(0)
 

@@ -28,7 +28,7 @@ METHODS = ["naive", "torch", "liger", "trl_fused_head"]
 def measure(method: str, tokens: int, hidden: int, vocab: int, repeats: int) -> dict:
     import torch
 
-    from stapo_trl.fused_stats import BACKENDS
+    from stapo_trl.core.token_stats.backends import BACKENDS
 
     torch.manual_seed(0)
     hidden_states = torch.randn(tokens, hidden, requires_grad=True)

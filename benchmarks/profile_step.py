@@ -257,9 +257,9 @@ def install_timers(clock: Clock) -> None:
 def install_token_rule_timers(clock: Clock) -> None:
     """Time, as ``token_rule_work``, what only a run with token rules runs (see the module docstring)."""
     try:
-        from stapo_trl.fused_stats.generation import GenerationStatsRecorder
-        from stapo_trl.token_stats import TokenStatistics
-        from stapo_trl.trainer import STAPOTrainer
+        from stapo_trl.core.token_stats.generation import GenerationStatsRecorder
+        from stapo_trl.core.token_stats.statistics import TokenStatistics
+        from stapo_trl.core.trainer import STAPOTrainer
     except ImportError:  # an earlier stapo-trl, profiled with --recipe and its own PYTHONPATH
         return
 

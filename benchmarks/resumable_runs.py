@@ -19,7 +19,7 @@ def run_to_the_end(command: list[str], output_dir: Path, threads: int | None, ec
     Prints the run's output lines that ``echo`` selects as they come, and the time taken; raises with the end of its
     stderr when it fails. ``threads`` caps torch's CPU threads (OMP_NUM_THREADS)."""
     sys.path.insert(0, str(REPO))
-    from stapo_trl.resume import last_complete_checkpoint
+    from stapo_trl.core.resume import last_complete_checkpoint
 
     command = list(command)
     checkpoint = last_complete_checkpoint(output_dir) if output_dir.is_dir() else None

@@ -13,21 +13,21 @@ from typing import TYPE_CHECKING
 from .version import __version__ as __version__
 
 _LAZY = {
-    "STAPOConfig": ".config",
-    "STAPOTrainer": ".trainer",
+    "STAPOConfig": ".core.config",
+    "STAPOTrainer": ".core.trainer",
     "cpu_runtime": ".cpu",
-    "token_logprob_entropy": ".fused_stats",
-    "linear_quantiles": ".token_rules",
-    "logit_grad_sq_norm_lower_bound": ".token_rules",
-    "spurious_token_mask": ".token_rules",
+    "token_logprob_entropy": ".core.token_stats.backends",
+    "linear_quantiles": ".core.token_rules",
+    "logit_grad_sq_norm_lower_bound": ".core.token_rules",
+    "spurious_token_mask": ".core.token_rules",
 }
 
 if TYPE_CHECKING:
-    from .config import STAPOConfig
+    from .core.config import STAPOConfig
+    from .core.token_rules import linear_quantiles, logit_grad_sq_norm_lower_bound, spurious_token_mask
+    from .core.token_stats.backends import token_logprob_entropy
+    from .core.trainer import STAPOTrainer
     from .cpu import cpu_runtime
-    from .fused_stats import token_logprob_entropy
-    from .token_rules import linear_quantiles, logit_grad_sq_norm_lower_bound, spurious_token_mask
-    from .trainer import STAPOTrainer
 
 
 def __getattr__(name: str):

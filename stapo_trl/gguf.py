@@ -20,7 +20,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .errors import UsageError
+from .core.errors import UsageError
 from .storage import sync_directory, sync_tree
 
 # gguf, safetensors and transformers are imported where a file is read or converted, so that `stapo-trl train -h`

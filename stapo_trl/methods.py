@@ -1,48 +1,32 @@
 """The methods of the STAPO paper's comparison (arXiv 2602.15620, Table 2), STARE and the other rules that are methods, as
-`STAPOConfig` presets.
+`STAPOConfig` presets (`RuleMethod`s): a recipe selects one with ``method:``.
 
-A recipe selects one with ``method:``. The preset's values replace `STAPOConfig`'s defaults; values written in the
-recipe or on the command line still override them. Every preset shares the JustRL basis of the paper: clip-higher
-(``epsilon=0.2``, ``epsilon_high=0.28``), no KL (``beta=0``), token-level ``dapo`` aggregation, and every token rule
-off but its own. The presets without a token rule are listed here; a rule that is a method of its own declares it in
-its spec (`stapo_trl.token_rules.RuleMethod`), so this module names no rule.
+The preset's values replace `STAPOConfig`'s defaults; values written in the recipe or on the command line still override
+them. Every preset shares the JustRL basis of the paper: clip-higher (``epsilon=0.2``, ``epsilon_high=0.28``), no KL
+(``beta=0``), token-level ``dapo`` aggregation, and every token rule off but its own. The presets without a token rule
+are listed here; a rule that is a method of its own declares it in its spec, so this module names no rule.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
-from .token_rules import get_token_rule, switched_rules
+from .core.token_rules import RuleMethod, get_token_rule, switched_rules
 
 
-@dataclass(frozen=True)
-class MethodPreset:
-    name: str
-    title: str
-    summary: str
-    defaults: dict[str, Any] = field(default_factory=dict)
-
-
-def _presets() -> dict[str, MethodPreset]:
-    shared = {
-        "epsilon": 0.2,
-        "epsilon_high": 0.28,
-        "beta": 0.0,
-        "loss_type": "dapo",
-        "top_entropy_quantile": 1.0,
-        **{spec.switch: False for spec in switched_rules()},
-    }
+def _presets() -> dict[str, RuleMethod]:
+    shared = {"epsilon": 0.2, "epsilon_high": 0.28, "beta": 0.0, "loss_type": "dapo", "top_entropy_quantile": 1.0}
+    shared |= {spec.switch: False for spec in switched_rules()}
     presets = [
-        MethodPreset("grpo", "GRPO", "the same loss without any token rule", dict(shared)),
-        MethodPreset(
+        RuleMethod("grpo", "GRPO", "the same loss without any token rule", dict(shared)),
+        RuleMethod(
             "20-entropy",
             "20-Entropy",
             "gradient only on the 20% highest-entropy tokens, without renormalization (arXiv 2506.01939), through "
             "TRL's top_entropy_quantile",
             {**shared, "top_entropy_quantile": 0.2},
         ),
-        MethodPreset(
+        RuleMethod(
             "justrl",
             "JustRL",
             "plain GRPO/DAPO with JustRL's dual-clip c=10 for negative advantages (TRL's delta) and weight decay 0.1",
@@ -51,22 +35,23 @@ def _presets() -> dict[str, MethodPreset]:
     ]
     for spec in switched_rules():
         if spec.method is not None:
-            defaults = {**shared, **spec.method.defaults, spec.switch: True}
-            presets.append(MethodPreset(spec.method.name, spec.method.title, spec.method.summary, defaults))
+            method = spec.method
+            presets.append(
+                RuleMethod(method.name, method.title, method.summary, {**shared, **method.defaults, spec.switch: True})
+            )
     order = {"stapo": 0, "grpo": 1, "20-entropy": 2, "justrl": 3}
     return {preset.name: preset for preset in sorted(presets, key=lambda preset: order.get(preset.name, 4))}
 
 
-METHODS: dict[str, MethodPreset] = _presets()
+METHODS: dict[str, RuleMethod] = _presets()
 METHOD_NAMES = tuple(METHODS)
 METHOD_TITLES = {name: preset.title for name, preset in METHODS.items()}
 _ALIASES = {"20_entropy": "20-entropy", "20entropy": "20-entropy", "entropy-20": "20-entropy", "just-rl": "justrl"}
 
 
-def method_preset(name: str) -> MethodPreset:
+def method_preset(name: str) -> RuleMethod:
     """The preset for ``name`` (case-insensitive; ``20_entropy`` is accepted for ``20-entropy``)."""
-    key = str(name).strip().lower()
-    key = _ALIASES.get(key, key)
+    key = _ALIASES.get(str(name).strip().lower(), str(name).strip().lower())
     if key not in METHODS:
         raise ValueError(f"Unknown method {name!r}. Choose one of: {', '.join(METHOD_NAMES)}.")
     return METHODS[key]
@@ -81,9 +66,7 @@ def infer_method(config: Any) -> str:
             return spec.method.name
     if config.top_entropy_quantile < 1.0:
         return "20-entropy"
-    if config.delta is not None:
-        return "justrl"
-    return "grpo"
+    return "justrl" if config.delta is not None else "grpo"
 
 
 def method_title(config: Any) -> str:
@@ -105,7 +88,5 @@ def describe_token_rule(training: Any) -> str:
         if training.top_entropy_quantile < 1.0:
             return f"no stapo-trl rule; TRL's top_entropy_quantile {training.top_entropy_quantile} (20-Entropy)"
         return "none (no token mask or weights)"
-    return (
-        "; then ".join(rules)
-        + f", statistics from the {training.token_stats_source} policy, backend {training.token_stats_backend}"
-    )
+    source = f", statistics from the {training.token_stats_source} policy, backend {training.token_stats_backend}"
+    return "; then ".join(rules) + source

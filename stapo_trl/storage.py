@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .errors import UsageError
+from .core.errors import UsageError
 
 logger = logging.getLogger(__name__)
 

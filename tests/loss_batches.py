@@ -10,7 +10,7 @@ import torch
 from tiny import tiny_config, tiny_trainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
-from stapo_trl.file_and_metric_names import (
+from stapo_trl.core.names import (
     ADVANTAGES_BEFORE_RULES_KEY,
     ENTROPIES_KEY,
     LOG_PROBS_KEY,

@@ -4,6 +4,7 @@ run."""
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import torch
 from datasets import Dataset
@@ -90,6 +91,22 @@ def tiny_config(config_class, output_dir, **overrides):
     }
     values.update(overrides)
     return config_class(**values)
+
+
+def tools(**settings) -> list:
+    """The callbacks of the tools with these settings (``dump_*``, ``gradient_probe_steps``,
+    ``generation_states_every``; the rest at their defaults), as `stapo-trl train` builds them for a run that runs a
+    token rule."""
+    from stapo_trl.cli.recipe import tool_arguments
+    from stapo_trl.cli.train import tool_callbacks
+
+    classes = tool_arguments()
+    unknown = set(settings) - {name for cls in classes for name in cls.__dataclass_fields__}
+    assert not unknown, f"not a tool setting: {unknown}"
+    ruled = types.SimpleNamespace(active_token_rules=["a rule"], shadow_token_rules=[])
+    return tool_callbacks(
+        ruled, *(cls(**{k: v for k, v in settings.items() if k in cls.__dataclass_fields__}) for cls in classes)
+    )
 
 
 def tiny_trainer(trainer_class, config, model=None, **kwargs):

@@ -121,7 +121,7 @@ def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
 
 def kernel_functions(environment: dict) -> dict:
     """name -> (function(hidden, weight, targets) -> (log_probs, entropies), the path it takes, how training uses it)."""
-    from stapo_trl.fused_stats import BACKENDS
+    from stapo_trl.core.token_stats.backends import BACKENDS
 
     def liger_fallback(hidden, weight, targets, temperature=1.0):
         from liger_kernel.ops.fused_linear_scaled_cross_entropy import _FusedLinearPPOFallbackFunction

@@ -25,14 +25,14 @@ import time
 import torch
 
 from stapo_trl import STAPOTrainer, spurious_token_mask
-from stapo_trl.file_and_metric_names import (
+from stapo_trl.core.names import (
     ADVANTAGES_BEFORE_RULES_KEY,
     ENTROPIES_KEY,
     LOG_PROBS_KEY,
     NUM_ITEMS_BEFORE_RULES_KEY,
     SILENCED_KEY,
 )
-from stapo_trl.token_rules import per_token_advantages
+from stapo_trl.core.token_rules import per_token_advantages
 
 from .models import ModelFactory, answer_distance_reward, arithmetic_rows, build_tokenizer
 from .training import build_trainer, config_classes, free_memory, recipe_config, scratch_dir, stapo_settings, train

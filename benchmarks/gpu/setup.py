@@ -102,7 +102,7 @@ def auto_backend_runs(device: str) -> tuple[str, str | None]:
     """(the backend ``auto`` resolves to, the error it raises on a 4-token call or None)."""
     import torch
 
-    from stapo_trl.fused_stats import resolve_backend, token_logprob_entropy
+    from stapo_trl.core.token_stats.backends import resolve_backend, token_logprob_entropy
 
     backend = resolve_backend("auto", device)
     hidden = torch.randn(4, 64, device=device, dtype=torch.bfloat16)

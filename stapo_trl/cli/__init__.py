@@ -10,7 +10,7 @@ import sys
 import traceback
 from importlib.metadata import PackageNotFoundError, version
 
-from ..errors import UsageError
+from ..core.errors import UsageError
 
 # Each command's module is imported when the command runs, so that `stapo-trl -h` loads no torch.
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import UsageError
+from ..core.errors import UsageError
 
 ENV_KEY = "env"
 """The key under which a config file sets environment variables, as in TRL's `TrlParser`."""

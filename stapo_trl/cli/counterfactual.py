@@ -1,6 +1,6 @@
 """`stapo-trl counterfactual RUN_DIR`: rebuild a run's trainer from its recipe, apply its saved generations again under
-each arm and read what each update did to the policy (`stapo_trl.counterfactual.study`); then a table, a summary and a
-figure of the paired differences (`stapo_trl.counterfactual.summary`)."""
+each arm and read what each update did to the policy (`stapo_trl.research.counterfactual.study`); then a table, a summary and a
+figure of the paired differences (`stapo_trl.research.counterfactual.summary`)."""
 
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def write_summary(records_path: Path, output_dir: Path, title: str) -> dict:
     """Summarize ``records_path`` into ``summary.json``, ``table.md`` and the figure; returns the summary."""
-    from ..counterfactual.summary import COMPARISONS, MEASURES, summarize, summary_table
     from ..diagnostics.plotting import DifferencePanel, DifferenceRow, plot_difference_panels
+    from ..research.counterfactual.summary import COMPARISONS, MEASURES, summarize, summary_table
     from ..storage import read_json_lines, write_text_atomically
 
     summary = summarize(read_json_lines(records_path))
@@ -89,7 +89,8 @@ def run_counterfactual(run_dir: Path, output_dir: Path, options) -> Path:
     the first generation it had not finished. Returns that path."""
     from tqdm.auto import tqdm
 
-    from ..counterfactual.study import (
+    from ..cpu.runtime import cpu_runtime
+    from ..research.counterfactual.study import (
         CounterfactualError,
         build_probe_set,
         check_statistics_source,
@@ -97,8 +98,7 @@ def run_counterfactual(run_dir: Path, output_dir: Path, options) -> Path:
         replay_provenance,
         run_generation,
     )
-    from ..cpu.runtime import cpu_runtime
-    from ..generation_states import saved_generations
+    from ..research.generation_states import saved_generations
     from ..storage import append_text, read_json_lines
     from .recipe import parse_train_args
     from .train import build_trainer, resolve_rewards_and_model
@@ -125,9 +125,10 @@ def run_counterfactual(run_dir: Path, output_dir: Path, options) -> Path:
     script, training = request.script, request.training
     check_statistics_source(training, generations)
     provenance = replay_provenance()
-    with cpu_runtime(training, lm_head=script.cpu_lm_head, replay_frozen_layers=False):
+    with cpu_runtime(training, lm_head=script.cpu_lm_head, replay_frozen_layers=False) as runtime:
         reward_funcs, model_path = resolve_rewards_and_model(request)
         trainer, tokenizer, heldout = build_trainer(request, reward_funcs, model_path)
+        runtime.attach(trainer)  # the in-place key/value cache for the sampled probe responses
         if heldout is None or len(heldout) == 0:
             raise CounterfactualError("The run's recipe gives no held-out problems to read the policy on.")
         trainer.create_optimizer_and_scheduler(num_training_steps=training.max_steps)
@@ -146,7 +147,7 @@ def run_counterfactual(run_dir: Path, output_dir: Path, options) -> Path:
 
 def counterfactual_command(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    from ..counterfactual.study import CounterfactualError, CounterfactualOptions
+    from ..research.counterfactual.study import CounterfactualError, CounterfactualOptions
 
     if args.probe_problems < 1:
         raise CounterfactualError(f"--probe_problems is {args.probe_problems}; it must be at least 1.")

@@ -6,7 +6,7 @@ import sys
 from typing import Any
 
 from .. import evaluation
-from ..errors import UsageError
+from ..core.errors import UsageError
 from ..evaluation import EvalConfig, EvalConfigError
 from .config_file import (
     ENV_KEY,

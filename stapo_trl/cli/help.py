@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 import textwrap
 
+from ..core.token_rules import switched_rules
 from ..methods import METHOD_NAMES
-from ..token_rules import switched_rules
 from .recipe import make_train_parser
 
 # The evaluation package is imported by `eval_help` only, so that `stapo-trl train -h` does not load it.

@@ -20,16 +20,16 @@ from peft.utils import SAFETENSORS_WEIGHTS_NAME as ADAPTER_WEIGHTS_FILE
 from transformers import AutoConfig, AutoTokenizer
 from transformers.utils import SAFE_WEIGHTS_NAME as MODEL_WEIGHTS_FILE
 
+from ..core.names import TRAINER_STATE_FILE
+from ..core.resume import checkpoints_by_step, last_complete_checkpoint
 from ..file_and_metric_names import (
     METRICS_FILE,
     RUN_SUMMARY_FILE,
     SILENCED_TOKENS_FILE,
     SILENCED_TOKENS_STATS_FILE,
-    TRAINER_STATE_FILE,
     TRAINING_CURVES_FILE,
 )
 from ..model_paths import looks_like_path
-from ..resume import checkpoints_by_step, last_complete_checkpoint
 from .recipe import RecipeError
 
 RUN_FILES = (

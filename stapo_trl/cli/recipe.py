@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import yaml
 
-from ..errors import UsageError
+from ..core.errors import UsageError
 from ..methods import method_preset
 from .arguments import TrainScriptArguments
 from .config_file import (
@@ -75,6 +75,8 @@ class TrainRequest:
     world_size: int
     world_size_source: str
     plan: BatchPlan
+    tools: tuple = ()
+    """The settings of the tools `stapo-trl train` attaches as callbacks (`TOOL_ARGUMENTS`, in that order)."""
     notes: list[str] = field(default_factory=list)
     cpu_stand_in: bool = False
     """A dry run without a GPU resolved a GPU recipe with `use_cpu=True`."""
@@ -84,13 +86,24 @@ class TrainRequest:
     """The arguments of `stapo-trl train` as given."""
 
 
+def tool_arguments() -> tuple[type, ...]:
+    """The settings of the tools `stapo-trl train` attaches to the trainer as callbacks (the silenced-token dump, the
+    gradient probe, the saved generation states), each its own dataclass beside `STAPOConfig`."""
+    from ..diagnostics.token_dump import TokenDumpArguments
+    from ..research.generation_states import GenerationStatesArguments
+    from ..research.gradient_probe import GradientProbeArguments
+
+    return (TokenDumpArguments, GradientProbeArguments, GenerationStatesArguments)
+
+
 def make_train_parser(prog: str = "stapo-trl train"):
-    """TRL's `TrlParser` over the three argument dataclasses of `stapo-trl train`."""
+    """TRL's `TrlParser` over the argument dataclasses of `stapo-trl train`: the script's, `STAPOConfig`, TRL's
+    `ModelConfig` and the tools' (`tool_arguments`)."""
     from trl import ModelConfig, TrlParser
 
-    from ..config import STAPOConfig
+    from ..core.config import STAPOConfig
 
-    return TrlParser((TrainScriptArguments, STAPOConfig, ModelConfig), prog=prog)
+    return TrlParser((TrainScriptArguments, STAPOConfig, ModelConfig, *tool_arguments()), prog=prog)
 
 
 @functools.cache
@@ -312,7 +325,7 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
     parser.set_defaults_with_config(**preset.defaults)
     parser.set_defaults_with_config(**dataclass_values)
     try:
-        script, training, model, remaining = parser.parse_args_into_dataclasses(
+        script, training, model, *tools, remaining = parser.parse_args_into_dataclasses(
             args=cli_args, return_remaining_strings=True
         )
     except RecipeError:
@@ -321,6 +334,10 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
         raise RecipeError(f"{where}: {error}") from None
 
     _refuse_stray_arguments(remaining, actions, launch_options)
+    if tools[0].dump_silenced_tokens:
+        from ..diagnostics.token_dump import warn_if_nothing_to_record
+
+        warn_if_nothing_to_record(training)
     cli_launch_tokens = list(remaining)
     if "--accelerate_config" in remaining:
         index = remaining.index("--accelerate_config")
@@ -361,6 +378,7 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
         script=script,
         training=training,
         model=model,
+        tools=tuple(tools),
         recipe_path=recipe_path,
         argv=list(argv),
         launch_args=launch_args,

@@ -8,17 +8,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..core.names import TRAINER_STATE_FILE
 from ..diagnostics.report_figures import plot_training_curves
+from ..diagnostics.run_record import RunRecord, build_run_record, rule_summary_lines, trend_sentences, write_run_record
 from ..diagnostics.token_dump import read_dump
 from ..file_and_metric_names import (
     HELDOUT_RESULTS_FILE,
     METRICS_FILE,
     RUN_SUMMARY_FILE,
     SILENCED_TOKENS_FILE,
-    TRAINER_STATE_FILE,
     TRAINING_CURVES_FILE,
 )
-from ..run_record import RunRecord, build_run_record, rule_summary_lines, trend_sentences, write_run_record
 from ..storage import write_text_atomically
 
 DATASET_DESCRIPTIONS = {

@@ -23,19 +23,20 @@ from peft import PeftModel
 from transformers import ProgressCallback, Trainer, TrainerCallback
 from trl import get_peft_config, get_quantization_config
 
-from ..callbacks import EXIT_CODES, MetricsFileCallback, StepSummaryProgressCallback, StopAtCheckpointOnSignal
+from ..core.errors import UserCodeError
+from ..core.resume import last_complete_checkpoint, resolve_resume_checkpoint
 from ..data import load_dapo_math
 from ..data.arithmetic import ARITHMETIC, load_arithmetic
 from ..data.selection import drop_long_prompts, random_subset, split_heldout
-from ..errors import UserCodeError
+from ..diagnostics.run_record import HELDOUT_METRICS, RunRecord
 from ..file_and_metric_names import METRICS_FILE, RECIPE_FILE
 from ..gguf import gguf_checkpoint, hub_source, is_gguf_reference
 from ..model_paths import local_model_problem
-from ..resume import last_complete_checkpoint, resolve_resume_checkpoint
 from ..rewards import get_reward_func
-from ..run_record import HELDOUT_METRICS, RunRecord
+from ..rewards.blame import reward_function_error
 from ..storage import storage_problem, sync_directory, sync_tree, write_text_atomically
-from ..trl_boundary.hooks import save_model_without_push, set_model_name_or_path
+from ..trl_boundary.helpers import save_model_without_push, set_model_name_or_path
+from .callbacks import EXIT_CODES, MetricsFileCallback, StepSummaryProgressCallback, StopAtCheckpointOnSignal
 from .config_file import split_flags
 from .plan import format_plan
 from .preflight import OutputDirLock, check_output_dir, check_vllm, load_checked_tokenizer_and_config
@@ -325,7 +326,7 @@ def resolve_rewards_and_model(request: TrainRequest) -> tuple[list, str]:
 def build_trainer(request: TrainRequest, reward_funcs: list, model_path: str):
     """``(trainer, tokenizer, held-out dataset or None)``: the tokenizer, data, adapter and `STAPOTrainer` of the
     recipe, as `stapo-trl train` builds them (`stapo-trl counterfactual` rebuilds a run's trainer with it)."""
-    from ..trainer import STAPOTrainer
+    from ..core.trainer import STAPOTrainer
 
     script, training, model_args = request.script, request.training, request.model
     tokenizer, config = load_checked_tokenizer_and_config(
@@ -358,8 +359,29 @@ def build_trainer(request: TrainRequest, reward_funcs: list, model_path: str):
         processing_class=tokenizer,
         peft_config=peft_config,
         quantization_config=get_quantization_config(model_args),
+        callbacks=tool_callbacks(training, *request.tools),
     )
     return trainer, tokenizer, heldout
+
+
+def tool_callbacks(training, dump, probe, states) -> list:
+    """The callbacks of `stapo-trl train`'s tools that their settings (`tool_arguments`) turn on for a run with
+    ``training`` (the dump only where a token rule runs: `parse_train_args` warned otherwise), plus the whole model card
+    and the warning about infinite rewards, which every run gets."""
+    from ..card.model_card import ModelCardCallback
+    from ..diagnostics.token_dump import SilencedTokenDumpCallback
+    from ..research.generation_states import GenerationStatesCallback
+    from ..research.gradient_probe import GradientProbeCallback
+    from ..rewards.blame import InfiniteRewardWarningCallback
+
+    callbacks = [ModelCardCallback(), InfiniteRewardWarningCallback()]
+    if dump.dump_silenced_tokens and (training.active_token_rules or training.shadow_token_rules):
+        callbacks.append(SilencedTokenDumpCallback(dump))
+    if probe.gradient_probe_steps:
+        callbacks.append(GradientProbeCallback(probe))
+    if states.generation_states_every:
+        callbacks.append(GenerationStatesCallback(states))
+    return callbacks
 
 
 def train_and_summarize(request: TrainRequest) -> RunRecord | None:
@@ -419,6 +441,13 @@ def train_and_summarize(request: TrainRequest) -> RunRecord | None:
     training_started = time.perf_counter()
     try:
         trainer.train(resume_from_checkpoint=training.resume_from_checkpoint)
+    except Exception as error:
+        blamed = reward_function_error(
+            error, trainer.reward_funcs, trainer.reward_func_names, trainer.state.global_step + 1
+        )
+        if blamed is None:
+            raise
+        raise blamed from error
     finally:
         interrupt.restore()
     if interrupt.interrupted:
@@ -440,7 +469,7 @@ def train_and_summarize(request: TrainRequest) -> RunRecord | None:
             plot_title=f"{script.method} on {plot_model_name(base_model, model_args.model_name_or_path)}",
             heldout=heldout,
             heldout_results=heldout_results,
-            dump_silenced_tokens=training.dump_silenced_tokens,
+            dump_silenced_tokens=request.tools[0].dump_silenced_tokens,
             started=started,
             method=script.method,
             model=model_args.model_name_or_path,

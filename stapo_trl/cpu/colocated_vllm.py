@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import torch
 from trl.generation.vllm_generation import VLLMGeneration
 
-from ..errors import UsageError
-from ..trl_boundary.hooks import iter_vllm_weights
+from ..core.errors import UsageError
+from ..trl_boundary.helpers import iter_vllm_weights
 from ..trl_boundary.patches import grpo_vllm_generation, torch_threads_kept_from_vllm, vllm_engine_options
 
 # vLLM is optional: it is imported where the adapted engine starts.

@@ -43,8 +43,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..distributed import world_size
-from ..trl_boundary.hooks import decoder_layer_cache, decoder_layers
+from ..core.distributed import world_size
+from ..trl_boundary.helpers import decoder_layer_cache, decoder_layers
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from ..trl_boundary.hooks import DECODER_CACHE_ARGUMENT
+from ..trl_boundary.helpers import DECODER_CACHE_ARGUMENT
 
 GIVEN_CACHE_ARGUMENTS = (DECODER_CACHE_ARGUMENT, "past_key_values")
 """The `generate()` arguments through which a caller hands in a cache of its own (then `inplace_kv_cache` steps

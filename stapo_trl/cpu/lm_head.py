@@ -4,7 +4,7 @@ TRL's trainers (`GRPOTrainer`, and so `STAPOTrainer`; also SFT, DPO, KTO, RLOO) 
 ``trl.trainer.utils.add_fused_lm_head``, which computes per-token log-probabilities and entropies with TRL's
 ``ChunkedLogProbFunction``: Triton on GPUs, and on the CPU a torch fallback that scores every position, prompt and
 padding included, in 4096 x 32768 tiles with several full-tile temporaries each. `apply_cpu_lm_head` makes that head
-score only the labelled positions on the CPU, with `CPULogProbEntropy` (see :mod:`stapo_trl.cpu.logprob_entropy`).
+score only the labelled positions on the CPU, with `CPULogProbEntropy` (see :mod:`stapo_trl.core.token_stats.torch_backend`).
 Results agree with TRL's fallback to float tolerance (``tests/unit/test_cpu_head.py``).
 
 `FusedHeadOp.apply` takes the arguments of TRL's ``ChunkedLogProbFunction.apply`` and returns its five outputs. It
@@ -26,8 +26,13 @@ from typing import Any
 
 import torch
 
+from ..core.token_stats.torch_backend import (
+    DEFAULT_BLOCK_ROWS,
+    DEFAULT_KEEP_LOGITS_BYTES,
+    CPULogProbEntropy,
+    cpu_logprob_entropy,
+)
 from ..trl_boundary.patches import fused_head_op, install_fused_head_op
-from .logprob_entropy import DEFAULT_BLOCK_ROWS, DEFAULT_KEEP_LOGITS_BYTES, CPULogProbEntropy, cpu_logprob_entropy
 
 __all__ = [
     "CPULogProbEntropy",

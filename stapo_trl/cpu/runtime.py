@@ -9,7 +9,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+import transformers.trainer
 from accelerate.utils import is_peft_model
+from transformers import TrainerCallback
 
 from .colocated_vllm import CPUEngineSettings, colocated_vllm_on_cpu, needs_cpu_adapter
 from .environment import SWITCH, cpu_environment_not_in_effect
@@ -39,39 +41,51 @@ class CPURuntime:
     environment_not_in_effect: dict[str, str] = field(default_factory=dict)
     """The CPU environment defaults (`stapo_trl.cpu.environment`) missing from this process's environment."""
     replays: dict[int, FrozenPrefixReplay | None] = field(default_factory=dict)
-    """The frozen-layer replay of each attached trainer, by ``id(trainer)``; None where the model does not allow it."""
-    attached: set[int] = field(default_factory=set)
-    """``id`` of every trainer attached in the block."""
+    """The frozen-layer replay of each attached policy model, by ``id``; None where the model does not allow it."""
     _stack: ExitStack = field(default_factory=ExitStack, repr=False)
 
     def attach(self, trainer) -> FrozenPrefixReplay | None:
         """Turn on what needs the built trainer, on its policy model (the transformers model under its DDP and PEFT
         wrappers), until the block ends: the in-place key/value cache for its `generate()`, then the frozen-layer
-        replay around it (whose shared prefill reorders that cache). `STAPOTrainer` calls this when it is built inside
-        the block; call it yourself for another TRL trainer. Returns the trainer's replay (None when it is off or the
-        model does not allow it); attaching a trainer twice returns its first replay and turns on nothing more."""
+        replay around it (whose shared prefill reorders that cache). Every trainer built inside the block is attached
+        when its training begins (`AttachAtTrainBegin`); call this to attach one that does not train, as `stapo-trl
+        counterfactual` does. Returns the replay (None when it is off or the model does not allow it); attaching a
+        model twice returns its first replay and turns on nothing more."""
+        return self.attach_model(trainer.accelerator.unwrap_model(trainer.model))
+
+    def attach_model(self, model) -> FrozenPrefixReplay | None:
         if not (self.replay_frozen_layers or self.inplace_kv_cache):
             return None
-        if id(trainer) not in self.attached:
-            self.attached.add(id(trainer))
-            model = trainer.accelerator.unwrap_model(trainer.model)
-            policy = model.get_base_model() if is_peft_model(model) else model
+        policy = model.get_base_model() if is_peft_model(model) else model
+        if id(policy) not in self.replays:
+            self.replays[id(policy)] = None
             if self.inplace_kv_cache:
                 self._stack.enter_context(inplace_kv_cache(policy))
             if self.replay_frozen_layers:
-                self.replays[id(trainer)] = self._stack.enter_context(replay_frozen_prefix(policy))
-        return self.replays.get(id(trainer))
+                self.replays[id(policy)] = self._stack.enter_context(replay_frozen_prefix(policy))
+        return self.replays[id(policy)]
+
+    def replay_of(self, trainer) -> FrozenPrefixReplay | None:
+        """The frozen-layer replay attached to ``trainer``'s policy model, or None."""
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        return self.replays.get(id(model.get_base_model() if is_peft_model(model) else model))
+
+
+class AttachAtTrainBegin(TrainerCallback):
+    """Attaches a trainer's policy model to the `CPURuntime` when its training begins. While a `cpu_runtime` block
+    runs it is one of transformers' ``DEFAULT_CALLBACKS``, which every `Trainer` built in the block takes."""
+
+    def __init__(self, runtime: CPURuntime):
+        self.runtime = runtime
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if model is not None:
+            self.runtime.attach_model(model)
 
 
 def active_cpu_runtime() -> CPURuntime | None:
     """The innermost `cpu_runtime` block this code runs in, or None."""
     return _ACTIVE.get()
-
-
-def attach_to_cpu_runtime(trainer) -> FrozenPrefixReplay | None:
-    """`CPURuntime.attach` of the active `cpu_runtime`, when there is one; None otherwise."""
-    runtime = active_cpu_runtime()
-    return None if runtime is None else runtime.attach(trainer)
 
 
 @contextmanager
@@ -92,8 +106,9 @@ def cpu_runtime(
     - colocated vLLM on vLLM's CPU backend (`stapo_trl.cpu.colocated_vllm`), when ``args`` ask for ``use_vllm=True``
       with ``vllm_mode="colocate"``: build the trainer inside the block, where TRL builds its engine;
     - the shared prefill and frozen-layer replay (`stapo_trl.cpu.frozen_layer_replay`; ``replay_frozen_layers=False``
-      leaves it off), until the block ends. It needs the built model: a `STAPOTrainer` built inside the block
-      attaches it at the end of its ``__init__`` (for another TRL trainer, call `CPURuntime.attach`);
+      leaves it off), until the block ends. It needs the built model: every trainer built inside the block (TRL's
+      or stapo-trl's) is attached when its training begins (`AttachAtTrainBegin`; `CPURuntime.attach` attaches one
+      that does not train);
     - the in-place key/value cache for the attached trainers' `generate()` (`stapo_trl.cpu.kv_cache`;
       ``inplace_kv_cache=False`` leaves it off), attached with the replay: the same tokens and logits, without copying
       the whole cache at every decoding step;
@@ -124,6 +139,10 @@ def cpu_runtime(
                 runtime.colocated_vllm = runtime._stack.enter_context(colocated_vllm_on_cpu())
             runtime.replay_frozen_layers = replay_frozen_layers
             runtime.inplace_kv_cache = inplace_kv_cache
+            if replay_frozen_layers or inplace_kv_cache:
+                attach = AttachAtTrainBegin(runtime)
+                transformers.trainer.DEFAULT_CALLBACKS.append(attach)
+                runtime._stack.callback(transformers.trainer.DEFAULT_CALLBACKS.remove, attach)
         token = _ACTIVE.set(runtime)
         try:
             yield runtime

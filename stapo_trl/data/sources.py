@@ -10,7 +10,7 @@ from typing import Any
 from datasets import Dataset, DatasetDict, Features, List, Value, load_dataset, load_from_disk
 from datasets.exceptions import DatasetGenerationError
 
-from ..errors import UsageError
+from ..core.errors import UsageError
 
 logger = logging.getLogger(__name__)
 

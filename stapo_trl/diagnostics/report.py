@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..core.token_rules import registered_rules
 from ..file_and_metric_names import HELDOUT_RESULTS_FILE
-from ..run_record import RunRecord, rule_summary_line, trend_sentences
 from ..storage import read_json_lines
-from ..token_rules import registered_rules
 from .report_figures import FIGURE_TITLES, plot_report_figures
 from .run_logs import ReportError, RunLogs, load_run
+from .run_record import RunRecord, rule_summary_line, trend_sentences
 from .token_dump import silenced_token_line
 
 REPORT_FILE = "report.md"

@@ -10,9 +10,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from ..file_and_metric_names import SHADOW_PREFIX
-from ..run_record import rule_summary
-from ..token_rules import TokenRuleSpec, get_token_rule, registered_rules
+from ..core.names import SHADOW_PREFIX
+from ..core.token_rules import TokenRuleSpec, get_token_rule, registered_rules
 from .plotting import (
     DensityPanel,
     LinePanel,
@@ -24,6 +23,7 @@ from .plotting import (
     populated_density_limits,
 )
 from .run_logs import RunLogs
+from .run_record import rule_summary
 from .token_dump import spread, token_in_context, visible_token
 from .trends import is_finite_number, training_records
 

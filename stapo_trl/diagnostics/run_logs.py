@@ -1,5 +1,5 @@
 """What `stapo-trl report` reads of a run directory (which log it takes: docs/diagnostics.md): its training log, its
-silenced-token dump when it has one, and the run's record built from them (`stapo_trl.run_record`)."""
+silenced-token dump when it has one, and the run's record built from them (`stapo_trl.diagnostics.run_record`)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import UsageError
-from ..file_and_metric_names import METRICS_FILE, TRAINER_STATE_FILE
-from ..resume import last_complete_checkpoint
-from ..run_record import RunRecord, build_run_record
+from ..core.errors import UsageError
+from ..core.names import TRAINER_STATE_FILE
+from ..core.resume import last_complete_checkpoint
+from ..file_and_metric_names import METRICS_FILE
 from ..storage import read_json_lines
+from .run_record import RunRecord, build_run_record
 from .token_dump import read_dump
 from .trends import is_training_record
 

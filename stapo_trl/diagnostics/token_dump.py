@@ -1,5 +1,6 @@
 """The silenced-token dump: which tokens the token rules silenced, with their text, context, p, H and advantage
-(its files, fields and bounds: docs/diagnostics.md).
+(its files, fields and bounds: docs/diagnostics.md), written by `SilencedTokenDumpCallback` with the settings of
+`TokenDumpArguments`.
 
 Only the main process writes. Each checkpoint holds a copy of the counts and the density; a run resumed from it keeps
 the records of the steps the checkpoint covers, drops those written after it, and appends.
@@ -8,18 +9,28 @@ the records of the steps the checkpoint covers, drops those written after it, an
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+import warnings
 from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..distributed import all_reduce_sum, gather_objects, rank, world_size
-from ..file_and_metric_names import SILENCED_TOKENS_FILE, SILENCED_TOKENS_STATS_FILE
+from ..core.distributed import all_reduce_sum, gather_objects, rank, world_size
+from ..core.token_rules import StepTokens, get_token_rule, per_token_advantages
+from ..core.trl_seams import StepEventCallback
+from ..file_and_metric_names import (
+    SILENCED_TOKENS_FILE,
+    SILENCED_TOKENS_STATS_FILE,
+    TOKEN_DUMP_DROPPED,
+    TOKEN_DUMP_WRITTEN,
+)
 from ..storage import DamagedFileError, append_text, read_json_file, read_json_lines, write_text_atomically
-from ..token_rules import per_token_advantages
+
+logger = logging.getLogger(__name__)
 
 LOG10_P_RANGE = (-10.0, 0.0)
 ENTROPY_RANGE = (0.0, 12.0)
@@ -57,18 +68,6 @@ def sample_positions(silenced: torch.Tensor, limit: int, generator: torch.Genera
         chosen = torch.randperm(positions.size(0), generator=generator)[:limit].sort().values
         positions = positions[chosen.to(positions.device)]
     return positions
-
-
-@dataclass
-class StepTokens:
-    """One optimizer step's tensors on one process, rows aligned: ``[B, T]``, advantages ``[B]`` or ``[B, T]``."""
-
-    completion_ids: torch.Tensor
-    log_probs: torch.Tensor
-    entropies: torch.Tensor
-    advantages: torch.Tensor
-    loss_mask: torch.Tensor
-    silenced: torch.Tensor
 
 
 def _token_text(tokenizer, ids: list[int]) -> str:
@@ -279,3 +278,113 @@ def spread(records: list[dict[str, Any]], count: int) -> list[dict[str, Any]]:
     if len(records) <= count:
         return list(records)
     return [records[round(index * (len(records) - 1) / (count - 1))] for index in range(count)]
+
+
+@dataclass
+class TokenDumpArguments:
+    """The silenced-token dump's settings (recipe keys and command-line flags of `stapo-trl train`), which
+    `SilencedTokenDumpCallback` takes; each field's help metadata says what it does."""
+
+    dump_silenced_tokens: bool = field(
+        default=False,
+        metadata={
+            "help": "Write a sample of the silenced tokens of each optimizer step (text, dump_context_tokens tokens "
+            "of context either side, p, H, advantage, step, sample id) to output_dir/silenced_tokens.jsonl: at most "
+            "dump_tokens_per_step (64) a step, drawn uniformly, and dump_max_tokens (5000) a run. The tokens left out "
+            "are counted, not written: output_dir/silenced_tokens_stats.json holds the counts silenced, written and "
+            "dropped, and a (log10 p, H) histogram of every loss token. Read them with `stapo-trl report`. Off by "
+            "default; nothing is computed while off."
+        },
+    )
+    dump_tokens_per_step: int = field(
+        default=64,
+        metadata={
+            "help": "At most this many silenced tokens per optimizer step are written, sampled uniformly over all "
+            "processes; the rest are counted as dropped."
+        },
+    )
+    dump_max_tokens: int = field(
+        default=5000,
+        metadata={"help": "At most this many silenced tokens are written over the run; later ones are counted only."},
+    )
+    dump_context_tokens: int = field(
+        default=20, metadata={"help": "Completion tokens of context decoded on each side of a silenced token."}
+    )
+
+    def __post_init__(self) -> None:
+        limits = {
+            "dump_tokens_per_step": (self.dump_tokens_per_step, 1),
+            "dump_max_tokens": (self.dump_max_tokens, 0),
+            "dump_context_tokens": (self.dump_context_tokens, 0),
+        }
+        for name, (value, least) in limits.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}.")
+        if not self.dump_silenced_tokens:
+            defaults = type(self).__dataclass_fields__
+            changed = [name for name in limits if getattr(self, name) != defaults[name].default]
+            if changed:
+                raise ValueError(
+                    f"{', '.join(changed)} would be ignored: the token dump is off. Set dump_silenced_tokens=True."
+                )
+
+
+def warn_if_nothing_to_record(config) -> bool:
+    """Warn when a run with ``config`` runs no token rule, applied or in shadow: the dump would record nothing (one
+    recipe serves every method, so this is a warning, not an error). Returns whether it warned."""
+    if getattr(config, "active_token_rules", None) or getattr(config, "shadow_token_rules", None):
+        return False
+    warnings.warn(
+        "The silenced-token dump has nothing to record in this run: no token rule is on or in shadow, so no token is "
+        "silenced and no token statistics are computed, and no dump is written. `stapo-trl report` still plots the "
+        "run's logged metrics.",
+        UserWarning,
+        stacklevel=3,
+    )
+    return True
+
+
+class SilencedTokenDumpCallback(StepEventCallback):
+    """Writes the silenced-token dump of a `STAPOTrainer` run (`SilencedTokenDump`) at every optimizer step, logs
+    ``token_dump/written`` and ``token_dump/dropped``, and keeps its counts in each checkpoint. Pass it in the
+    trainer's ``callbacks``; ``stapo-trl train`` adds it with ``dump_silenced_tokens: true``."""
+
+    def __init__(self, settings: TokenDumpArguments | None = None):
+        self.settings = settings or TokenDumpArguments(dump_silenced_tokens=True)
+        self.dump: SilencedTokenDump | None = None
+
+    def on_init_end(self, args, state, control, **kwargs):
+        warn_if_nothing_to_record(args)
+
+    def _dump_of(self, trainer) -> SilencedTokenDump:
+        if self.dump is None:
+            running = [get_token_rule(name) for name in (*trainer.token_rules, *trainer.shadow_token_rules)]
+            bounds = [bound for spec in running if (bound := spec.probability_bound(trainer.args)) is not None]
+            self.dump = SilencedTokenDump(
+                trainer.args.output_dir,
+                getattr(trainer.processing_class, "tokenizer", trainer.processing_class),
+                tokens_per_step=self.settings.dump_tokens_per_step,
+                max_tokens=self.settings.dump_max_tokens,
+                context_tokens=self.settings.dump_context_tokens,
+                seed=trainer.args.seed,
+                probability_bound=bounds[0] if bounds else None,
+                is_main_process=trainer.accelerator.is_main_process,
+            )
+        return self.dump
+
+    def on_step_tokens(self, trainer, step_batches, tokens: StepTokens) -> None:
+        dumped = self._dump_of(trainer).record_step(trainer.state.global_step + 1, tokens)
+        trainer.log_metric(TOKEN_DUMP_WRITTEN, dumped["written"])
+        trainer.log_metric(TOKEN_DUMP_DROPPED, dumped["dropped"])
+
+    def on_save_state(self, trainer, checkpoint_dir) -> None:
+        self._dump_of(trainer).save_state(checkpoint_dir)
+
+    def on_load_state(self, trainer, checkpoint_dir) -> None:
+        dump = self._dump_of(trainer)
+        if not dump.load_state(checkpoint_dir):
+            logger.warning(
+                "Resuming from %s, which holds no silenced-token dump state; %s starts over.",
+                checkpoint_dir,
+                dump.records_path,
+            )

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ..errors import UsageError
+from ..core.errors import UsageError
 
 # transformers, PEFT and vLLM (optional) are imported by the backend that runs them: importing the evaluation
 # package loads none of them.

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..diagnostics.plotting import BarGroup, plot_grouped_bars
-from ..paper import PAPER_BENCHMARKS
-from ..results_table import COLUMN_TITLES, OTHER_K_MARK, PARTIAL_MARK, TableRow
+from .paper_results import PAPER_BENCHMARKS
+from .results_table import COLUMN_TITLES, OTHER_K_MARK, PARTIAL_MARK, TableRow
 
 AVERAGE = "average"
 

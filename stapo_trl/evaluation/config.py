@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.errors import UsageError
 from ..data.benchmarks import BENCHMARKS, benchmark_spec
 from ..data.prompts import PROMPT_STYLES
-from ..errors import UsageError
 from ..methods import method_preset
 from ..rewards import available_rewards
 from .backends import BACKENDS, DEFAULT_MAX_NEW_TOKENS, SAMPLING_PRESETS

@@ -23,8 +23,6 @@ from tqdm.auto import tqdm
 
 from ..data.benchmarks import BENCHMARKS, load_benchmark
 from ..data.sources import SAMPLE
-from ..paper import FULL_SIZES
-from ..results_table import markdown_table, summary_rows
 from ..storage import write_text_atomically
 from .backends import (
     BackendSpec,
@@ -40,7 +38,9 @@ from .chart import plot_results
 from .config import EvalConfig, EvalConfigError
 from .grading import Grader
 from .models import ModelNotFoundError, ResolvedModel, resolve_model
+from .paper_results import FULL_SIZES
 from .records import SampleStore
+from .results_table import markdown_table, summary_rows
 from .scoring import score_benchmark
 
 # transformers is imported where a tokenizer is loaded: importing the evaluation package loads none.

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UsageError
+from ..core.errors import UsageError
 from ..file_and_metric_names import RUN_SUMMARY_FILE
 from ..gguf import gguf_checkpoint, hub_source, is_gguf_reference
 from ..model_paths import ADAPTER_CONFIG, local_model_problem

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import UsageError
+from ..core.errors import UsageError
 from ..storage import DamagedFileError, read_json_file, write_text_atomically
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,6 @@ from .registry import (
     available_rewards,
     get_reward_func,
     register_reward,
-    resolve_reward_funcs,
 )
 from .text import completion_text, gold_text
 
@@ -57,7 +56,6 @@ def _build_soft_overlong_punishment(*, max_completion_len: int, soft_punish_cach
 
 
 __all__ = [
-    "resolve_reward_funcs",
     "BOXED_WINDOW_CHARS",
     "DAPO_WINDOW_CHARS",
     "REWARD_REGISTRY",

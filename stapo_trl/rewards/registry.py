@@ -6,7 +6,6 @@ import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 
@@ -99,33 +98,6 @@ def get_reward_func(name: str | Callable, **options: Any) -> Callable:
         f"Unknown reward {name!r}. Registered rewards: {known}. For your own function, give its dotted import path, "
         "for example 'my_package.rewards.my_reward'."
     )
-
-
-def resolve_reward_funcs(reward_funcs: Any) -> Any:
-    """``reward_funcs`` as `GRPOTrainer` takes them, with every registered reward name (``"dapo"``, ``"boxed"``, ...)
-    and dotted import path replaced by its callable.
-
-    TRL reads any string as a reward model to load. Strings that name an existing local path, or contain a ``/`` (a
-    Hub id such as ``"org/reward-model"``), are left to TRL as reward models. Any other string is an error that lists
-    the registered rewards. Callables, models and ``None`` pass through.
-    """
-    if reward_funcs is None:
-        return None
-    single = not isinstance(reward_funcs, (list, tuple))
-    resolved = []
-    for reward in [reward_funcs] if single else reward_funcs:
-        if isinstance(reward, str) and reward not in REWARD_REGISTRY:
-            if Path(reward).expanduser().exists() or "/" in reward:
-                resolved.append(reward)
-                continue
-            if "." not in reward and ":" not in reward:
-                raise ValueError(
-                    f"reward_funcs: {reward!r} is neither a registered reward ({', '.join(sorted(REWARD_REGISTRY))}) "
-                    "nor a reward model (a local directory, or a Hub id such as 'org/name'). For your own function, "
-                    "pass the function itself or its dotted import path."
-                )
-        resolved.append(get_reward_func(reward) if isinstance(reward, str) else reward)
-    return resolved[0] if single else resolved
 
 
 class PlainTextCompletions:

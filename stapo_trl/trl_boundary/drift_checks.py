@@ -21,7 +21,7 @@ from transformers import PretrainedConfig
 from trl import GRPOConfig
 from trl.generation.vllm_generation import VLLMGeneration
 
-from .hooks import DECODER_CACHE_ARGUMENT, DECODER_LOOP, TRL_REWARD_COUNT_MESSAGE, missing
+from .helpers import DECODER_CACHE_ARGUMENT, DECODER_LOOP, TRL_REWARD_COUNT_MESSAGE, missing
 
 # vLLM is optional: the checks that read it import it (`Seam.requires`).
 

@@ -27,7 +27,7 @@ from verl.utils import tensordict_utils as tu
 from verl.workers.engine.utils import prepare_micro_batches
 from verl.workers.utils.padding import left_right_2_no_padding, response_to_nested
 
-from ..token_rules import per_token_advantages
+from ..core.token_rules import per_token_advantages
 
 PAD_TOKEN = 0
 PROMPT_LENGTH = 2

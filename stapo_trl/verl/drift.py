@@ -24,7 +24,7 @@ from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
 from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 from verl.workers.utils.losses import ppo_loss
 
-from ..token_rules import per_token_advantages
+from ..core.token_rules import per_token_advantages
 from .actor_batch import LAYOUTS, actor_micro_batches, actor_mini_batch, model_output
 from .entropy import entropy_from_ppo_loss
 from .mini_batch_pool import optimizer_step_rows

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from verl.trainer.ppo.core_algos import get_policy_loss_fn, register_policy_loss
 
-from ..distributed import world_size
-from ..token_rules import get_token_rule, stare_token_weights
-from ..token_rules.s2t import check_s2t_thresholds
+from ..core.distributed import world_size
+from ..core.token_rules import get_token_rule, stare_token_weights
+from ..core.token_rules.s2t import check_s2t_thresholds
 from .entropy import entropy_from_ppo_loss
 
 BASE_LOSS_MODE = "vanilla"

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..distributed import world_size
-from ..token_rules import TokenRuleResult
+from ..core.distributed import world_size
+from ..core.token_rules import TokenRuleResult
 
 POOL_TRAINER_MODES: set[str] = {"stapo_sync"}
 """The ``trainer.v1.trainer_mode`` names of the pool trainer (``stapo_sync`` and those given to

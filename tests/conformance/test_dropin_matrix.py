@@ -51,7 +51,7 @@ from transformers import (
 from trl import GRPOConfig, GRPOTrainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
-from stapo_trl.config import LOSS_TYPES
+from stapo_trl.core.config import LOSS_TYPES
 
 MASK_ON = {"prob_threshold": 0.05}
 GRPO_SIDE = {"epsilon_high": 0.28}

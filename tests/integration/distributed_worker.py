@@ -42,7 +42,7 @@ def run_trainer(out_dir):
     from tiny import tiny_config, tiny_trainer
 
     from stapo_trl import STAPOConfig, STAPOTrainer
-    from stapo_trl.file_and_metric_names import ENTROPIES_KEY, LOG_PROBS_KEY, TOOL_MASK_BEFORE_RULES_KEY
+    from stapo_trl.core.names import ENTROPIES_KEY, LOG_PROBS_KEY, TOOL_MASK_BEFORE_RULES_KEY
 
     class RecordingTrainer(STAPOTrainer):
         records = []

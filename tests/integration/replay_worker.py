@@ -39,13 +39,10 @@ STARE_GATE_ON = {
     "stare_target_entropy": 5.0,
     "stare_adaptive": True,
 }
+DUMP = {"s2t": {"dump_silenced_tokens": True, "dump_tokens_per_step": 5, "dump_context_tokens": 3}}
+"""The silenced-token dump's settings, by rule case."""
 RULES = {
-    "s2t": {
-        "prob_threshold": 0.05,
-        "dump_silenced_tokens": True,
-        "dump_tokens_per_step": 5,
-        "dump_context_tokens": 3,
-    },
+    "s2t": {"prob_threshold": 0.05},
     "stare_micro_batch": {
         "use_s2t_mask": False,
         "use_stare": True,
@@ -62,11 +59,11 @@ RULES = {
 
 
 def run(out_dir, case):
-    from tiny import tiny_config, tiny_trainer
+    from tiny import tiny_config, tiny_trainer, tools
     from transformers import TrainerCallback
 
     from stapo_trl import STAPOConfig, STAPOTrainer
-    from stapo_trl.file_and_metric_names import (
+    from stapo_trl.core.names import (
         ADVANTAGES_BEFORE_RULES_KEY,
         ENTROPIES_KEY,
         LOG_PROBS_KEY,
@@ -143,7 +140,7 @@ def run(out_dir, case):
         **RULES[rule],
     )
     snapshots = ParameterSnapshots()
-    trainer = tiny_trainer(ReplayTrainer, config, callbacks=[snapshots])
+    trainer = tiny_trainer(ReplayTrainer, config, callbacks=[snapshots, *tools(**DUMP.get(rule, {}))])
     trainer.train()
     rank = trainer.accelerator.process_index
     torch.save(

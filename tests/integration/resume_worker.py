@@ -15,7 +15,14 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for tiny.py
 
-from tiny import build_char_tokenizer, build_tiny_qwen3, count_vowels_reward, prompt_dataset, tiny_config  # noqa: E402
+from tiny import (  # noqa: E402
+    build_char_tokenizer,
+    build_tiny_qwen3,
+    count_vowels_reward,
+    prompt_dataset,
+    tiny_config,
+    tools,
+)
 
 from stapo_trl import STAPOConfig, STAPOTrainer  # noqa: E402
 
@@ -27,9 +34,8 @@ RULES = {
     "stare_variant": "C2",
     "stare_target_entropy": 5.0,
     "stare_adaptive": True,
-    "dump_silenced_tokens": True,
-    "dump_tokens_per_step": 3,
 }
+DUMP = {"dump_silenced_tokens": True, "dump_tokens_per_step": 3}
 
 
 class CompletionLog:
@@ -77,6 +83,7 @@ def build_trainer(out_dir, kill=None, **overrides):
         args=config,
         train_dataset=prompt_dataset(2 * STEPS_PER_EPOCH),
         processing_class=tokenizer,
+        callbacks=tools(**DUMP),
     )
     trainer.kill_mid_save_at = step if kind == "kill-mid-save" else None
     return trainer

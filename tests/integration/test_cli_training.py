@@ -11,8 +11,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from stapo_trl.card.model_card import check_model_card, shorten_local_paths
 from stapo_trl.cli import main
-from stapo_trl.model_card import check_model_card, shorten_local_paths
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "recipes" / "quickstart" / "smollm2-135m-cpu.yaml"

@@ -11,7 +11,7 @@ import torch
 import yaml
 
 from stapo_trl.cli import main
-from stapo_trl.token_rules.counterfactual_arms import ARMS
+from stapo_trl.research.counterfactual.arms import ARMS
 
 pytestmark = pytest.mark.slow
 

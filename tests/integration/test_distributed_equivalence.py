@@ -13,7 +13,7 @@ import pytest
 import torch
 from replay_worker import launch, rows_by_identity
 
-from stapo_trl.token_rules.stare import stare_token_weights
+from stapo_trl.core.token_rules.stare import stare_token_weights
 
 pytestmark = pytest.mark.distributed
 

@@ -20,7 +20,7 @@ from resume_worker import TOTAL_STEPS, build_trainer
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
-from stapo_trl.resume import resolve_resume_checkpoint
+from stapo_trl.core.resume import resolve_resume_checkpoint
 
 WORKER = Path(__file__).with_name("resume_worker.py")
 TIMING_KEYS = {"step_time"}
@@ -138,7 +138,7 @@ def test_a_run_killed_while_saving_resumes_from_the_checkpoint_before(tmp_path, 
         r"The newest complete checkpoint is .*checkpoint-2",
     ):
         resolve_resume_checkpoint(str(interrupted), tmp_path)
-    with caplog.at_level(logging.WARNING, logger="stapo_trl.resume"):
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.core.resume"):
         assert resolve_resume_checkpoint("true", tmp_path) == str(tmp_path / "checkpoint-2")
     assert "Skipping" in caplog.text and "checkpoint-3" in caplog.text
 

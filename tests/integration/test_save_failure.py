@@ -13,7 +13,7 @@ from tiny import tiny_config, tiny_trainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
 from stapo_trl.cli.train import FINAL_STAGING_DIR, save_final_model
-from stapo_trl.resume import is_complete_checkpoint, resolve_resume_checkpoint
+from stapo_trl.core.resume import is_complete_checkpoint, resolve_resume_checkpoint
 
 
 def disk_full(*args, **kwargs):

@@ -11,9 +11,9 @@ from tiny import build_char_tokenizer, build_tiny_qwen3, count_vowels_reward, pr
 from trl import GRPOConfig, GRPOTrainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
-from stapo_trl.file_and_metric_names import ADVANTAGES_BEFORE_RULES_KEY, SILENCED_KEY, TOKEN_WEIGHTS_KEY
-from stapo_trl.token_rules import TOKEN_RULES, TokenRuleResult, register_token_rule
-from stapo_trl.token_rules.stare_controller import STARE_STATE_FILE
+from stapo_trl.core.names import ADVANTAGES_BEFORE_RULES_KEY, SILENCED_KEY, TOKEN_WEIGHTS_KEY
+from stapo_trl.core.token_rules import TOKEN_RULES, TokenRuleResult, register_token_rule
+from stapo_trl.core.token_rules.stare_controller import STARE_STATE_FILE
 
 STARE = {"use_s2t_mask": False, "use_stare": True}
 P = {"half": math.log(0.5), "most": math.log(0.9), "some": math.log(0.6)}

@@ -10,8 +10,8 @@ from tiny import build_char_tokenizer, build_tiny_qwen3, parameters, tiny_config
 from trl import GRPOConfig, GRPOTrainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer, spurious_token_mask
-from stapo_trl.file_and_metric_names import ENTROPIES_KEY, LOG_PROBS_KEY, SILENCED_KEY
-from stapo_trl.token_stats import TokenStatistics
+from stapo_trl.core.names import ENTROPIES_KEY, LOG_PROBS_KEY, SILENCED_KEY
+from stapo_trl.core.token_stats.statistics import TokenStatistics
 
 S2T_METRICS = [
     "s2t/silenced_fraction",
@@ -306,14 +306,14 @@ def test_models_with_logit_soft_capping_use_the_models_own_head(tmp_path):
 
 
 def test_sharded_training_uses_the_models_own_head_by_default(tmp_path, monkeypatch):
-    monkeypatch.setattr("stapo_trl.token_stats.sharding", lambda fsdp: "DeepSpeed ZeRO-3")
+    monkeypatch.setattr("stapo_trl.core.token_stats.statistics.sharding", lambda fsdp: "DeepSpeed ZeRO-3")
     trainer = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path))
     assert trainer.token_stats.backend == "trl_fused_head"
 
 
 def test_a_grpo_config_is_converted_keeping_its_values(tmp_path, caplog):
     config = tiny_config(GRPOConfig, tmp_path, loss_type="bnpo")
-    with caplog.at_level(logging.WARNING, logger="stapo_trl.trainer"):
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.core.trainer"):
         trainer = tiny_trainer(STAPOTrainer, config)
     assert isinstance(trainer.args, STAPOConfig)
     assert trainer.args.use_s2t_mask and trainer.args.prob_threshold == 0.002

@@ -87,9 +87,9 @@ def main(spec: dict, out_dir: str) -> None:
     from trl import GRPOTrainer
 
     from stapo_trl import STAPOTrainer
+    from stapo_trl.core.names import ENTROPIES_KEY, LOG_PROBS_KEY, TOOL_MASK_BEFORE_RULES_KEY
     from stapo_trl.cpu.colocated_vllm import colocated_vllm_on_cpu
     from stapo_trl.data.arithmetic import fewshot_prompt, load_arithmetic
-    from stapo_trl.file_and_metric_names import ENTROPIES_KEY, LOG_PROBS_KEY, TOOL_MASK_BEFORE_RULES_KEY
     from stapo_trl.gguf import SMOLLM2_GGUF, gguf_checkpoint
     from stapo_trl.rewards import get_reward_func
 

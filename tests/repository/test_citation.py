@@ -74,12 +74,12 @@ def test_readme_bibtex_matches_cff_preferred_citation():
 
 
 def test_trainer_model_card_citation_is_the_readme_bibtex():
-    from stapo_trl.trainer import STAPO_CITATION
+    from stapo_trl.core.trainer import STAPO_CITATION
 
     trainer_lines = [line.strip() for line in STAPO_CITATION.strip().splitlines()]
     readme_lines = [line.strip() for line in readme_bibtex().strip().splitlines()]
     assert trainer_lines == readme_lines, (
-        "stapo_trl.trainer.STAPO_CITATION differs from README.md's '## Citation' BibTeX; "
+        "stapo_trl.core.trainer.STAPO_CITATION differs from README.md's '## Citation' BibTeX; "
         "copy one into the other (indentation aside they must be identical)"
     )
 

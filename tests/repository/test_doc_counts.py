@@ -139,10 +139,10 @@ def test_every_recipe_the_docs_name_exists():
             assert (REPO / path).is_file(), (page.name, path)
 
 
-def test_the_dump_caps_the_docs_quote_are_the_configs_defaults():
-    from stapo_trl import STAPOConfig
+def test_the_dump_caps_the_docs_quote_are_the_settings_defaults():
+    from stapo_trl.diagnostics.token_dump import TokenDumpArguments
 
-    fields = STAPOConfig.__dataclass_fields__
+    fields = TokenDumpArguments.__dataclass_fields__
     text = (DOCS / "diagnostics.md").read_text()
     for name in ("dump_tokens_per_step", "dump_max_tokens", "dump_context_tokens"):
         quoted = re.search(rf"`{name}` \((\d+)\)", text)
@@ -151,7 +151,7 @@ def test_the_dump_caps_the_docs_quote_are_the_configs_defaults():
 
 
 def test_the_counterfactual_result_recomputes_from_its_records_and_the_docs_quote_it():
-    from stapo_trl.counterfactual.summary import summarize
+    from stapo_trl.research.counterfactual.summary import summarize
 
     result = json.loads((DOCS / "benchmarks" / "counterfactual_2e-3.json").read_text())
     assert summarize(result["records"]) == result["summary"]

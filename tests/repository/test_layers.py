@@ -1,6 +1,6 @@
-"""The package's layers point one way: TRL boundary <- CPU runtime <- data <- rewards <- token rules and statistics
-<- trainer <- CLI, with evaluation and diagnostics beside the trainer. A module imports only from its own layer or the
-layers below.
+"""The package's layers point one way: the core <- foundation <- TRL boundary helpers <- CPU runtime <- data <-
+rewards <- method presets <- tools (evaluation, diagnostics, research tools, the model card, verl) <- command line. A
+module imports only from its own layer or the layers below; the core imports nothing but the core.
 """
 
 import ast
@@ -12,39 +12,18 @@ PACKAGE = Path(stapo_trl.__file__).parent
 ROOT = "stapo_trl"
 
 LAYERS = (
-    ("foundation", ("errors", "storage", "file_and_metric_names", "version", "distributed", "gguf", "model_paths")),
-    ("TRL boundary", ("trl_boundary",)),
+    ("core", ("core", "version")),
+    ("foundation", ("storage", "file_and_metric_names", "gguf", "model_paths")),
+    ("TRL boundary helpers", ("trl_boundary",)),
     ("CPU runtime", ("cpu",)),
     ("data", ("data",)),
     ("rewards", ("rewards",)),
-    ("token rules and statistics", ("token_rules", "fused_stats")),
-    (
-        "trainer, evaluation and diagnostics",
-        (
-            "config",
-            "trainer",
-            "token_stats",
-            "gradient_probe",
-            "generation_states",
-            "counterfactual",
-            "reward_errors",
-            "resume",
-            "callbacks",
-            "methods",
-            "paper",
-            "results_table",
-            "run_record",
-            "model_card",
-            "model_index",
-            "evaluation",
-            "diagnostics",
-            "verl",
-        ),
-    ),
+    ("method presets", ("methods",)),
+    ("tools", ("evaluation", "diagnostics", "research", "card", "verl")),
     ("command line", ("cli", "__main__")),
 )
 """Each layer and the top-level modules or subpackages of ``stapo_trl`` in it, lowest first. The package's own
-``__init__`` is the public facade above them all: it may import any layer, and no module imports it."""
+``__init__`` is the public facade above them all: it loads names lazily, and no module imports it."""
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:
@@ -192,16 +171,8 @@ def reachable_modules(start: str, graph: dict[str, set[str]]) -> dict[str, str]:
     return found
 
 
-PERIPHERY = (
-    "stapo_trl.evaluation",
-    "stapo_trl.cli",
-    "stapo_trl.diagnostics.report",
-    "stapo_trl.diagnostics.report_figures",
-    "stapo_trl.diagnostics.plotting",
-)
-"""What the trainer must not import, even through another module: the evaluation package, the command line, and the
-report and its figures (matplotlib). TRL calls the trainer's model card on every checkpoint save, so the card is in the
-trainer's reach too."""
+PERIPHERY = tuple(f"{ROOT}.{name}" for _, members in LAYERS[1:] for name in members)
+"""Everything but the core: what the core must not import, even through another module."""
 
 
 def periphery_reached_from(start: str, graph: dict[str, set[str]] | None = None) -> list[str]:
@@ -217,28 +188,30 @@ def periphery_reached_from(start: str, graph: dict[str, set[str]] | None = None)
     return paths
 
 
-def test_the_trainer_and_its_model_card_import_no_periphery_even_indirectly():
-    assert periphery_reached_from("stapo_trl.trainer") == []
+def test_the_trainer_and_the_config_reach_only_the_core():
+    assert periphery_reached_from("stapo_trl.core.trainer") == []
+    assert periphery_reached_from("stapo_trl.core.config") == []
 
 
-def test_the_run_record_imports_neither_matplotlib_nor_the_evaluation_package():
-    assert periphery_reached_from("stapo_trl.run_record") == []
+def test_the_run_record_imports_no_figure():
+    reached = reachable_modules("stapo_trl.diagnostics.run_record", import_graph())
+    assert [module for module in reached if module.endswith(("plotting", "report_figures"))] == []
 
 
 def test_an_indirect_import_of_the_periphery_is_reported():
     graph = {
-        "stapo_trl.trainer": {"stapo_trl.model_card"},
-        "stapo_trl.model_card": {"stapo_trl.evaluation.table"},
-        "stapo_trl.evaluation": {"stapo_trl.evaluation.chart"},
-        "stapo_trl.evaluation.table": set(),
-        "stapo_trl.evaluation.chart": {"stapo_trl.diagnostics.plotting"},
+        "stapo_trl.core": set(),
+        "stapo_trl.core.trainer": {"stapo_trl.core.helper"},
+        "stapo_trl.core.helper": {"stapo_trl.card.model_card"},
+        "stapo_trl.card": set(),
+        "stapo_trl.card.model_card": {"stapo_trl.diagnostics.plotting"},
         "stapo_trl.diagnostics": set(),
         "stapo_trl.diagnostics.plotting": set(),
     }
-    assert periphery_reached_from("stapo_trl.trainer", graph) == [
-        "stapo_trl.diagnostics.plotting <- stapo_trl.evaluation.chart <- stapo_trl.evaluation <- stapo_trl.model_card "
-        "<- stapo_trl.trainer",
-        "stapo_trl.evaluation <- stapo_trl.model_card <- stapo_trl.trainer",
-        "stapo_trl.evaluation.chart <- stapo_trl.evaluation <- stapo_trl.model_card <- stapo_trl.trainer",
-        "stapo_trl.evaluation.table <- stapo_trl.model_card <- stapo_trl.trainer",
+    assert periphery_reached_from("stapo_trl.core.trainer", graph) == [
+        "stapo_trl.card <- stapo_trl.core.helper <- stapo_trl.core.trainer",
+        "stapo_trl.card.model_card <- stapo_trl.core.helper <- stapo_trl.core.trainer",
+        "stapo_trl.diagnostics <- stapo_trl.card.model_card <- stapo_trl.core.helper <- stapo_trl.core.trainer",
+        "stapo_trl.diagnostics.plotting <- stapo_trl.card.model_card <- stapo_trl.core.helper <- "
+        "stapo_trl.core.trainer",
     ]

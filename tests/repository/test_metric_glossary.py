@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stapo_trl.token_rules import RuleMetric, TokenRuleSpec, registered_rules
+from stapo_trl.core.token_rules import RuleMetric, TokenRuleSpec, registered_rules
 
 GLOSSARY = Path(__file__).resolve().parents[2] / "docs" / "diagnostics.md"
 

@@ -12,8 +12,8 @@ def test_the_pure_functions_import_without_trl():
 
 def test_trainer_and_config_load_on_first_access():
     import stapo_trl
-    from stapo_trl.config import STAPOConfig
-    from stapo_trl.trainer import STAPOTrainer
+    from stapo_trl.core.config import STAPOConfig
+    from stapo_trl.core.trainer import STAPOTrainer
 
     assert stapo_trl.STAPOConfig is STAPOConfig
     assert stapo_trl.STAPOTrainer is STAPOTrainer

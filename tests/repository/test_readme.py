@@ -137,7 +137,7 @@ def test_the_evaluation_snippet_builds_a_valid_config(monkeypatch):
 
 
 def test_the_token_rule_snippet_registers_a_rule_and_prints_its_documented_output(monkeypatch, tmp_path):
-    from stapo_trl.token_rules import TOKEN_RULES
+    from stapo_trl.core.token_rules import TOKEN_RULES
 
     (snippet,) = [block for block in python_blocks() if "@register_token_rule(" in block]
     expected = [line.split("  # ", 1)[1] for line in snippet.splitlines() if line.startswith("print(")]

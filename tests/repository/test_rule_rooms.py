@@ -1,14 +1,14 @@
-"""One token rule, one room: outside ``stapo_trl/token_rules/``, no module names a rule, its switch, its fields or its
+"""One token rule, one room: outside ``stapo_trl/core/token_rules/``, no module names a rule, its switch, its fields or its
 metrics; they iterate over the registry instead. Prose (docstrings, help text, messages) may mention a rule."""
 
 import ast
 from pathlib import Path
 
 import stapo_trl
-from stapo_trl.token_rules import TOKEN_RULES, switched_rules
+from stapo_trl.core.token_rules import TOKEN_RULES, switched_rules
 
 PACKAGE = Path(stapo_trl.__file__).parent
-RULES_PACKAGE = PACKAGE / "token_rules"
+RULES_PACKAGE = PACKAGE / "core" / "token_rules"
 
 
 def rule_words() -> set[str]:
@@ -60,16 +60,16 @@ def references_outside_the_rules(package: Path = PACKAGE, words=None, rule_names
     rule_names = set(TOKEN_RULES) if rule_names is None else rule_names
     found = []
     for path in sorted(package.rglob("*.py")):
-        if path.is_relative_to(package / "token_rules"):
+        if path.is_relative_to(package / "core" / "token_rules") or path.is_relative_to(package / "token_rules"):
             continue
         found += rule_references(path, words, rule_names, package.parent)
     return found
 
 
-BRIDGES = ("stapo_trl/verl/losses.py",)
-"""Modules that bring named rules to another framework and so name them: the verl plugin registers verl losses
-called ``stapo`` and ``stare`` that call the rules' pure functions with their own keyword arguments. Only the one
-module that does so is exempt; the rest of ``stapo_trl/verl/`` is scanned."""
+BRIDGES = ("stapo_trl/verl/losses.py", "stapo_trl/research/counterfactual/arms.py")
+"""Modules that must name a rule: the verl plugin registers verl losses called ``stapo`` and ``stare`` that call the
+rules' pure functions with their own keyword arguments, and the counterfactual study's arms are variants of S2T's
+selection, named after it. Only these modules are exempt; the rest of their packages is scanned."""
 
 
 def test_no_module_outside_token_rules_names_a_rule():
@@ -106,12 +106,14 @@ def test_the_scan_finds_each_way_of_naming_a_rule(tmp_path):
 
 
 def test_every_module_in_the_rules_package_is_imported_so_its_rule_registers():
-    """A rule's module is found by the package itself: adding one needs no import line anywhere else."""
+    """The rules package imports each of its modules, so importing it registers every built-in rule."""
     import importlib
     import pkgutil
     import sys
 
     for module in pkgutil.iter_modules([str(RULES_PACKAGE)]):
-        assert f"stapo_trl.token_rules.{module.name}" in sys.modules
+        assert f"stapo_trl.core.token_rules.{module.name}" in sys.modules
     assert {"s2t", "stare", "random_silencing"} <= set(TOKEN_RULES)
-    assert importlib.import_module("stapo_trl.token_rules.random_silencing").RandomSilencingRule.name in TOKEN_RULES
+    assert (
+        importlib.import_module("stapo_trl.core.token_rules.random_silencing").RandomSilencingRule.name in TOKEN_RULES
+    )

@@ -24,7 +24,7 @@ def test_trl_version_is_the_tested_range():
 
 
 def test_our_loss_type_choices_are_exactly_trls():
-    from stapo_trl.config import LOSS_TYPES
+    from stapo_trl.core.config import LOSS_TYPES
 
     source = inspect.getsource(GRPOTrainer._compute_loss)
     named = set(re.findall(r'self\.loss_type == "(\w+)"', source))
@@ -86,12 +86,12 @@ def test_checkpoint_hooks_we_extend_exist():
 
 
 def test_trainer_state_json_is_the_last_file_a_checkpoint_save_writes():
-    """`stapo_trl.resume` treats a checkpoint without trainer_state.json as interrupted; STAPO's own state is
+    """`stapo_trl.core.resume` treats a checkpoint without trainer_state.json as interrupted; STAPO's own state is
     written by `_save_optimizer_and_scheduler`, which must run before it."""
     from transformers import Trainer
     from transformers.trainer import TRAINER_STATE_NAME
 
-    from stapo_trl.file_and_metric_names import TRAINER_STATE_FILE
+    from stapo_trl.core.names import TRAINER_STATE_FILE
 
     assert TRAINER_STATE_NAME == TRAINER_STATE_FILE
     source = inspect.getsource(Trainer._save_checkpoint)
@@ -119,7 +119,7 @@ def test_the_model_card_hooks_we_extend_exist():
 
     from transformers import Trainer
 
-    from stapo_trl.model_card import TRL_CITATIONS_HEADING, TRL_TRAINING_HEADING
+    from stapo_trl.card.model_card import TRL_CITATIONS_HEADING, TRL_TRAINING_HEADING
 
     parameters = list(inspect.signature(GRPOTrainer.create_model_card).parameters)
     assert parameters == ["self", "model_name", "dataset_name", "tags"]
@@ -220,7 +220,7 @@ def test_generation_runs_through_generate_single_turn_and_the_models_generate():
     parameters = list(inspect.signature(GRPOTrainer._generate_single_turn).parameters)
     assert parameters[:2] == ["self", "prompt_ids"], (
         f"trl {trl.__version__}: GRPOTrainer._generate_single_turn changed its signature; check the "
-        "generation-statistics seam in stapo_trl/trainer.py"
+        "generation-statistics seam in stapo_trl/core/trainer.py"
     )
     source = inspect.getsource(GRPOTrainer._generate_single_turn)
     assert source.count("unwrapped_model.generate(") == 1, (

@@ -30,7 +30,7 @@ import stapo_trl
 from stapo_trl import STAPOConfig
 from stapo_trl.cli import main
 from stapo_trl.data import DatasetSchemaError, load_dapo_math
-from stapo_trl.rewards import get_reward_func
+from stapo_trl.rewards import boxed_reward, dapo_reward, get_reward_func
 
 CATEGORIES = (
     "recipe YAML",
@@ -185,11 +185,15 @@ class TrainerInit:
     """`STAPOTrainer(model, reward_funcs=..., args=..., train_dataset=...)` in Python, on the tiny model; returns the
     names of the reward functions the trainer ended up with."""
 
-    reward_funcs: Any = "dapo"
+    reward_funcs: Any = dapo_reward
     columns: dict = field(default_factory=lambda: {"prompt": ["1+1?"] * 4, "solution": ["2"] * 4})
+    config: dict = field(default_factory=dict)
+    tools: dict = field(default_factory=dict)
+    """Settings of the tools' callbacks (``gradient_probe_steps``, ``generation_states_every``)."""
 
     def run(self, workspace: Workspace) -> list[str]:
         from datasets import Dataset
+        from tiny import tools
 
         from stapo_trl import STAPOTrainer
 
@@ -201,12 +205,14 @@ class TrainerInit:
             report_to="none",
             use_cpu=True,
             bf16=False,
+            **self.config,
         )
         trainer = STAPOTrainer(
             str(workspace.model),
             reward_funcs=self.reward_funcs,
             args=config,
             train_dataset=Dataset.from_dict(self.columns),
+            callbacks=tools(**self.tools) if self.tools else None,
         )
         return [function.__name__ for function in trainer.reward_funcs]
 
@@ -860,22 +866,22 @@ CASES = [
         Exits(2, r"trainer_state\.json cannot be read .*the file is damaged"),
     ),
     Case(
-        "a registered reward name",
+        "reward functions imported from stapo_trl.rewards",
         "Python API",
-        TrainerInit(reward_funcs="dapo"),
-        Returns(["dapo_reward"]),
-    ),
-    Case(
-        "a list of registered reward names",
-        "Python API",
-        TrainerInit(reward_funcs=["dapo", "boxed"]),
+        TrainerInit(reward_funcs=[dapo_reward, boxed_reward]),
         Returns(["dapo_reward", "boxed_reward"]),
     ),
     Case(
-        "a reward name that is nothing",
+        "the gradient probe's callback in a run without a token rule",
         "Python API",
-        TrainerInit(reward_funcs="dapoo"),
-        Raises(ValueError, r"'dapoo' is neither a registered reward \(.*dapo.*\) nor a reward model"),
+        TrainerInit(config={"use_s2t_mask": False}, tools={"gradient_probe_steps": 1}),
+        Raises(ValueError, r"gradient_probe_steps measures .* Not with: no token rule is on or in shadow"),
+    ),
+    Case(
+        "the saved generation states' callback in a run without a token rule",
+        "Python API",
+        TrainerInit(config={"use_s2t_mask": False}, tools={"generation_states_every": 1}),
+        Raises(ValueError, r"generation_states_every saves the per-token p and H .* no token rule is on or in shadow"),
     ),
     Case(
         "a dataset without a prompt column",

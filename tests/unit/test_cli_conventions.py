@@ -86,12 +86,13 @@ def test_eval_help_groups_every_option_once_with_its_help(capsys):
 
 
 def test_the_dump_help_states_its_caps(capsys):
-    from stapo_trl import STAPOConfig
+    from stapo_trl.diagnostics.token_dump import TokenDumpArguments
 
-    help_text = STAPOConfig.__dataclass_fields__["dump_silenced_tokens"].metadata["help"]
+    fields = TokenDumpArguments.__dataclass_fields__
+    help_text = fields["dump_silenced_tokens"].metadata["help"]
     assert "at most dump_tokens_per_step (64) a step" in help_text and "dump_max_tokens (5000) a run" in help_text
-    assert STAPOConfig.__dataclass_fields__["dump_tokens_per_step"].default == 64
-    assert STAPOConfig.__dataclass_fields__["dump_max_tokens"].default == 5000
+    assert fields["dump_tokens_per_step"].default == 64
+    assert fields["dump_max_tokens"].default == 5000
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda path: str(path.relative_to(REPO / "recipes")))

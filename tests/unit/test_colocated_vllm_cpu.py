@@ -12,8 +12,8 @@ import trl.trainer.grpo_trainer as trl_grpo_trainer
 from tiny import tiny_config, tiny_trainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
+from stapo_trl.core.errors import UsageError
 from stapo_trl.cpu.colocated_vllm import CPUEngineSettings, VLLMOnCPUError, colocated_vllm_on_cpu, needs_cpu_adapter
-from stapo_trl.errors import UsageError
 
 VLLM_INSTALLED = importlib.util.find_spec("vllm") is not None
 NEEDS_VLLM = "vLLM is not installed; this test runs in the vLLM environment of .ci/run (see the README)"

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 from trl import GRPOConfig, TrlParser
 
-from stapo_trl import STAPOConfig
+from stapo_trl import STAPOConfig, STAPOTrainer
 
 
 def make_config(**overrides):
@@ -53,12 +53,6 @@ def test_every_stapo_field_has_help():
         "token_rule_kwargs",
         "shadow_token_rules",
         "use_random_silencing",
-        "gradient_probe_steps",
-        "dump_silenced_tokens",
-        "dump_tokens_per_step",
-        "dump_max_tokens",
-        "dump_context_tokens",
-        "generation_states_every",
     }
     for field in dataclasses.fields(STAPOConfig):
         if field.name in own_fields | {"epsilon_high", "beta", "loss_type"}:
@@ -169,7 +163,7 @@ def test_bad_token_rule_lists_are_rejected(overrides, message):
 
 
 def test_liger_backend_without_liger_names_the_install(monkeypatch):
-    monkeypatch.setattr("stapo_trl.fused_stats.liger.is_liger_available", lambda: False)
+    monkeypatch.setattr("stapo_trl.core.token_stats.liger_backend.is_liger_available", lambda: False)
     with pytest.raises(ValueError, match=r"pip install -e '\.\[liger\]'"):
         make_config(token_stats_backend="liger")
 
@@ -235,7 +229,7 @@ def test_trl_parser_reads_stare_and_custom_rule_fields(tmp_path, registered_rule
 
 @pytest.fixture
 def registered_rule():
-    from stapo_trl.token_rules import TOKEN_RULES, TokenRuleResult, register_token_rule
+    from stapo_trl.core.token_rules import TOKEN_RULES, TokenRuleResult, register_token_rule
 
     @register_token_rule("config_test_rule")
     def rule(log_probs, entropies, advantages, loss_mask, scale=1.0):
@@ -246,9 +240,11 @@ def registered_rule():
 
 
 def test_the_silenced_token_dump_is_off_by_default_with_bounded_caps():
-    config = make_config()
-    assert config.dump_silenced_tokens is False
-    assert (config.dump_tokens_per_step, config.dump_max_tokens, config.dump_context_tokens) == (64, 5000, 20)
+    from stapo_trl.diagnostics.token_dump import TokenDumpArguments
+
+    dump = TokenDumpArguments()
+    assert dump.dump_silenced_tokens is False
+    assert (dump.dump_tokens_per_step, dump.dump_max_tokens, dump.dump_context_tokens) == (64, 5000, 20)
 
 
 @pytest.mark.parametrize(
@@ -262,18 +258,18 @@ def test_the_silenced_token_dump_is_off_by_default_with_bounded_caps():
     ids=["caps-without-dump", "zero-per-step", "negative-total", "fractional-context"],
 )
 def test_bad_dump_settings_are_refused(overrides, message):
+    from stapo_trl.diagnostics.token_dump import TokenDumpArguments
+
     with pytest.raises(ValueError, match=message):
-        make_config(**overrides)
+        TokenDumpArguments(**overrides)
 
 
-def test_the_dump_also_records_a_stare_only_run():
-    config = make_config(dump_silenced_tokens=True, use_s2t_mask=False, use_stare=True)
-    assert config.active_token_rules == ["stare"]
+def test_the_dump_in_a_run_without_token_rules_warns_that_it_records_nothing(tmp_path):
+    from tiny import tiny_config, tiny_trainer, tools
 
-
-def test_the_dump_in_a_run_without_token_rules_warns_that_it_records_nothing():
-    with pytest.warns(UserWarning, match="dump_silenced_tokens=True has nothing to record in this run"):
-        make_config(dump_silenced_tokens=True, use_s2t_mask=False)
+    config = tiny_config(STAPOConfig, tmp_path, use_s2t_mask=False)
+    with pytest.warns(UserWarning, match="The silenced-token dump has nothing to record in this run"):
+        tiny_trainer(STAPOTrainer, config, callbacks=tools(dump_silenced_tokens=True))
 
 
 def test_the_backend_is_called_trl_fused_head_not_trl():
@@ -281,17 +277,24 @@ def test_the_backend_is_called_trl_fused_head_not_trl():
         make_config(token_stats_backend="trl")
 
 
-def test_stare_and_dump_fields_come_from_their_mixins():
-    from stapo_trl.diagnostics.token_dump_config import TokenDumpConfigMixin
-    from stapo_trl.token_rules.stare_rule import STAREConfigMixin
+def test_rule_fields_come_from_their_mixins_and_the_tools_fields_stay_out_of_the_config():
+    from stapo_trl.cli.recipe import tool_arguments
+    from stapo_trl.core.token_rules.stare_rule import STAREConfigMixin
 
     stare = {field.name for field in dataclasses.fields(STAREConfigMixin)}
-    dump = {field.name for field in dataclasses.fields(TokenDumpConfigMixin)}
     assert len(stare) == 12 and "use_stare" in stare and all(name.startswith(("stare_", "use_")) for name in stare)
-    assert dump == {"dump_silenced_tokens", "dump_tokens_per_step", "dump_max_tokens", "dump_context_tokens"}
-    assert not (stare | dump) & set(STAPOConfig.__annotations__)
-    assert issubclass(STAPOConfig, STAREConfigMixin) and issubclass(STAPOConfig, TokenDumpConfigMixin)
-    assert (stare | dump) <= {field.name for field in dataclasses.fields(STAPOConfig)}
+    assert not stare & set(STAPOConfig.__annotations__)
+    assert issubclass(STAPOConfig, STAREConfigMixin) and stare <= {f.name for f in dataclasses.fields(STAPOConfig)}
+    tools = {field.name for cls in tool_arguments() for field in dataclasses.fields(cls)}
+    assert tools == {
+        "dump_silenced_tokens",
+        "dump_tokens_per_step",
+        "dump_max_tokens",
+        "dump_context_tokens",
+        "gradient_probe_steps",
+        "generation_states_every",
+    }
+    assert not tools & {field.name for field in dataclasses.fields(STAPOConfig)}
 
 
 # Fields of GRPOConfig that STAPOConfig checks: TRL 1.16 accepts these values and fails later (in torch's sampler,

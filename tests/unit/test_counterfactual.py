@@ -9,12 +9,15 @@ import statistics
 import pytest
 import torch
 from peft import LoraConfig
-from tiny import tiny_config, tiny_trainer
+from tiny import tiny_config, tiny_trainer, tools
 
 from stapo_trl import STAPOConfig, STAPOTrainer
-from stapo_trl.counterfactual.replay import replay_step, restore_start
-from stapo_trl.counterfactual.study import CounterfactualOptions, arm_selections, reference_text, step_tokens
-from stapo_trl.counterfactual.summary import (
+from stapo_trl.core.names import SHADOW_SILENCED_KEY, SILENCED_KEY, TOOL_MASK_BEFORE_RULES_KEY
+from stapo_trl.file_and_metric_names import REWARDS_KEY
+from stapo_trl.research.counterfactual.arms import ArmSettings, StepTokens, lowest_p_outside, select_tokens
+from stapo_trl.research.counterfactual.replay import replay_step, restore_start
+from stapo_trl.research.counterfactual.study import CounterfactualOptions, arm_selections, reference_text, step_tokens
+from stapo_trl.research.counterfactual.summary import (
     arm_values,
     mean_interval,
     paired_differences,
@@ -22,15 +25,8 @@ from stapo_trl.counterfactual.summary import (
     summarize,
     summary_table,
 )
-from stapo_trl.counterfactual.teacher_forced import kl_divergence, probe_sequences
-from stapo_trl.file_and_metric_names import (
-    REWARDS_KEY,
-    SHADOW_SILENCED_KEY,
-    SILENCED_KEY,
-    TOOL_MASK_BEFORE_RULES_KEY,
-)
-from stapo_trl.generation_states import saved_generations
-from stapo_trl.token_rules.counterfactual_arms import ArmSettings, StepTokens, lowest_p_outside, select_tokens
+from stapo_trl.research.counterfactual.teacher_forced import kl_divergence, probe_sequences
+from stapo_trl.research.generation_states import saved_generations
 
 # --- the arms, by hand ------------------------------------------------------------------------------------------------
 # Two responses of 4 tokens. Response 0 has a positive advantage, response 1 a negative one. In response 0, p is
@@ -101,7 +97,7 @@ def test_s2t_as_many_as_low_p_high_h_draws_that_many_of_s2ts_tokens():
 def test_the_arms_that_existed_before_keep_their_random_draws():
     # A random arm's draws are seeded by its position in ARMS: new arms go last, so the first study's records stay
     # reproducible.
-    from stapo_trl.token_rules.counterfactual_arms import ARMS
+    from stapo_trl.research.counterfactual.arms import ARMS
 
     assert list(ARMS)[:5] == ["none", "s2t", "s2t_low_p", "random_positive", "lowest_p_outside_s2t"]
 
@@ -255,8 +251,9 @@ def lora():
 def trained_with_states(tmp_path, **rules):
     trainer = tiny_trainer(
         STAPOTrainer,
-        tiny_config(STAPOConfig, tmp_path / "run", generation_states_every=1, **COMMON, **rules),
+        tiny_config(STAPOConfig, tmp_path / "run", **COMMON, **rules),
         peft_config=lora(),
+        callbacks=tools(generation_states_every=1),
     )
     trainer.train()
     return trainer, saved_generations(tmp_path / "run")
@@ -340,7 +337,7 @@ def test_every_arm_starts_from_the_saved_state_however_many_arms_ran_before_it(g
 def test_arms_that_start_from_the_none_arms_state_give_the_records_of_a_full_replay(grpo_run, tmp_path, monkeypatch):
     """`share_quiet_steps`: an arm quiet in a generation's first step starts from ``none``'s state after it and takes
     ``none``'s first-step readout; every number in its record is what replaying all its steps gives."""
-    from stapo_trl.counterfactual import study
+    from stapo_trl.research.counterfactual import study
 
     _, generations = grpo_run
     generation = generations[1]
@@ -447,14 +444,18 @@ def test_step_tokens_pool_the_micro_batches_of_a_step(grpo_run):
 
 def test_saving_states_needs_a_token_rule_and_one_process(tmp_path):
     with pytest.raises(ValueError, match="no token rule is on or in shadow"):
-        tiny_config(STAPOConfig, tmp_path, use_s2t_mask=False, generation_states_every=1)
+        tiny_trainer(
+            STAPOTrainer,
+            tiny_config(STAPOConfig, tmp_path, use_s2t_mask=False),
+            callbacks=tools(generation_states_every=1),
+        )
     with pytest.raises(ValueError, match="generation_states_every must be an integer >= 0"):
-        tiny_config(STAPOConfig, tmp_path, generation_states_every=-1)
+        tools(generation_states_every=-1)
 
 
 def test_a_run_whose_rules_read_the_loss_policy_is_refused_when_a_generation_feeds_several_steps(tmp_path):
-    from stapo_trl.counterfactual.study import CounterfactualError, check_statistics_source
-    from stapo_trl.generation_states import SavedGeneration
+    from stapo_trl.research.counterfactual.study import CounterfactualError, check_statistics_source
+    from stapo_trl.research.generation_states import SavedGeneration
 
     loss = tiny_config(STAPOConfig, tmp_path, token_stats_source="loss")
     generation = tiny_config(STAPOConfig, tmp_path)
@@ -477,7 +478,7 @@ def test_a_run_without_saved_states_is_refused_before_anything_loads(tmp_path, c
 def test_a_generation_that_a_resumed_run_entered_midway_is_not_saved(tmp_path):
     """A run resumed inside a generation generates that generation's batches again: its saved steps would mix two
     generations, so the writer saves none of it and leaves it incomplete; the next generation is saved whole."""
-    from stapo_trl.generation_states import GenerationStateWriter
+    from stapo_trl.research.generation_states import GenerationStateWriter
 
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.AdamW(model.parameters())
@@ -510,13 +511,14 @@ def last_layer_lora():
 
 
 def test_replays_that_skip_the_frozen_layers_still_reproduce_the_run_bit_for_bit(tmp_path):
-    from stapo_trl.counterfactual.replay import record_frozen_inputs
+    from stapo_trl.research.counterfactual.replay import record_frozen_inputs
 
     rules = {"use_s2t_mask": False, "shadow_token_rules": ["s2t"]}
     run = tiny_trainer(
         STAPOTrainer,
-        tiny_config(STAPOConfig, tmp_path / "run", generation_states_every=1, **COMMON, **rules),
+        tiny_config(STAPOConfig, tmp_path / "run", **COMMON, **rules),
         peft_config=last_layer_lora(),
+        callbacks=tools(generation_states_every=1),
     )
     run.train()
     trainer = tiny_trainer(
@@ -537,7 +539,7 @@ def test_replays_that_skip_the_frozen_layers_still_reproduce_the_run_bit_for_bit
 
 
 def test_a_readout_that_skips_the_frozen_layers_reads_what_a_full_one_reads(tmp_path):
-    from stapo_trl.counterfactual.teacher_forced import FrozenInputs, read_policy
+    from stapo_trl.research.counterfactual.teacher_forced import FrozenInputs, read_policy
 
     trainer = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path, **COMMON), peft_config=last_layer_lora())
     model = trainer.accelerator.unwrap_model(trainer.model)

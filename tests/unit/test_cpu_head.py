@@ -248,7 +248,7 @@ def test_the_cpu_head_scores_only_labelled_positions():
 
 def test_importing_stapo_trl_patches_nothing():
     code = (
-        "import stapo_trl, stapo_trl.cpu.lm_head, stapo_trl.cpu.runtime, stapo_trl.trainer, stapo_trl.cli.train\n"
+        "import stapo_trl, stapo_trl.cpu.lm_head, stapo_trl.cpu.runtime, stapo_trl.core.trainer, stapo_trl.cli.train\n"
         "import trl.trainer.utils as u\n"
         "from trl.kernels import ChunkedLogProbFunction\n"
         "assert u._ChunkedLogProbFunction is ChunkedLogProbFunction, u._ChunkedLogProbFunction\n"

@@ -94,15 +94,16 @@ def test_a_trainer_built_in_python_inside_the_entry_gets_the_cpu_head_and_the_re
             model=build_tiny_qwen3(build_char_tokenizer(), seed=3),
             peft_config=LORA_ON_LAST_LAYER,
         )
-        replay = runtime.replays[id(trainer)]
-        assert isinstance(replay, FrozenPrefixReplay)
-        assert runtime.attach(trainer) is replay, "attached twice, it replayed twice"
+        assert runtime.replays == {}, "a trainer is attached when its training begins"
         updates = []
         original_update = InPlaceLayer.update
         monkeypatch.setattr(
             InPlaceLayer, "update", lambda self, *a, **k: updates.append(1) or original_update(self, *a, **k)
         )
         trainer.train()
+        replay = runtime.replay_of(trainer)
+        assert isinstance(replay, FrozenPrefixReplay)
+        assert runtime.attach(trainer) is replay, "attached twice, it replayed twice"
         assert replay.replayed == 2 and replay.computed == 0 and replay.shared_prefills == 2
         assert updates, "generate() ran without the in-place cache"
     assert not is_cpu_lm_head_applied() and replay.restore_model is None, "the block ended, the replay is detached"
@@ -127,7 +128,7 @@ def test_the_options_turn_each_part_off(tmp_path):
     with cpu_runtime(config, lm_head=False, replay_frozen_layers=False, inplace_kv_cache=False) as runtime:
         assert not runtime.lm_head and not is_cpu_lm_head_applied()
         trainer = tiny_trainer(STAPOTrainer, config, peft_config=LORA_ON_LAST_LAYER)
-        assert runtime.attach(trainer) is None and runtime.replays == {} and runtime.attached == set()
+        assert runtime.attach(trainer) is None and runtime.replays == {}
         assert "generate" not in vars(trainer.model.get_base_model()), "nothing wraps generate()"
 
 
@@ -142,7 +143,7 @@ def test_without_the_replay_the_in_place_cache_is_still_attached(tmp_path, monke
     with cpu_runtime(config, lm_head=False, replay_frozen_layers=False) as runtime:
         trainer = tiny_trainer(STAPOTrainer, config, peft_config=LORA_ON_LAST_LAYER)
         policy = trainer.model.get_base_model()
-        assert runtime.attach(trainer) is None and runtime.attached == {id(trainer)}
+        assert runtime.attach(trainer) is None and list(runtime.replays.values()) == [None]
         with torch.no_grad():
             trainer.model.generate(input_ids=torch.tensor([[5, 6, 7]]), max_new_tokens=2, do_sample=False)
         assert updates, "generate() ran without the in-place cache"

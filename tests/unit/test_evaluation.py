@@ -31,8 +31,8 @@ from stapo_trl.evaluation import (
 )
 from stapo_trl.evaluation.backends import BackendUnavailableError, vllm_max_lora_rank
 from stapo_trl.evaluation.models import parameter_size
-from stapo_trl.paper import paper_row
-from stapo_trl.results_table import markdown_table, summary_rows
+from stapo_trl.evaluation.paper_results import paper_row
+from stapo_trl.evaluation.results_table import markdown_table, summary_rows
 
 SAMPLE_SIZES = {"aime24": 3, "aime25": 3, "amc23": 4, "math500": 4, "minerva": 3, "olympiadbench": 4}
 

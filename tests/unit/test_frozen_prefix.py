@@ -12,7 +12,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
 from stapo_trl.cpu.frozen_layer_replay import FrozenPrefixReplay, replay_blockers, replay_frozen_prefix
-from stapo_trl.trl_boundary.hooks import decoder_layers
+from stapo_trl.trl_boundary.helpers import decoder_layers
 
 LORA_ON_LAST_LAYER = {
     "r": 4,

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from stapo_trl import token_logprob_entropy
-from stapo_trl.cpu.logprob_entropy import CPULogProbEntropy, blocked_logprob_entropy
-from stapo_trl.fused_stats import BACKENDS, naive_logprob_entropy, resolve_backend
-from stapo_trl.fused_stats import liger as liger_module
+from stapo_trl.core.token_stats import liger_backend as liger_module
+from stapo_trl.core.token_stats.backends import BACKENDS, naive_logprob_entropy, resolve_backend
+from stapo_trl.core.token_stats.torch_backend import CPULogProbEntropy, blocked_logprob_entropy
 
 TRAINING_BACKENDS = ["torch", "liger", "trl_fused_head"]
 

@@ -9,9 +9,9 @@ import torch
 from tiny import tiny_config, tiny_trainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer, spurious_token_mask
-from stapo_trl import token_stats as token_stats_module
-from stapo_trl.file_and_metric_names import ENTROPIES_KEY, LOG_PROBS_KEY, TOOL_MASK_BEFORE_RULES_KEY
-from stapo_trl.fused_stats.generation import GenerationStatsRecorder
+from stapo_trl.core.names import ENTROPIES_KEY, LOG_PROBS_KEY, TOOL_MASK_BEFORE_RULES_KEY
+from stapo_trl.core.token_stats import statistics as token_stats_module
+from stapo_trl.core.token_stats.generation import GenerationStatsRecorder
 
 PROB_THRESHOLD = 0.2  # the tiny model is far less confident than a real one, so this makes S2T fire
 

@@ -14,7 +14,7 @@ from gguf import GGUFWriter
 from safetensors.torch import load_file, save_file
 
 from stapo_trl import gguf
-from stapo_trl.errors import UsageError
+from stapo_trl.core.errors import UsageError
 
 
 def write_gguf(path):

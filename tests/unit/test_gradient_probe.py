@@ -5,15 +5,15 @@ import math
 import pytest
 import torch
 from loss_batches import LOW, make_batch, make_trainer
-from tiny import parameters, tiny_config, tiny_trainer, train_losses
+from tiny import parameters, tiny_config, tiny_trainer, tools, train_losses
 from trl import GRPOConfig, GRPOTrainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
-from stapo_trl.file_and_metric_names import NUM_ITEMS_BEFORE_RULES_KEY
-from stapo_trl.gradient_probe import GradientProbe, gradient_share_statistics, share_over_baseline
-from stapo_trl.token_rules import spurious_token_candidates
-from stapo_trl.token_rules.random_silencing import count_matched_draw
-from stapo_trl.token_stats import side_effect_free_pass
+from stapo_trl.core.names import NUM_ITEMS_BEFORE_RULES_KEY
+from stapo_trl.core.token_rules import spurious_token_candidates
+from stapo_trl.core.token_rules.random_silencing import count_matched_draw
+from stapo_trl.core.token_stats.statistics import side_effect_free_pass
+from stapo_trl.research.gradient_probe import GradientProbe, gradient_share_statistics, share_over_baseline
 
 PROB_THRESHOLD = 0.2
 
@@ -77,15 +77,16 @@ def test_the_baselines_draw_as_many_tokens_as_were_silenced_from_their_own_pools
 def test_the_two_parts_add_up_to_the_gradient_of_the_whole_loss(tmp_path):
     """The probe's whole-gradient norm equals the norm of the gradient of TRL's loss over every token, computed
     directly: the silenced and kept parts split the loss exactly."""
-    trainer = make_trainer(tmp_path, loss_type="dapo", gradient_probe_steps=1, prob_threshold=0.002)
+    trainer = make_trainer(tmp_path, loss_type="dapo", prob_threshold=0.002)
     log_probs = torch.tensor([[LOW, LOW, 0.0], [0.0, 0.0, 0.0]])
     entropies = torch.tensor([[0.1, 0.5, 1.0], [1.0, 1.0, 1.0]])
     batch = make_batch(log_probs, entropies, [1.0, -1.0])
     trainer.apply_token_rules([batch])
     assert int(batch["stapo_silenced"].sum()) == 1
-    stats = trainer.probe_gradient_share([batch])
-
     model = trainer.accelerator.unwrap_model(trainer.model)
+    with trainer.metrics_untouched():
+        stats = GradientProbe(1).measure(trainer.compute_loss, model, [batch])
+
     whole = dict(batch)
     whole["tool_mask"] = torch.ones_like(batch["completion_mask"])
     whole["num_items_in_batch"] = batch[NUM_ITEMS_BEFORE_RULES_KEY]
@@ -109,10 +110,9 @@ def test_grpo_with_s2t_in_shadow_and_the_probe_still_trains_exactly_like_grpo(tm
         use_s2t_mask=False,
         shadow_token_rules=["s2t"],
         prob_threshold=PROB_THRESHOLD,
-        gradient_probe_steps=1,
         **common,
     )
-    probed = tiny_trainer(STAPOTrainer, config)
+    probed = tiny_trainer(STAPOTrainer, config, callbacks=tools(gradient_probe_steps=1))
     probed.train()
     assert train_losses(probed) == train_losses(grpo)
     expected = parameters(grpo)
@@ -135,10 +135,8 @@ def test_grpo_with_s2t_in_shadow_and_the_probe_still_trains_exactly_like_grpo(tm
 
 
 def test_every_kth_step_is_probed_starting_with_the_first(tmp_path):
-    config = tiny_config(
-        STAPOConfig, tmp_path, prob_threshold=PROB_THRESHOLD, gradient_probe_steps=2, max_steps=3, loss_type="dapo"
-    )
-    trainer = tiny_trainer(STAPOTrainer, config)
+    config = tiny_config(STAPOConfig, tmp_path, prob_threshold=PROB_THRESHOLD, max_steps=3, loss_type="dapo")
+    trainer = tiny_trainer(STAPOTrainer, config, callbacks=tools(gradient_probe_steps=2))
     trainer.train()
     steps = [entry for entry in trainer.state.log_history if "loss" in entry]
     assert ["gradient_probe/silenced_grad_sq_share" in entry for entry in steps] == [True, False, True]
@@ -149,12 +147,18 @@ def test_every_kth_step_is_probed_starting_with_the_first(tmp_path):
     [
         ({"loss_type": "grpo"}, "Not with: loss_type='grpo'"),
         ({"loss_type": "dapo", "use_s2t_mask": False}, "no token rule is on or in shadow"),
-        ({"loss_type": "dapo", "gradient_probe_steps": -1}, "must be an integer >= 0"),
     ],
 )
-def test_settings_the_probe_cannot_split_are_refused(tmp_path, overrides, message):
+def test_settings_the_probe_cannot_split_are_refused_when_the_trainer_is_built(tmp_path, overrides, message):
     with pytest.raises(ValueError, match=message):
-        tiny_config(STAPOConfig, tmp_path, **{"gradient_probe_steps": 1, **overrides})
+        tiny_trainer(
+            STAPOTrainer, tiny_config(STAPOConfig, tmp_path, **overrides), callbacks=tools(gradient_probe_steps=1)
+        )
+
+
+def test_a_negative_probe_interval_is_refused():
+    with pytest.raises(ValueError, match="gradient_probe_steps must be an integer >= 0"):
+        tools(gradient_probe_steps=-1)
 
 
 def with_attention_dropout(trainer, rate: float = 0.3):
@@ -172,8 +176,8 @@ def test_with_dropout_on_the_probe_sees_the_training_gradient_and_leaves_the_run
     common.update(use_s2t_mask=False, shadow_token_rules=["s2t"], prob_threshold=PROB_THRESHOLD)
     plain = with_attention_dropout(tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path / "plain", **common)))
     plain.train()
-    config = tiny_config(STAPOConfig, tmp_path / "probed", gradient_probe_steps=1, **common)
-    probed = with_attention_dropout(tiny_trainer(STAPOTrainer, config))
+    config = tiny_config(STAPOConfig, tmp_path / "probed", **common)
+    probed = with_attention_dropout(tiny_trainer(STAPOTrainer, config, callbacks=tools(gradient_probe_steps=1)))
     probed.train()
     assert train_losses(probed) == train_losses(plain)
     expected = parameters(plain)
@@ -194,13 +198,12 @@ def test_the_probe_says_how_many_optimizer_steps_came_since_the_generation(tmp_p
         STAPOConfig,
         tmp_path,
         prob_threshold=PROB_THRESHOLD,
-        gradient_probe_steps=1,
         max_steps=4,
         loss_type="dapo",
         per_device_train_batch_size=4,
         steps_per_generation=2,
     )
-    trainer = tiny_trainer(STAPOTrainer, config)
+    trainer = tiny_trainer(STAPOTrainer, config, callbacks=tools(gradient_probe_steps=1))
     trainer.train()
     steps = [entry for entry in trainer.state.log_history if "loss" in entry]
     assert [entry["gradient_probe/steps_since_generation"] for entry in steps] == [0, 1, 0, 1]

@@ -14,9 +14,9 @@ from huggingface_hub import HfApi, RepoUrl
 from tiny import tiny_config, tiny_trainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
-from stapo_trl.file_and_metric_names import RECIPE_FILE
-from stapo_trl.model_card import (
+from stapo_trl.card.model_card import (
     CardFacts,
+    ModelCardCallback,
     build_model_card,
     card_sections,
     check_model_card,
@@ -24,8 +24,9 @@ from stapo_trl.model_card import (
     refresh_model_card,
     statistics_section,
 )
-from stapo_trl.paper import STAPO_CITATION
-from stapo_trl.run_record import RunRecord, build_run_record
+from stapo_trl.core.paper import STAPO_CITATION
+from stapo_trl.diagnostics.run_record import RunRecord, build_run_record
+from stapo_trl.file_and_metric_names import RECIPE_FILE
 
 TINY = {"prob_threshold": 0.2, "temperature": 1.0}
 
@@ -34,10 +35,21 @@ TINY = {"prob_threshold": 0.2, "temperature": 1.0}
 def trained(tmp_path_factory):
     """A tiny STAPO run of 2 steps whose card has been written once."""
     output_dir = tmp_path_factory.mktemp("card-run")
-    trainer = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, output_dir, **TINY))
+    trainer = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, output_dir, **TINY), callbacks=[ModelCardCallback()])
     trainer.train()
     trainer.create_model_card(model_name="tiny-stapo")
     return trainer, output_dir
+
+
+def test_the_trainers_own_card_cites_stapo_and_names_its_rules_thresholds(tmp_path):
+    """Without the whole card's callback (a library run), the card the trainer writes is TRL's, tagged, citing STAPO,
+    with a section that names the token rules and their thresholds."""
+    trainer = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path, **TINY))
+    trainer.create_model_card(model_name="tiny-stapo")
+    card = (tmp_path / "README.md").read_text()
+    assert "- stapo" in card and STAPO_CITATION.splitlines()[0] in card
+    rules = card.split("## Token rules", 1)[1]
+    assert "S2T on: prob_threshold 0.2, entropy_quantile 0.8" in rules
 
 
 def card_of(trainer, output_dir) -> str:
@@ -235,7 +247,7 @@ def test_push_to_hub_uploads_the_card_and_weights_through_an_intercepted_hfapi(t
     config = tiny_config(
         STAPOConfig, tmp_path / "run", push_to_hub=True, hub_model_id="my-org/tiny-stapo", max_steps=1, **TINY
     )
-    trainer = tiny_trainer(STAPOTrainer, config)
+    trainer = tiny_trainer(STAPOTrainer, config, callbacks=[ModelCardCallback()])
     trainer.train()
     trainer.push_to_hub()
 

@@ -21,9 +21,9 @@ import torch
 from loss_batches import HIGH, LOW, make_batch, make_trainer
 
 from stapo_trl import spurious_token_mask
-from stapo_trl.file_and_metric_names import SILENCED_KEY
-from stapo_trl.fused_stats import BACKENDS
-from stapo_trl.token_rules import stare_token_weights
+from stapo_trl.core.names import SILENCED_KEY
+from stapo_trl.core.token_rules import stare_token_weights
+from stapo_trl.core.token_stats.backends import BACKENDS
 
 NAN, INF = float("nan"), float("inf")
 LOG_TAU_P = math.log(0.002)

@@ -12,13 +12,14 @@ from datasets import Dataset
 from safetensors.torch import save_file
 from tiny import build_char_tokenizer, build_tiny_qwen3
 
-from stapo_trl.callbacks import MetricsFileCallback, StepSummaryProgressCallback, step_summary
+from stapo_trl.cli.callbacks import MetricsFileCallback, StepSummaryProgressCallback, step_summary
 from stapo_trl.cli.run_summary import console_summary
 from stapo_trl.data import ROW_FEATURES
 from stapo_trl.data.arithmetic import WORKED_EXAMPLES, arithmetic_problems, load_arithmetic
 from stapo_trl.data.selection import drop_long_prompts, random_subset, split_heldout
 from stapo_trl.diagnostics.report_figures import plot_training_curves, training_curve_panels
 from stapo_trl.diagnostics.run_logs import read_metrics
+from stapo_trl.diagnostics.run_record import build_run_record
 from stapo_trl.diagnostics.token_dump import read_dump
 from stapo_trl.evaluation import GreedyAccuracy, greedy_accuracy
 from stapo_trl.evaluation.greedy import MIN_SHARED_PREFIX_TOKENS, prompt_prefix_cache, shared_prefix_length
@@ -30,7 +31,6 @@ from stapo_trl.gguf import (
     resolve_gguf,
 )
 from stapo_trl.rewards import get_reward_func
-from stapo_trl.run_record import build_run_record
 
 # --- arithmetic word problems --------------------------------------------------------------------------------------
 

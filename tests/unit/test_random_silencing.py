@@ -1,5 +1,5 @@
 """RANDOM silencing, the control for S2T: as many tokens as S2T would silence, drawn uniformly from the positive-advantage
-loss tokens, renormalized the same way. Its whole implementation is one module, stapo_trl/token_rules/random_silencing.py."""
+loss tokens, renormalized the same way. Its whole implementation is one module, stapo_trl/core/token_rules/random_silencing.py."""
 
 import math
 
@@ -8,9 +8,9 @@ import torch
 from tiny import tiny_config, tiny_trainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
+from stapo_trl.core.token_rules import apply_token_rules, spurious_token_mask
+from stapo_trl.core.token_rules.random_silencing import random_silencing_mask
 from stapo_trl.methods import method_preset
-from stapo_trl.token_rules import apply_token_rules, spurious_token_mask
-from stapo_trl.token_rules.random_silencing import random_silencing_mask
 
 LOW, HIGH = math.log(0.001), math.log(0.9)
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from loss_batches import HIGH, LOW, make_batch, make_trainer
 
-from stapo_trl.file_and_metric_names import NUM_ITEMS_BEFORE_RULES_KEY, SILENCED_KEY, TOOL_MASK_BEFORE_RULES_KEY
+from stapo_trl.core.names import NUM_ITEMS_BEFORE_RULES_KEY, SILENCED_KEY, TOOL_MASK_BEFORE_RULES_KEY
 
 
 def known_batch():

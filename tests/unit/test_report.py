@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from tiny import tiny_config, tiny_trainer
+from tiny import tiny_config, tiny_trainer, tools
 
 from stapo_trl import STAPOConfig, STAPOTrainer
 from stapo_trl.cli import main
@@ -23,9 +23,9 @@ from stapo_trl.diagnostics.report_figures import (
     top_silenced_tokens,
 )
 from stapo_trl.diagnostics.run_logs import ReportError, find_log_source, load_run
+from stapo_trl.diagnostics.run_record import trend_sentences
 from stapo_trl.diagnostics.token_dump import DENSITY_BINS, visible_token
 from stapo_trl.file_and_metric_names import SILENCED_TOKENS_FILE, SILENCED_TOKENS_STATS_FILE
-from stapo_trl.run_record import trend_sentences
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -369,10 +369,8 @@ def test_the_report_renders_headless_even_when_an_interactive_backend_is_configu
 
 
 def test_a_real_training_run_with_the_dump_reports_end_to_end(tmp_path):
-    config = tiny_config(
-        STAPOConfig, tmp_path / "run", max_steps=2, prob_threshold=0.2, temperature=1.0, dump_silenced_tokens=True
-    )
-    trainer = tiny_trainer(STAPOTrainer, config)
+    config = tiny_config(STAPOConfig, tmp_path / "run", max_steps=2, prob_threshold=0.2, temperature=1.0)
+    trainer = tiny_trainer(STAPOTrainer, config, callbacks=tools(dump_silenced_tokens=True))
     trainer.train()
     trainer.save_state()
     report = write_report([tmp_path / "run"], tmp_path / "report")

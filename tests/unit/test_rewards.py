@@ -353,19 +353,3 @@ class TestRegistry:
         with pytest.raises(ValueError, match="already registered"):
             register_reward("dapo")(dapo_reward)
         assert "dapo" in REWARD_REGISTRY
-
-
-def test_trainer_reward_names_resolve_to_our_functions_and_other_strings_go_to_trl_or_are_refused(tmp_path):
-    from stapo_trl.rewards import boxed_reward, dapo_reward, resolve_reward_funcs
-
-    def mine(completions, **kwargs):
-        return [0.0] * len(completions)
-
-    assert resolve_reward_funcs("dapo") is dapo_reward
-    assert resolve_reward_funcs(["dapo", mine, "boxed"]) == [dapo_reward, mine, boxed_reward]
-    assert resolve_reward_funcs("stapo_trl.rewards.exact_match.dapo_reward") is dapo_reward  # a dotted path
-    assert resolve_reward_funcs("org/reward-model") == "org/reward-model"  # a Hub id: TRL loads a reward model
-    assert resolve_reward_funcs(str(tmp_path)) == str(tmp_path)  # a local reward model directory
-    assert resolve_reward_funcs(None) is None
-    with pytest.raises(ValueError, match="'boxd' is neither a registered reward"):
-        resolve_reward_funcs(["boxd"])

@@ -1,4 +1,4 @@
-"""One record per run: `stapo-trl train` builds the run's facts once from its log (`stapo_trl.run_record`) and writes
+"""One record per run: `stapo-trl train` builds the run's facts once from its log (`stapo_trl.diagnostics.run_record`) and writes
 them to run_summary.json, and the end-of-run summary, the model card and `stapo-trl report` render that record: on a
 recorded tiny run they state the same trends, with the same uncertainty, and the same numbers."""
 
@@ -15,7 +15,7 @@ from tiny import save_tiny_chat_model
 
 from stapo_trl.cli import main
 from stapo_trl.diagnostics.run_logs import load_run
-from stapo_trl.run_record import read_run_record
+from stapo_trl.diagnostics.run_record import read_run_record
 
 
 @pytest.fixture(scope="module")

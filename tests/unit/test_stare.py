@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from stapo_trl.token_rules import STAREController, stare_token_weights, top_share_mask
+from stapo_trl.core.token_rules import STAREController, stare_token_weights, top_share_mask
 
 
 def log(values):

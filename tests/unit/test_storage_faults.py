@@ -100,8 +100,8 @@ def test_a_directory_that_cannot_be_flushed_is_passed_over_but_a_failing_disk_is
 
 
 def test_the_stare_state_a_resume_reads_is_written_durably(tmp_path, monkeypatch):
-    """The STARE controller's checkpoint state, which a resume reads, goes through `write_text_atomically`."""
-    from stapo_trl.token_rules.stare_controller import STARE_STATE_FILE, STAREController
+    """The STARE controller's checkpoint state, which a resume reads, is flushed to the storage before its rename."""
+    from stapo_trl.core.token_rules.stare_controller import STARE_STATE_FILE, STAREController
 
     events = record_syncs_and_renames(monkeypatch)
     STAREController(gate_mode="on").save_to(tmp_path)

@@ -5,13 +5,13 @@ import math
 
 import pytest
 import torch
-from tiny import build_char_tokenizer, tiny_config, tiny_trainer
+from tiny import build_char_tokenizer, tiny_config, tiny_trainer, tools
 
 from stapo_trl import STAPOConfig, STAPOTrainer
+from stapo_trl.core.token_rules import StepTokens
 from stapo_trl.diagnostics import token_dump
 from stapo_trl.diagnostics.token_dump import (
     SilencedTokenDump,
-    StepTokens,
     sample_positions,
     token_density,
     token_records,
@@ -72,7 +72,10 @@ def step_tokens(text_rows, silenced_positions, advantages, lengths=None):
         silenced[row, column] = True
     log_probs = torch.where(silenced, math.log(0.01), math.log(0.9)).float()
     entropies = torch.where(silenced, 0.5, 2.0).float()
-    return tokenizer, StepTokens(completion_ids, log_probs, entropies, torch.tensor(advantages), loss_mask, silenced)
+    tokens = StepTokens(
+        log_probs, entropies, torch.tensor(advantages), loss_mask, completion_ids=completion_ids, silenced=silenced
+    )
+    return tokenizer, tokens
 
 
 def test_token_records_hold_the_token_its_context_p_h_and_the_advantage():
@@ -158,10 +161,8 @@ S2T_EVERYWHERE = {"prob_threshold": 0.2, "temperature": 1.0}
 
 
 def test_the_trainer_dumps_the_tokens_s2t_silenced(tmp_path):
-    config = tiny_config(
-        STAPOConfig, tmp_path, max_steps=3, dump_silenced_tokens=True, dump_tokens_per_step=4, **S2T_EVERYWHERE
-    )
-    trainer = tiny_trainer(STAPOTrainer, config)
+    config = tiny_config(STAPOConfig, tmp_path, max_steps=3, **S2T_EVERYWHERE)
+    trainer = tiny_trainer(STAPOTrainer, config, callbacks=tools(dump_silenced_tokens=True, dump_tokens_per_step=4))
     trainer.train()
     steps = [entry for entry in trainer.state.log_history if "loss" in entry]
     stats = json.loads((tmp_path / SILENCED_TOKENS_STATS_FILE).read_text())
@@ -186,22 +187,29 @@ def test_the_dump_is_off_by_default_and_computes_nothing(tmp_path, monkeypatch):
 
     monkeypatch.setattr(token_dump, "token_density", fail)
     monkeypatch.setattr(token_dump.SilencedTokenDump, "record_step", fail)
-    trainer = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, tmp_path, max_steps=1, **S2T_EVERYWHERE))
+    trainer = tiny_trainer(
+        STAPOTrainer, tiny_config(STAPOConfig, tmp_path, max_steps=1, **S2T_EVERYWHERE), callbacks=tools()
+    )
     trainer.train()
-    assert trainer.token_dump is None
+    assert not any(isinstance(c, token_dump.SilencedTokenDumpCallback) for c in trainer.callback_handler.callbacks)
     assert not (tmp_path / SILENCED_TOKENS_FILE).exists() and not (tmp_path / SILENCED_TOKENS_STATS_FILE).exists()
     assert not any(key.startswith("token_dump/") for entry in trainer.state.log_history for key in entry)
 
 
 def test_the_dump_survives_checkpoint_and_resume_in_the_trainer(tmp_path):
-    values = {"max_steps": 2, "dump_silenced_tokens": True, "save_strategy": "steps", "save_steps": 1}
+    values = {"max_steps": 2, "save_strategy": "steps", "save_steps": 1}
     straight_dir, resumed_dir = tmp_path / "straight", tmp_path / "resumed"
-    straight = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, straight_dir, **values, **S2T_EVERYWHERE))
+
+    def run(directory):
+        config = tiny_config(STAPOConfig, directory, **values, **S2T_EVERYWHERE)
+        return tiny_trainer(STAPOTrainer, config, callbacks=tools(dump_silenced_tokens=True))
+
+    straight = run(straight_dir)
     straight.train()
-    killed = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, resumed_dir, **values, **S2T_EVERYWHERE))
+    killed = run(resumed_dir)
     killed.train()  # as if killed after step 2: its checkpoint-1 is resumed below, over the files step 2 wrote
     assert (resumed_dir / "checkpoint-1" / SILENCED_TOKENS_STATS_FILE).is_file()
-    resumed = tiny_trainer(STAPOTrainer, tiny_config(STAPOConfig, resumed_dir, **values, **S2T_EVERYWHERE))
+    resumed = run(resumed_dir)
     resumed.train(resume_from_checkpoint=str(resumed_dir / "checkpoint-1"))
     straight_steps = [
         json.loads(line)["step"] for line in (straight_dir / SILENCED_TOKENS_FILE).read_text().splitlines()
@@ -213,8 +221,8 @@ def test_the_dump_survives_checkpoint_and_resume_in_the_trainer(tmp_path):
 
 
 def test_a_run_without_token_rules_writes_no_dump(tmp_path):
+    config = tiny_config(STAPOConfig, tmp_path, max_steps=1, use_s2t_mask=False)
     with pytest.warns(UserWarning, match="nothing to record"):
-        config = tiny_config(STAPOConfig, tmp_path, max_steps=1, use_s2t_mask=False, dump_silenced_tokens=True)
-    trainer = tiny_trainer(STAPOTrainer, config)
+        trainer = tiny_trainer(STAPOTrainer, config, callbacks=tools(dump_silenced_tokens=True))
     trainer.train()
-    assert trainer.token_dump is None and not (tmp_path / SILENCED_TOKENS_FILE).exists()
+    assert not (tmp_path / SILENCED_TOKENS_FILE).exists()

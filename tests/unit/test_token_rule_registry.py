@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from stapo_trl.token_rules import (
+from stapo_trl.core.token_rules import (
     TOKEN_RULES,
     RuleCall,
     TokenRuleResult,

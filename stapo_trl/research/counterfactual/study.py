@@ -1,0 +1,369 @@
+"""Every saved generation of a run applied again under each arm, and what each update did to the policy: the work of
+`stapo-trl counterfactual RUN_DIR`, which rebuilds the run's trainer and calls `run_generation` for each generation.
+
+For each complete saved generation (`stapo_trl.research.generation_states`) and each arm
+(`stapo_trl.research.counterfactual.arms`), the generation's optimizer steps are applied again from its saved state with the arm's tokens silenced in each step, on
+the same completions, advantages and dropout masks. The policy is then read teacher-forced
+(`stapo_trl.research.counterfactual.teacher_forced`) after the generation's first step and after its last, on two fixed sets of
+held-out prompts (the run's held-out problems):
+
+- *sampled*: one response per prompt sampled from the saved state's policy (eval mode, the run's temperature, seeded
+  by the generation), the same for every arm: the mean entropy of the next-token distribution over its tokens, and
+  ``KL(updated || saved state)`` per token;
+- *reference*: the problem's correct response (for the built-in arithmetic problems the worked solution and the
+  ``Answer:`` line, in the form the prompts' worked examples show; otherwise the answer line alone): the summed
+  log-probability of its tokens, per problem.
+
+Plus the update's norm, ``||theta - theta_saved||`` over the trainable parameters. The ``none`` arm's parameters after
+each step are compared with those the run recorded: a replay that reproduces the run shows
+``reproduction_max_abs_difference`` 0.
+
+An arm that silences no token in any step of a generation computes exactly what ``none`` computes, so its numbers are
+``none``'s (recorded with ``same_as_none``); a generation where every arm is ``none`` is only replayed for the
+reproduction check. Likewise an arm's steps before its first silenced token are ``none``'s: the arm starts from
+``none``'s state after them (``replayed_from_step`` in its record; `CounterfactualOptions.share_quiet_steps`).
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...core.errors import UsageError
+from ...core.names import ADVANTAGES_BEFORE_RULES_KEY, ENTROPIES_KEY, LOG_PROBS_KEY, TOOL_MASK_BEFORE_RULES_KEY
+from ...data.arithmetic import worked_answer, worked_solution
+from ...data.prompts import answer_line
+from ...file_and_metric_names import RECIPE_FILE
+from ..generation_states import SavedGeneration, trainable_parameters
+from .arms import ARMS, NONE_ARM, StepTokens, arm_settings, select_tokens
+from .replay import record_frozen_inputs, replay_step, restore_start, snapshot
+from .teacher_forced import FrozenInputs, ProbeSequences, probe_sequences, read_policy, sample_responses
+
+POINTS = ("first_step", "generation")
+"""Where each arm's policy is read: after the generation's first optimizer step, and after its last."""
+
+
+class CounterfactualError(UsageError, ValueError):
+    """A run directory or an option that `stapo-trl counterfactual` cannot work with; the message says why."""
+
+
+@dataclass
+class CounterfactualOptions:
+    arms: tuple[str, ...] = tuple(ARMS)
+    """The arms to run; `checked_arms` puts them in `ARMS`'s order with ``none`` first, which always runs."""
+    probe_problems: int = 32
+    """Held-out problems in each probe set."""
+    max_generations: int | None = None
+    """Only the first this many saved generations (all by default)."""
+    seed: int = 0
+    """Seeds the sampled responses (with the generation's index) and the random arm's draws."""
+    share_quiet_steps: bool = True
+    """An arm's steps before the first one in which it silences a token compute exactly what the ``none`` arm's
+    compute: start the arm from ``none``'s state after them (and take ``none``'s first-step readout when they include
+    the first step) instead of computing them again. False replays every step of every arm (the same records, slower;
+    `tests/unit/test_counterfactual.py` compares the two)."""
+
+    def __post_init__(self):
+        self.arms = checked_arms(self.arms)
+
+
+@dataclass
+class ProbeSet:
+    prompts: list[list[int]]
+    references: ProbeSequences
+    reference_frozen: FrozenInputs = field(default_factory=FrozenInputs)
+    """The reference sequences' frozen-layer outputs, the same for every saved state: recorded once per run."""
+
+
+def checked_arms(arms) -> tuple[str, ...]:
+    unknown = [arm for arm in arms if arm not in ARMS]
+    if unknown:
+        raise CounterfactualError(f"Unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}.")
+    return tuple(arm for arm in ARMS if arm == NONE_ARM or arm in arms)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def replay_provenance() -> dict[str, Any]:
+    """What replays a run, written into each record: the package's version and, when it runs from a git checkout,
+    its commit and whether its files differ from it; torch's and transformers' versions, the CPU, the threads torch
+    uses and its CPU capability (a replay reproduces a run bit for bit only with the same kernels)."""
+    source = Path(__file__).resolve().parents[1]
+    commit = dirty = None
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        changed = subprocess.run(
+            ["git", "-C", str(source), "status", "--porcelain", "--", "."], capture_output=True, text=True, check=True
+        ).stdout
+        dirty = bool(changed.strip())
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    versions = {}
+    for package in ("stapo-trl", "torch", "transformers", "trl", "peft", "accelerate"):
+        try:
+            versions[package] = version(package)
+        except PackageNotFoundError:
+            versions[package] = None
+    return {
+        "commit": commit,
+        "uncommitted_changes": dirty,
+        "packages": versions,
+        "cpu": _cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def check_statistics_source(config, generations: list[SavedGeneration]) -> None:
+    """Refuse a run whose token rules read ``p`` and ``H`` from the policy being optimized (``token_stats_source:
+    loss``) when a generation feeds several optimizer steps. Its saved steps hold the statistics of the recorded
+    trajectory's policy at each step; once an arm has silenced a token its policy is another, so the tokens an arm
+    would select from its own policy in a later step are not known, and every selection would be read from the wrong
+    policy. With one optimizer step per generation the loss-time statistics are the generating policy's, the same for
+    every arm."""
+    if getattr(config, "token_stats_source", "generation") != "loss":
+        return
+    several = [g.generation for g in generations if g.optimizer_steps > 1]
+    if several:
+        raise CounterfactualError(
+            f"This run took p and H from the policy being optimized (token_stats_source: loss), and its generations "
+            f"feed {max(g.optimizer_steps for g in generations)} optimizer steps each (generation {several[0]} first): "
+            "after an arm's first silenced step its own policy differs from the recorded one, so the saved statistics "
+            "would select its later tokens from the wrong policy. Replay a run trained with token_stats_source: "
+            "generation (the default), or with one optimizer step per generation (steps_per_generation equal to "
+            "gradient_accumulation_steps)."
+        )
+
+
+def recipe_arguments(run_dir: Path) -> list[str]:
+    """The `stapo-trl train` arguments that made the run: its ``recipe.yaml`` (which holds the recipe as written,
+    headed by the command line) with the command line's flags after it."""
+    recipe = run_dir / RECIPE_FILE
+    if not recipe.is_file():
+        raise CounterfactualError(f"{run_dir} has no {RECIPE_FILE}: it was not written by `stapo-trl train`.")
+    first = recipe.read_text().splitlines()[0]
+    tokens = shlex.split(first.lstrip("# "))[2:] if first.startswith("# stapo-trl train") else []
+    flags, skip = [], False
+    for token in tokens:
+        if skip:
+            skip = False
+        elif token == "--config":
+            skip = True
+        elif not token.startswith("--config="):
+            flags.append(token)
+    return ["--config", str(recipe), *flags]
+
+
+def reference_text(problem: str, answer: str, prompt_style: str) -> str:
+    """The correct response to a held-out problem (see the module docstring)."""
+    worked = worked_solution(problem)
+    if worked is not None and str(worked[1]) == answer:
+        return worked_answer(worked[0], worked[1], prompt_style)
+    return answer_line(answer, prompt_style)
+
+
+def build_probe_set(tokenizer, heldout, count: int, prompt_style: str) -> ProbeSet:
+    rows = heldout.select(range(min(count, len(heldout))))
+    prompts, references = [], []
+    for row in rows:
+        text = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
+        prompts.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+        response = reference_text(row["problem"], row["answer"], prompt_style)
+        references.append(tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return ProbeSet(prompts, probe_sequences(prompts, references, pad))
+
+
+@dataclass
+class StateReadout:
+    """The saved state's policy on the probe sets, which every arm is compared with."""
+
+    sampled: ProbeSequences
+    entropy: float
+    reference_log_prob: float
+    distributions: torch.Tensor
+    per_problem_reference: list[float] = field(repr=False, default_factory=list)
+    sampled_frozen: FrozenInputs = field(default_factory=FrozenInputs)
+
+
+def read_state(model, probe: ProbeSet, sampled: ProbeSequences, temperature: float) -> StateReadout:
+    sampled_frozen = FrozenInputs()
+    on_sampled = read_policy(model, sampled, temperature=temperature, keep_distributions=True, frozen=sampled_frozen)
+    on_reference = read_policy(model, probe.references, temperature=temperature, frozen=probe.reference_frozen)
+    per_problem = _per_problem(on_reference.log_probs, on_reference.rows, len(probe.prompts))
+    return StateReadout(
+        sampled,
+        float(on_sampled.entropies.double().mean()),
+        sum(per_problem) / len(per_problem),
+        on_sampled.log_distributions,
+        per_problem,
+        sampled_frozen,
+    )
+
+
+def _per_problem(values: torch.Tensor, rows: torch.Tensor, count: int) -> list[float]:
+    return torch.zeros(count, dtype=torch.float64).index_add_(0, rows, values.double()).tolist()
+
+
+def measure(model, probe: ProbeSet, state: StateReadout, start: dict[str, torch.Tensor], temperature: float) -> dict:
+    """What the update from ``start`` to ``model``'s weights did, on the probe sets."""
+    on_sampled = read_policy(
+        model, state.sampled, temperature=temperature, reference=state.distributions, frozen=state.sampled_frozen
+    )
+    on_reference = read_policy(model, probe.references, temperature=temperature, frozen=probe.reference_frozen)
+    per_problem = _per_problem(on_reference.log_probs, on_reference.rows, len(probe.prompts))
+    now = trainable_parameters(model)
+    update_sq = sum(float((now[name].double() - value.double()).square().sum()) for name, value in start.items())
+    entropy = float(on_sampled.entropies.double().mean())
+    reference = sum(per_problem) / len(per_problem)
+    return {
+        "entropy": entropy,
+        "entropy_change": entropy - state.entropy,
+        "kl_from_state": float(on_sampled.kl_from.double().mean()),
+        "reference_log_prob": reference,
+        "reference_log_prob_change": reference - state.reference_log_prob,
+        "update_norm": math.sqrt(update_sq),
+    }
+
+
+def step_tokens(batches: list[dict[str, Any]]) -> StepTokens:
+    loss_masks = []
+    for batch in batches:
+        mask = batch["completion_mask"].bool()
+        if batch.get(TOOL_MASK_BEFORE_RULES_KEY) is not None:
+            mask = mask & batch[TOOL_MASK_BEFORE_RULES_KEY].bool()
+        loss_masks.append(mask)
+    return StepTokens(
+        log_probs=torch.cat([batch[LOG_PROBS_KEY] for batch in batches]),
+        entropies=torch.cat([batch[ENTROPIES_KEY] for batch in batches]),
+        advantages=torch.cat([batch[ADVANTAGES_BEFORE_RULES_KEY] for batch in batches]),
+        loss_mask=torch.cat(loss_masks),
+    )
+
+
+def _silenced_profile(tokens: StepTokens, silenced: torch.Tensor) -> dict[str, float | None]:
+    if not silenced.any():
+        return {"log_prob_median": None, "entropy_median": None}
+    return {
+        "log_prob_median": float(tokens.log_probs[silenced].median()),
+        "entropy_median": float(tokens.entropies[silenced].median()),
+    }
+
+
+def arm_selections(generation: SavedGeneration, steps: list, args, options: CounterfactualOptions) -> dict:
+    """Each arm's silenced tokens in each step of the generation."""
+    selections = {arm: [] for arm in options.arms}
+    for index, step in enumerate(steps):
+        tokens = step_tokens(step.batches)
+        for arm in options.arms:
+            salt = list(ARMS).index(arm)
+            seed = ((options.seed * 1_000_003 + generation.generation) * 1_009 + index) * 17 + salt
+            settings = arm_settings(args, tokens, torch.Generator().manual_seed(seed))
+            selections[arm].append(select_tokens(arm, tokens, settings))
+    return selections
+
+
+def run_generation(trainer, generation: SavedGeneration, probe: ProbeSet, options: CounterfactualOptions):
+    """The records of one saved generation: one per arm (see the module docstring)."""
+    args = trainer.args
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    start = generation.start()
+    steps = [generation.step(index) for index in range(generation.optimizer_steps)]
+    selections = arm_selections(generation, steps, args, options)
+    base = {"generation": generation.generation, "first_global_step": generation.first_global_step}
+    per_arm_counts = {arm: [int(mask.sum()) for mask in masks] for arm, masks in selections.items()}
+    active = [arm for arm in options.arms if arm != NONE_ARM and any(per_arm_counts[arm])]
+
+    restore_start(trainer, start)
+    frozen_inputs = [record_frozen_inputs(trainer, step) for step in steps]
+    state = None
+    if active:
+        tokenizer = trainer.processing_class
+        tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        responses = sample_responses(
+            model,
+            probe.prompts,
+            temperature=trainer.temperature,
+            max_new_tokens=args.max_completion_length,
+            seed=options.seed * 1_000_003 + generation.generation,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=pad,
+        )
+        state = read_state(model, probe, probe_sequences(probe.prompts, responses, pad), trainer.temperature)
+
+    records = []
+    measured: dict[str, dict] = {}
+    none_after: list[dict[str, Any]] = []
+    none_grad_norms: list[float] = []
+    for arm in options.arms:
+        same_as_none = arm != NONE_ARM and arm not in active
+        record = {**base, "arm": arm, "silenced_per_step": per_arm_counts.get(arm), "same_as_none": same_as_none}
+        if same_as_none:
+            record["points"] = measured.get(NONE_ARM)
+            records.append(record)
+            continue
+        first = 0
+        if arm != NONE_ARM and options.share_quiet_steps:
+            first = next(index for index, count in enumerate(per_arm_counts[arm]) if count)
+        started = time.perf_counter()
+        points, grad_norms, profiles, reproduction = {}, none_grad_norms[:first], [], []
+        if first:
+            restore_start(trainer, none_after[first - 1])
+            if state is not None:
+                points["first_step"] = measured[NONE_ARM]["first_step"]
+        else:
+            restore_start(trainer, start)
+        for index, step in enumerate(steps):
+            silenced = selections[arm][index]
+            profiles.append(_silenced_profile(step_tokens(step.batches), silenced))
+            if index < first:
+                continue
+            grad_norms.append(replay_step(trainer, step, silenced, frozen_inputs[index]).grad_norm)
+            if arm == NONE_ARM:
+                now = trainable_parameters(model)
+                reproduction.append(
+                    max(float((now[name] - value).abs().max()) for name, value in step.trainable_after.items())
+                )
+                if options.share_quiet_steps and index < len(steps) - 1:
+                    none_after.append(snapshot(trainer))
+            point = "first_step" if index == 0 else "generation" if index == len(steps) - 1 else None
+            if state is not None and point is not None:
+                points[point] = measure(model, probe, state, start["trainable"], trainer.temperature)
+            if state is not None and len(steps) == 1:
+                points["generation"] = points["first_step"]
+        record.update(
+            points=points or None,
+            grad_norms=grad_norms,
+            silenced_profile=profiles,
+            replayed_from_step=first,
+            seconds=time.perf_counter() - started,
+        )
+        if arm == NONE_ARM:
+            none_grad_norms = grad_norms
+            record["reproduction_max_abs_difference"] = reproduction
+            record["state"] = (
+                None if state is None else {"entropy": state.entropy, "reference_log_prob": state.reference_log_prob}
+            )
+            measured[NONE_ARM] = points or None
+        records.append(record)
+    return records

@@ -1,0 +1,198 @@
+"""What an update did to the policy, read teacher-forced on fixed prompts with fixed responses: no sampling noise, so
+two policies read on the same sequences differ only by what their weights compute.
+
+Sequences are prompts left-padded to a common length, then responses right-padded to a common length; position ids
+follow the attention mask, as in `generate()`. A readout gives, at every response token, the log-probability of that
+token and the entropy of the full next-token distribution, both at a sampling temperature, and optionally the
+distributions themselves (for the KL divergence between two policies at the same positions).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from ...core.token_stats.statistics import restored_random_streams
+from ...cpu.frozen_layer_replay import frozen_layers_replaced, recording_first_trainable_input
+
+READOUT_ROWS = 8
+"""Rows per forward pass of a readout: 8 rows of 40 response tokens over SmolLM2's 49,152-token vocabulary keep
+about 64 MB of logits at a time."""
+
+
+@dataclass
+class FrozenInputs:
+    """The first trainable layer's inputs for each forward of one set of sequences, recorded at its first readout and
+    handed to every later one, so that the frozen bottom layers run once per set (`frozen_layers_replaced`).
+    ``recorded`` is None until the first readout, and holds None for a model whose frozen layers cannot be skipped."""
+
+    recorded: list[list[torch.Tensor] | None] | None = None
+
+
+@dataclass
+class ProbeSequences:
+    """``input_ids`` and ``attention_mask`` ``[N, P + R]`` (prompts left-padded to ``P``, responses right-padded to
+    ``R``), and ``response_mask`` ``[N, R]``: the response tokens that are read."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    response_mask: torch.Tensor
+
+    @property
+    def response_length(self) -> int:
+        return self.response_mask.size(1)
+
+
+def probe_sequences(prompts: list[list[int]], responses: list[list[int]], pad_token_id: int) -> ProbeSequences:
+    """Join token-id prompts and responses into `ProbeSequences` (every response needs at least one token)."""
+    if len(prompts) != len(responses) or not prompts:
+        raise ValueError(f"Need as many responses as prompts, and at least one: {len(prompts)} and {len(responses)}.")
+    if any(len(response) == 0 for response in responses):
+        raise ValueError("Every response needs at least one token to read.")
+    prompt_length, response_length = max(map(len, prompts)), max(map(len, responses))
+    rows, masks, response_masks = [], [], []
+    for prompt, response in zip(prompts, responses, strict=True):
+        left, right = prompt_length - len(prompt), response_length - len(response)
+        rows.append([pad_token_id] * left + prompt + response + [pad_token_id] * right)
+        masks.append([0] * left + [1] * (len(prompt) + len(response)) + [0] * right)
+        response_masks.append([1] * len(response) + [0] * right)
+    return ProbeSequences(torch.tensor(rows), torch.tensor(masks), torch.tensor(response_masks, dtype=torch.bool))
+
+
+@torch.no_grad()
+def sample_responses(
+    model,
+    prompts: list[list[int]],
+    *,
+    temperature: float,
+    max_new_tokens: int,
+    seed: int,
+    eos_token_id: int,
+    pad_token_id: int,
+) -> list[list[int]]:
+    """One response per prompt sampled from ``model`` in eval mode (no dropout) at ``temperature``, top-p 1 and no
+    top-k, each cut after its first EOS token. Seeded by ``seed``; the caller's random streams are left as they were."""
+    was_training = model.training
+    model.eval()
+    length = max(map(len, prompts))
+    input_ids = torch.tensor([[pad_token_id] * (length - len(p)) + p for p in prompts])
+    attention_mask = torch.tensor([[0] * (length - len(p)) + [1] * len(p) for p in prompts])
+    device = next(model.parameters()).device
+    try:
+        with restored_random_streams():
+            torch.manual_seed(seed)
+            output = model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attention_mask.to(device),
+                do_sample=True,
+                temperature=temperature,
+                top_p=1.0,
+                top_k=0,
+                max_new_tokens=max_new_tokens,
+                eos_token_id=eos_token_id,
+                pad_token_id=pad_token_id,
+            )
+    finally:
+        model.train(was_training)
+    responses = []
+    for row in output[:, length:].tolist():
+        cut = row.index(eos_token_id) + 1 if eos_token_id in row else len(row)
+        responses.append(row[:cut])
+    return responses
+
+
+@dataclass
+class PolicyReadout:
+    """At each read response token (``response_mask`` flattened, in row order): its log-probability, the entropy of
+    the next-token distribution (nats), and, when asked for, the log-distribution itself ``[tokens, V]``."""
+
+    log_probs: torch.Tensor
+    entropies: torch.Tensor
+    log_distributions: torch.Tensor | None
+    rows: torch.Tensor
+    """The row of each read token, for per-sequence sums."""
+    kl_from: torch.Tensor | None = None
+    """``KL(this policy || the reference)`` at each read token, when `read_policy` was given a reference."""
+
+
+@torch.no_grad()
+def read_policy(
+    model,
+    sequences: ProbeSequences,
+    *,
+    temperature: float,
+    keep_distributions: bool = False,
+    reference: torch.Tensor | None = None,
+    frozen: FrozenInputs | None = None,
+) -> PolicyReadout:
+    """Read ``model`` (in eval mode) on ``sequences``: see `PolicyReadout`. ``reference``: the log-distributions of
+    another policy's readout of the same sequences, against which ``KL(model || reference)`` is computed. ``frozen``:
+    the frozen layers' outputs for these sequences, recorded at the first readout given it and replayed after."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    keep = sequences.response_length
+    log_probs, entropies, distributions, rows, kls = [], [], [], [], []
+    offset = 0
+    recording = frozen is not None and frozen.recorded is None
+    recorded = []
+    try:
+        for index, start in enumerate(range(0, sequences.input_ids.size(0), READOUT_ROWS)):
+            chunk = slice(start, start + READOUT_ROWS)
+            input_ids = sequences.input_ids[chunk].to(device)
+            attention_mask = sequences.attention_mask[chunk].to(device)
+            position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
+            if recording:
+                context = recording_first_trainable_input(model)
+            elif frozen is not None and frozen.recorded[index] is not None:
+                context = frozen_layers_replaced(model, frozen.recorded[index])
+            else:
+                context = nullcontext()
+            with context as inputs:
+                logits = model(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    position_ids=position_ids,
+                    logits_to_keep=keep + 1,
+                ).logits[:, :keep]
+            if recording:
+                recorded.append(inputs)
+            log_distribution = torch.log_softmax(logits.float() / temperature, dim=-1)
+            targets = input_ids[:, -keep:]
+            read = sequences.response_mask[chunk].to(device)
+            chosen = log_distribution.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+            entropy = -(log_distribution.exp() * log_distribution).sum(-1)
+            log_probs.append(chosen[read].cpu())
+            entropies.append(entropy[read].cpu())
+            rows.append(torch.arange(start, start + read.size(0)).unsqueeze(1).expand_as(read)[read.cpu()])
+            if keep_distributions or reference is not None:
+                read_distribution = log_distribution[read].cpu()
+                if keep_distributions:
+                    distributions.append(read_distribution)
+                if reference is not None:
+                    count = read_distribution.size(0)
+                    kls.append(kl_divergence(read_distribution, reference[offset : offset + count]))
+                    offset += count
+    finally:
+        model.train(was_training)
+    if recording:
+        frozen.recorded = recorded
+    return PolicyReadout(
+        torch.cat(log_probs),
+        torch.cat(entropies),
+        torch.cat(distributions) if keep_distributions else None,
+        torch.cat(rows),
+        torch.cat(kls) if reference is not None else None,
+    )
+
+
+def kl_divergence(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    """``KL(new || old)`` per position, in nats, from log-distributions ``[tokens, V]``."""
+    return (new.exp() * (new - old)).sum(-1).clamp(min=0)
+
+
+def per_row_sums(values: torch.Tensor, rows: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """The sum of ``values`` over each row's read tokens (``[num_rows]``, float64)."""
+    return torch.zeros(num_rows, dtype=torch.float64).index_add_(0, rows, values.double())

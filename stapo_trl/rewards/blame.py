@@ -1,0 +1,78 @@
+"""Blame where it belongs: an exception raised in training by the user's own reward function is reported as coming
+from that function, at that step (`reward_function_error`, which `stapo-trl train` applies to what training raised);
+rewards that are infinite are reported with the function that returned them (`InfiniteRewardWarningCallback`)."""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..core.errors import UserCodeError
+from ..core.trl_seams import StepEventCallback
+from ..trl_boundary.helpers import TRL_REWARD_COUNT_MESSAGE
+
+logger = logging.getLogger(__name__)
+
+
+def _code_objects(function: Any) -> set:
+    """The code objects of a reward function: a function's own, or a callable object's ``__call__``."""
+    call = type(function).__call__ if not hasattr(function, "__code__") and callable(function) else None
+    codes = (getattr(candidate, "__code__", None) for candidate in (function, call, getattr(function, "func", None)))
+    return {code for code in codes if code is not None}
+
+
+def reward_function_error(
+    error: BaseException, functions: Sequence[Any], names: Sequence[str], step: int
+) -> UserCodeError | None:
+    """A `UserCodeError` that names the reward function behind ``error`` and the step, or None when the error came
+    from elsewhere. The function is the one whose code raised ``error`` (a frame of its traceback runs that function's
+    code), or whose output TRL refused (TRL's message names it)."""
+    codes = {code: name for function, name in zip(functions, names, strict=True) for code in _code_objects(function)}
+    name = next(
+        (codes[frame.f_code] for frame, _ in traceback.walk_tb(error.__traceback__) if frame.f_code in codes), None
+    )
+    if name is None and isinstance(error, ValueError) and str(error).startswith(TRL_REWARD_COUNT_MESSAGE):
+        name = str(error)[len(TRL_REWARD_COUNT_MESSAGE) :].split("'", 1)[0]
+    if name is None:
+        return None
+    return UserCodeError(
+        f"reward function {name!r} raised {type(error).__name__} at optimizer step {step}: {error}",
+        source=f"reward function {name!r}",
+        step=step,
+    )
+
+
+def warn_about_infinite_rewards(rewards: torch.Tensor, names: Sequence[str], step: int) -> list[str]:
+    """Warn, naming the function, when a reward function returned +inf or -inf: TRL averages it into the reward and
+    the advantages, so the step's mean reward is infinite and the advantages are NaN. Returns the names warned about.
+    (None, which TRL turns into NaN, is how a function says a completion is not its to score, and is not warned
+    about.)"""
+    warned = []
+    for column, name in enumerate(names):
+        infinite = torch.isinf(rewards[:, column])
+        if bool(infinite.any()):
+            warned.append(name)
+            logger.warning(
+                "Reward function %r returned %d infinite reward(s) of %d at optimizer step %d (the first at completion "
+                "%d: %s). TRL's mean reward and advantages become inf and NaN. Return finite scores, or None for a "
+                "completion the function does not score.",
+                name,
+                int(infinite.sum()),
+                infinite.numel(),
+                step,
+                int(infinite.nonzero()[0, 0]),
+                float(rewards[infinite.nonzero()[0, 0], column]),
+            )
+    return warned
+
+
+class InfiniteRewardWarningCallback(StepEventCallback):
+    """Warns (`warn_about_infinite_rewards`) at every training generation whose rewards hold +inf or -inf."""
+
+    def on_generation_scored(self, trainer, batch, rewards) -> None:
+        if rewards is not None:
+            warn_about_infinite_rewards(rewards, trainer.reward_func_names, trainer.state.global_step + 1)

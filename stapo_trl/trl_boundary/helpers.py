@@ -1,0 +1,73 @@
+"""Helpers that each touch one private name of TRL or transformers (the config's ``_name_or_path``, a vLLM weight
+iterator, the decoder-layer loop, TRL's message for a reward function's output) so that the rest of the package does
+not. Every assumption they make is one `Seam` in `stapo_trl.trl_boundary.drift_checks`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from transformers import PretrainedConfig, Trainer
+
+TRL_REWARD_COUNT_MESSAGE = "The reward function '"
+"""How TRL's refusal of a reward function's output starts (it then names the function and the counts)."""
+
+
+def save_model_without_push(trainer: Trainer, output_dir: str) -> None:
+    """``trainer.save_model(output_dir)`` without the Hub push that transformers makes from it when ``push_to_hub``."""
+    trainer.save_model(output_dir, _internal_call=True)
+
+
+def iter_vllm_weights(generation) -> Any:
+    """The ``(name, tensor)`` pairs TRL's `VLLMGeneration` pushes into vLLM on a weight sync, one at a time, under
+    vLLM's names: PEFT adapters merged, ZeRO-3 and FSDP shards gathered (its ``_iter_named_params``). A generator: the
+    gathering and the adapter merge last until it is exhausted."""
+    return generation._iter_named_params()
+
+
+def set_model_name_or_path(config: PretrainedConfig, name: str) -> None:
+    """Set the name transformers and TRL's model card read as the model's source (the config's ``_name_or_path``)."""
+    config._name_or_path = name
+
+
+def missing(source: str, *needles: str) -> list[str]:
+    """A problem for each of ``needles`` that ``source`` no longer contains."""
+    return [f"no longer contains {needle!r}" for needle in needles if needle not in source]
+
+
+DECODER_LOOP = ("decoder_layer in", "self.layers[: self.config.num_hidden_layers]", "hidden_states = decoder_layer(")
+"""How transformers' decoder-only backbones run their layers: each layer takes the hidden states first and returns the
+next ones as a tensor."""
+
+
+DECODER_CACHE_ARGUMENT = "cache"
+"""The keyword under which transformers' decoder layers receive the KV cache (``past_key_values`` before 5.x)."""
+
+
+def decoder_layer_cache(layer_kwargs: dict[str, Any]) -> Any:
+    """The KV cache a decoder layer was called with, when it is one whose per-layer entries can be re-indexed along
+    the batch (a transformers ``Cache`` of layers with ``reorder_cache``, not offloaded); otherwise None."""
+    cache = layer_kwargs.get(DECODER_CACHE_ARGUMENT)
+    layers = getattr(cache, "layers", None)
+    if not isinstance(layers, list) or getattr(cache, "offloading", False):
+        return None
+    return cache
+
+
+def decoder_layers(model: torch.nn.Module) -> tuple[torch.nn.ModuleList | None, list[str]]:
+    """The decoder layers of a transformers causal LM's backbone (``model.base_model.layers``), when its forward runs
+    them as `DECODER_LOOP` says, so that swapping a layer module for another that keeps that call and return changes
+    what the loop computes; otherwise ``(None, why not)``."""
+    backbone = getattr(model, "base_model", None)
+    layers = getattr(backbone, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        return None, [f"{type(model).__name__} has no decoder layer list at base_model.layers"]
+    label = f"{type(backbone).__name__}.forward"
+    try:
+        source = inspect.getsource(type(backbone).forward)
+    except (OSError, TypeError):
+        return None, [f"{label} has no readable source"]
+    problems = [f"{label} {problem}" for problem in missing(source, *DECODER_LOOP)]
+    return (None, problems) if problems else (layers, [])
