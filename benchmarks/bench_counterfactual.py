@@ -57,12 +57,9 @@ def run_dir(root: Path, seed: int) -> Path:
 
 def train(root: Path, seed: int) -> Path:
     output_dir = run_dir(root, seed)
-    if (output_dir / "run_summary.json").is_file():
-        print(f"  {output_dir.name}: done already, skipped", flush=True)
-        return output_dir
     command = [sys.executable, "-m", "stapo_trl", "train", "--config", str(RECIPE), *SETTING]
     command += ["--seed", str(seed), "--output_dir", str(output_dir)]
-    return run_to_the_end(command, output_dir, None, echo=lambda line: line.startswith("step "))
+    return run_to_the_end(command, output_dir)
 
 
 def replay(root: Path, seed: int, resume_from: Path | None = None) -> Path:

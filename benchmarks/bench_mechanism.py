@@ -95,9 +95,6 @@ def job_run_name(arm: str, seed: int, args) -> str:
 def train(arm: str, seed: int, args, root: Path, threads: int | None) -> Path:
     """Run (or finish) one run and return its output directory."""
     output_dir = root / job_run_name(arm, seed, args)
-    if (output_dir / "run_summary.json").is_file():
-        print(f"  {output_dir.name}: done already, skipped", flush=True)
-        return output_dir
     per_device = COMPLETIONS_PER_GENERATION // args.steps_per_generation
     command = [sys.executable, "-m", "stapo_trl", "train", "--config", str(RECIPE), *ARMS[arm]]
     command += ["--seed", str(seed), "--max_steps", str(args.max_steps), "--output_dir", str(output_dir)]

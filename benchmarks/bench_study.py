@@ -66,19 +66,12 @@ def run_dir(root: Path, method: str, seed: int) -> Path:
 
 def train(method: str, seed: int, steps: int, root: Path, save_steps: int, threads: int | None = None) -> Path:
     """Run (or finish) one training run and return its output directory. ``threads`` caps torch's CPU threads."""
-
     output_dir = run_dir(root, method, seed)
-    if (output_dir / "run_summary.json").is_file():
-        trained = json.loads((output_dir / "trainer_state.json").read_text())["max_steps"]
-        if trained != steps:
-            raise SystemExit(f"{output_dir} is a finished {trained}-step run, not {steps}: pass a new --runs_dir")
-        print(f"  {output_dir.name}: done already, skipped", flush=True)
-        return output_dir
     command = [sys.executable, "-m", "stapo_trl", "train", "--config", str(RECIPE), "--method", method]
     command += ["--seed", str(seed), "--max_steps", str(steps), "--output_dir", str(output_dir)]
     command += ["--heldout_problems", "0", "--save_strategy", "steps", "--save_steps", str(save_steps)]
     command += ["--save_total_limit", "1"]
-    return run_to_the_end(command, output_dir, threads, echo=lambda line: line.startswith("step "))
+    return run_to_the_end(command, output_dir, threads, max_steps=steps)
 
 
 def heldout_accuracy(seed: int, adapter: Path | None, cache: Path) -> dict:
