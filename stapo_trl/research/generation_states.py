@@ -1,23 +1,10 @@
-"""Saved generation states: what replays a generation's optimizer steps exactly, for counterfactual updates, written
-by `GenerationStatesCallback`.
-
-With ``generation_states_every: N``, every N-th generation of a run (the first included) is written under
-``output_dir/generation_states/generation-<index>/``:
-
-- ``start.pt``: the trainable parameters, the optimizer's and the learning-rate scheduler's state, before the
-  generation's first optimizer step;
-- ``step-<k>.pt`` for each optimizer step k of the generation: its micro-batches as TRL's loss reads them
-  (completions, masks, advantages, TRL's old log-probabilities where it computed them, the per-token ``p`` and ``H``
-  the token rules read, and each rule's silenced tokens, applied or in shadow), the rewards of their completions, the
-  random state each micro-batch's forward started from (its dropout masks), and the trainable parameters after the
-  step;
-- ``generation.json``, written last: the generation's steps and sizes. A directory without it is incomplete (the run
-  stopped inside the generation) and is rewritten when the run passes there again.
-
-`stapo_trl.research.counterfactual` reads them back and applies the same steps again under other token
-selections. Saving needs one process (the batches and the optimizer state of one process are the whole step) and the
-per-token statistics of a token rule (applied or in shadow).
-"""
+"""Saved generation states (`GenerationStatesCallback`): what replays a generation's optimizer steps exactly, for
+`stapo_trl.research.counterfactual`. Every ``generation_states_every``-th generation is written to
+``output_dir/generation_states/generation-<index>/``: ``start.pt`` (trainable parameters, optimizer and scheduler state
+before its first step), ``step-<k>.pt`` per optimizer step (its micro-batches as TRL's loss reads them, with the token
+rules' ``p``, ``H`` and silenced tokens, the rewards, each micro-batch's random state and the trainable parameters
+after the step), and last ``generation.json`` (without it the directory is incomplete, and rewritten when the run
+passes there again). One process only."""
 
 from __future__ import annotations
 
@@ -42,8 +29,7 @@ START_FILE = "start.pt"
 
 @dataclass
 class GenerationStatesArguments:
-    """Saving generation states for `stapo-trl counterfactual` (a recipe key and command-line flag of `stapo-trl
-    train`), the setting `GenerationStatesCallback` takes."""
+    """`GenerationStatesCallback`'s setting (a recipe key and flag of `stapo-trl train`)."""
 
     generation_states_every: int = field(
         default=0,
@@ -103,9 +89,8 @@ def _save(value: Any, path: Path) -> None:
 
 
 class GenerationStateWriter:
-    """Writes the saved states of a run as its training goes (see the module docstring): `step_started` when an
-    optimizer step starts (after the token rules), `micro_batch_started` before each micro-batch's loss, and
-    `step_ended` after the optimizer step."""
+    """Writes a run's saved states: `step_started` when an optimizer step starts (after the token rules),
+    `micro_batch_started` before each micro-batch's loss, `step_ended` after the optimizer step."""
 
     def __init__(self, output_dir: str | Path, every: int, optimizer_steps_per_generation: int):
         self.root = Path(output_dir) / GENERATION_STATES_DIR
@@ -175,8 +160,8 @@ class GenerationStateWriter:
 
 
 class GenerationStatesCallback(StepEventCallback):
-    """Saves every ``generation_states_every``-th generation of a `STAPOTrainer` run (see the module docstring). Pass
-    it in the trainer's ``callbacks``; ``stapo-trl train`` adds it with ``generation_states_every`` above 0."""
+    """Saves every ``generation_states_every``-th generation of a `STAPOTrainer` run; ``stapo-trl train`` adds it
+    with ``generation_states_every`` above 0."""
 
     def __init__(self, settings: GenerationStatesArguments):
         self.settings = settings
@@ -229,7 +214,7 @@ class SavedStep:
 
 @dataclass
 class SavedGeneration:
-    """A complete saved generation: its directory, its index, and what `generation.json` says of it."""
+    """A complete saved generation (its ``generation.json`` read)."""
 
     directory: Path
     generation: int

@@ -1,19 +1,11 @@
-"""The silenced tokens' share of the policy gradient, measured at the weights against count-matched baselines
+"""The silenced tokens' share of the policy gradient at the weights, against count-matched random baselines
 (`GradientProbeCallback`, docs/diagnostics.md).
 
-`s2t/logit_grad_sq_share_estimate` is a formula at the logits; the probe measures the share at the weights. Every
-``gradient_probe_steps``-th optimizer step, before the step trains, it runs TRL's own loss over each micro-batch
-restricted to one set of tokens at a time (always with the whole loss's denominator) and backpropagates each set:
-``silenced`` (the tokens the applied rules removed and those the shadow rules would have), ``kept`` (the rest, so that
-``g_silenced + g_kept`` is the gradient before any rule), and two count-matched draws, ``random_positive`` (from the
-positive-advantage tokens) and ``random_candidate`` (from S2T's candidates, when S2T runs), which measure how much any
-positive token carries. It logs each set's ``<set>_grad_sq_share`` and ``<set>_token_share``, each baseline's
-``silenced_share_over_<baseline>`` (1: no more than a random draw of the same pool), the cosines of ``g_silenced``,
-``steps_since_generation`` and its own cost in ``seconds``.
-
-The split is exact only for a sum over tokens with a fixed denominator (`PROBE_LOSS_TYPES`, no entropy mask, sequence
-mask or entropy bonus); other settings are refused. Each pass starts from the random state the training forward of
-its micro-batch starts from, so it draws the same dropout masks; random streams and ``.grad`` are left as found.
+Every ``gradient_probe_steps``-th optimizer step, before it trains, TRL's loss is backpropagated over each micro-batch
+restricted to one token set at a time (with the whole loss's denominator): ``silenced`` (applied and shadow rules),
+``kept`` (the rest: ``g_silenced + g_kept`` is the gradient before any rule), ``random_positive`` and
+``random_candidate`` (count-matched draws from the positive-advantage tokens and S2T's candidates). Each pass starts
+from the random state of its micro-batch's training forward; random streams and ``.grad`` are left as found.
 """
 
 from __future__ import annotations
@@ -23,7 +15,7 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -44,8 +36,7 @@ from ..core.token_stats.statistics import restored_random_streams
 from ..core.trl_seams import StepEventCallback, disable_gradient_checkpointing
 
 PROBE_LOSS_TYPES = ("dapo", "cispo", "vespo", "dr_grpo")
-"""The loss types whose denominator does not depend on which tokens count, so that the loss splits into the silenced
-tokens' part and the kept tokens' part."""
+"""The loss types whose denominator does not depend on which tokens count, so that the loss splits by token set."""
 PROBE_METRIC_PREFIX = "gradient_probe"
 PROBE_BASELINES = ("random_positive", "random_candidate")
 """The count-matched baselines, in the order they are drawn."""
@@ -56,8 +47,7 @@ CandidateMask = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor
 
 @dataclass
 class GradientProbeArguments:
-    """The gradient probe's setting (a recipe key and command-line flag of `stapo-trl train`), which
-    `GradientProbeCallback` takes."""
+    """`GradientProbeCallback`'s setting (a recipe key and flag of `stapo-trl train`)."""
 
     gradient_probe_steps: int = field(
         default=0,
@@ -122,13 +112,19 @@ def share_over_baseline(set_stats: tuple[float, float], baseline_stats: tuple[fl
 
 
 def draw_seed(seed: int, global_step: int, process_index: int, salt: int) -> int:
-    """The seed of a baseline's generator: one stream per run seed, optimizer step, process and baseline."""
+    """The seed of a random draw's generator: one stream per run seed, step, process (or micro-step) and draw."""
     return ((seed * 1_000_003 + global_step) * 1_009 + process_index) * 17 + salt
 
 
-@dataclass
-class _StepTokenSets:
-    """One bool mask per micro-batch for each token set of the probe."""
+def loss_tokens(batch: dict[str, Any]) -> torch.Tensor:
+    """The micro-batch's loss tokens before any token rule (bool)."""
+    mask = batch["completion_mask"].bool()
+    tool_mask = batch.get(TOOL_MASK_BEFORE_RULES_KEY)
+    return mask if tool_mask is None else mask & tool_mask.bool()
+
+
+class _StepTokenSets(NamedTuple):
+    """One bool mask per micro-batch: the loss tokens, and each token set of the probe."""
 
     loss: list[torch.Tensor]
     sets: dict[str, list[torch.Tensor]]
@@ -151,9 +147,7 @@ class GradientProbe:
         """The silenced, kept and baseline tokens of each micro-batch (see the module docstring)."""
         loss_masks, silenced, positive, candidates = [], [], [], []
         for batch in step_batches:
-            loss_mask = batch["completion_mask"].bool()
-            if batch.get(TOOL_MASK_BEFORE_RULES_KEY) is not None:
-                loss_mask = loss_mask & batch[TOOL_MASK_BEFORE_RULES_KEY].bool()
+            loss_mask = loss_tokens(batch)
             removed = (batch[SILENCED_KEY].bool() | batch[SHADOW_SILENCED_KEY].bool()) & loss_mask
             advantages = per_token_advantages(batch[ADVANTAGES_BEFORE_RULES_KEY].detach(), loss_mask)
             loss_masks.append(loss_mask)
@@ -171,7 +165,7 @@ class GradientProbe:
                 continue
             generator = torch.Generator().manual_seed(draw_seed(self.seed, global_step, process_index, salt))
             sets[name] = count_matched_draw(pools[name], count, generator)
-        return _StepTokenSets(loss=loss_masks, sets=sets)
+        return _StepTokenSets(loss_masks, sets)
 
     def measure(
         self,
@@ -237,9 +231,8 @@ class GradientProbe:
 
 
 class GradientProbeCallback(StepEventCallback):
-    """Runs the `GradientProbe` of a `STAPOTrainer` run every ``gradient_probe_steps`` optimizer steps and logs its
-    statistics under ``gradient_probe/``. Pass it in the trainer's ``callbacks``; ``stapo-trl train`` adds it with
-    ``gradient_probe_steps`` above 0."""
+    """Runs a `GradientProbe` every ``gradient_probe_steps`` optimizer steps of a `STAPOTrainer` run and logs under
+    ``gradient_probe/``; ``stapo-trl train`` adds it with ``gradient_probe_steps`` above 0."""
 
     def __init__(self, settings: GradientProbeArguments):
         self.settings = settings

@@ -1,12 +1,7 @@
-"""Applying a saved optimizer step again, from its saved state, with another set of silenced tokens.
-
-The step runs through the trainer's own code, as in training: `STAPOTrainer.set_kept_tokens` folds the silenced tokens
-into the saved micro-batches exactly as the token rules do (the same ``tool_mask``, the same ``num_items_in_batch``
-renormalisation), transformers' ``training_step`` runs TRL's loss and its backward on each micro-batch from the random
-state that micro-batch's forward started from in training (its dropout masks), and the gradient is clipped and the
-optimizer and scheduler stepped as transformers' training loop does. With nothing silenced, a step of a run that
-trained with S2T in shadow reproduces the recorded update (`tests/unit/test_counterfactual.py` pins it bit for bit).
-"""
+"""Applying a saved optimizer step again, from its saved state, with another set of silenced tokens, through the
+trainer's own code: `STAPOTrainer.set_kept_tokens` folds them into the saved micro-batches as the token rules do,
+``training_step`` runs each micro-batch from its saved random state, and the gradient is clipped and the optimizer and
+scheduler stepped as transformers does. With nothing silenced it reproduces the recorded update bit for bit."""
 
 from __future__ import annotations
 
@@ -19,7 +14,7 @@ import torch
 
 from ...core.token_stats.statistics import restored_random_streams
 from ...cpu.frozen_layer_replay import frozen_layers_replaced, recording_first_trainable_input
-from ..generation_states import SavedStep, restore_random_streams
+from ..generation_states import SavedStep, restore_random_streams, trainable_parameters
 
 
 def set_trainable(model: torch.nn.Module, values: dict[str, torch.Tensor]) -> None:
@@ -38,10 +33,8 @@ def set_trainable(model: torch.nn.Module, values: dict[str, torch.Tensor]) -> No
 
 
 def restore_start(trainer, start: dict[str, Any]) -> None:
-    """Put the trainer's model, optimizer and scheduler where a saved generation started, leaving ``start`` as it
-    is: torch's ``load_state_dict`` keeps the tensors it is given as the optimizer's moments and step counts, which
-    ``optimizer.step()`` then updates in place, so they are handed over as copies. Every arm restored from one loaded
-    ``start`` thus begins from the saved state."""
+    """Put the trainer's model, optimizer and scheduler where a saved generation started. ``start`` is left as it is
+    (the optimizer keeps the tensors it is given and updates them in place, so it is given copies)."""
     set_trainable(trainer.accelerator.unwrap_model(trainer.model), start["trainable"])
     trainer.optimizer.load_state_dict(copy.deepcopy(start["optimizer"]))
     trainer.lr_scheduler.load_state_dict(copy.deepcopy(start["lr_scheduler"]))
@@ -49,11 +42,9 @@ def restore_start(trainer, start: dict[str, Any]) -> None:
 
 
 def snapshot(trainer) -> dict[str, Any]:
-    """The trainer's trainable parameters, optimizer and scheduler now, copied, in the form of a saved generation's
-    start (so that `restore_start` can return to it)."""
-    model = trainer.accelerator.unwrap_model(trainer.model)
+    """A copy of the trainer's state now, in the form of a saved generation's start (for `restore_start`)."""
     return {
-        "trainable": {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad},
+        "trainable": trainable_parameters(trainer.accelerator.unwrap_model(trainer.model)),
         "optimizer": copy.deepcopy(trainer.optimizer.state_dict()),
         "lr_scheduler": copy.deepcopy(trainer.lr_scheduler.state_dict()),
     }
@@ -68,9 +59,8 @@ class ReplayedStep:
 
 def record_frozen_inputs(trainer, step: SavedStep) -> list[list[torch.Tensor]] | None:
     """The first trainable layer's inputs in TRL's loss over each micro-batch of ``step`` (one list per micro-batch,
-    one tensor per forward call), for `replay_step` to skip the frozen layers in every arm; None when the model's
-    frozen layers cannot be skipped (`stapo_trl.cpu.frozen_layer_replay.replay_blockers`). The frozen layers hold no
-    trainable parameter and draw no random number, so every arm's replay computes what it would compute with them."""
+    one tensor per forward call), for `replay_step` to skip the frozen layers, which hold no trainable parameter and
+    draw no random number; None when they cannot be skipped (`stapo_trl.cpu.frozen_layer_replay.replay_blockers`)."""
     batches = [dict(batch) for batch in step.batches]
     nothing = torch.zeros_like(torch.cat([batch["completion_mask"] for batch in batches]), dtype=torch.bool)
     trainer.set_kept_tokens(batches, nothing)

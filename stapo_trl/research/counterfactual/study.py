@@ -1,28 +1,11 @@
-"""Every saved generation of a run applied again under each arm, and what each update did to the policy: the work of
-`stapo-trl counterfactual RUN_DIR`, which rebuilds the run's trainer and calls `run_generation` for each generation.
-
-For each complete saved generation (`stapo_trl.research.generation_states`) and each arm
-(`stapo_trl.research.counterfactual.arms`), the generation's optimizer steps are applied again from its saved state with the arm's tokens silenced in each step, on
-the same completions, advantages and dropout masks. The policy is then read teacher-forced
-(`stapo_trl.research.counterfactual.teacher_forced`) after the generation's first step and after its last, on two fixed sets of
-held-out prompts (the run's held-out problems):
-
-- *sampled*: one response per prompt sampled from the saved state's policy (eval mode, the run's temperature, seeded
-  by the generation), the same for every arm: the mean entropy of the next-token distribution over its tokens, and
-  ``KL(updated || saved state)`` per token;
-- *reference*: the problem's correct response (for the built-in arithmetic problems the worked solution and the
-  ``Answer:`` line, in the form the prompts' worked examples show; otherwise the answer line alone): the summed
-  log-probability of its tokens, per problem.
-
-Plus the update's norm, ``||theta - theta_saved||`` over the trainable parameters. The ``none`` arm's parameters after
-each step are compared with those the run recorded: a replay that reproduces the run shows
-``reproduction_max_abs_difference`` 0.
-
-An arm that silences no token in any step of a generation computes exactly what ``none`` computes, so its numbers are
-``none``'s (recorded with ``same_as_none``); a generation where every arm is ``none`` is only replayed for the
-reproduction check. Likewise an arm's steps before its first silenced token are ``none``'s: the arm starts from
-``none``'s state after them (``replayed_from_step`` in its record; `CounterfactualOptions.share_quiet_steps`).
-"""
+"""`stapo-trl counterfactual RUN_DIR`: each saved generation's optimizer steps applied again from its saved state
+under each arm (same completions, advantages and dropout masks), and the policy read teacher-forced after the first
+and the last step on the run's held-out prompts: on *sampled* responses (one per prompt from the saved state's policy,
+the same for every arm) the mean entropy and ``KL(updated || saved state)`` per token; on each problem's *reference*
+(correct) response the summed log-probability; and the update's norm. ``none``'s replay is checked against the
+recorded parameters (``reproduction_max_abs_difference``). An arm that silences nothing in a generation takes
+``none``'s numbers (``same_as_none``); an arm's steps before its first silenced token are ``none``'s
+(``replayed_from_step``, `CounterfactualOptions.share_quiet_steps`)."""
 
 from __future__ import annotations
 
@@ -39,17 +22,15 @@ from typing import Any
 import torch
 
 from ...core.errors import UsageError
-from ...core.names import ADVANTAGES_BEFORE_RULES_KEY, ENTROPIES_KEY, LOG_PROBS_KEY, TOOL_MASK_BEFORE_RULES_KEY
+from ...core.names import ADVANTAGES_BEFORE_RULES_KEY, ENTROPIES_KEY, LOG_PROBS_KEY
 from ...data.arithmetic import worked_answer, worked_solution
 from ...data.prompts import answer_line
 from ...file_and_metric_names import RECIPE_FILE
 from ..generation_states import SavedGeneration, trainable_parameters
+from ..gradient_probe import draw_seed, loss_tokens
 from .arms import ARMS, NONE_ARM, StepTokens, arm_settings, select_tokens
 from .replay import record_frozen_inputs, replay_step, restore_start, snapshot
-from .teacher_forced import FrozenInputs, ProbeSequences, probe_sequences, read_policy, sample_responses
-
-POINTS = ("first_step", "generation")
-"""Where each arm's policy is read: after the generation's first optimizer step, and after its last."""
+from .teacher_forced import FrozenInputs, ProbeSequences, per_row_sums, probe_sequences, read_policy, sample_responses
 
 
 class CounterfactualError(UsageError, ValueError):
@@ -67,10 +48,8 @@ class CounterfactualOptions:
     seed: int = 0
     """Seeds the sampled responses (with the generation's index) and the random arm's draws."""
     share_quiet_steps: bool = True
-    """An arm's steps before the first one in which it silences a token compute exactly what the ``none`` arm's
-    compute: start the arm from ``none``'s state after them (and take ``none``'s first-step readout when they include
-    the first step) instead of computing them again. False replays every step of every arm (the same records, slower;
-    `tests/unit/test_counterfactual.py` compares the two)."""
+    """Start each arm from ``none``'s state after the steps before its first silenced token (and take ``none``'s
+    readouts there) instead of replaying them; False replays every step (the same records, slower)."""
 
     def __post_init__(self):
         self.arms = checked_arms(self.arms)
@@ -102,9 +81,8 @@ def _cpu_model() -> str:
 
 
 def replay_provenance() -> dict[str, Any]:
-    """What replays a run, written into each record: the package's version and, when it runs from a git checkout,
-    its commit and whether its files differ from it; torch's and transformers' versions, the CPU, the threads torch
-    uses and its CPU capability (a replay reproduces a run bit for bit only with the same kernels)."""
+    """What replayed a run, written into each record: the git commit (and uncommitted changes) of a checkout, the
+    packages' versions, the CPU, torch's threads and CPU capability (bit-for-bit replays need the same kernels)."""
     source = Path(__file__).resolve().parents[1]
     commit = dirty = None
     try:
@@ -134,12 +112,8 @@ def replay_provenance() -> dict[str, Any]:
 
 
 def check_statistics_source(config, generations: list[SavedGeneration]) -> None:
-    """Refuse a run whose token rules read ``p`` and ``H`` from the policy being optimized (``token_stats_source:
-    loss``) when a generation feeds several optimizer steps. Its saved steps hold the statistics of the recorded
-    trajectory's policy at each step; once an arm has silenced a token its policy is another, so the tokens an arm
-    would select from its own policy in a later step are not known, and every selection would be read from the wrong
-    policy. With one optimizer step per generation the loss-time statistics are the generating policy's, the same for
-    every arm."""
+    """Refuse a run with ``token_stats_source: loss`` whose generations feed several optimizer steps: after an arm's
+    first silenced step, the saved statistics are no longer its own policy's."""
     if getattr(config, "token_stats_source", "generation") != "loss":
         return
     several = [g.generation for g in generations if g.optimizer_steps > 1]
@@ -155,8 +129,8 @@ def check_statistics_source(config, generations: list[SavedGeneration]) -> None:
 
 
 def recipe_arguments(run_dir: Path) -> list[str]:
-    """The `stapo-trl train` arguments that made the run: its ``recipe.yaml`` (which holds the recipe as written,
-    headed by the command line) with the command line's flags after it."""
+    """The `stapo-trl train` arguments that made the run: its ``recipe.yaml`` and the command line's flags (its
+    first line)."""
     recipe = run_dir / RECIPE_FILE
     if not recipe.is_file():
         raise CounterfactualError(f"{run_dir} has no {RECIPE_FILE}: it was not written by `stapo-trl train`.")
@@ -174,7 +148,8 @@ def recipe_arguments(run_dir: Path) -> list[str]:
 
 
 def reference_text(problem: str, answer: str, prompt_style: str) -> str:
-    """The correct response to a held-out problem (see the module docstring)."""
+    """The correct response to a held-out problem: for the built-in arithmetic problems the worked solution and the
+    ``Answer:`` line, as the prompts' worked examples show them; otherwise the answer line alone."""
     worked = worked_solution(problem)
     if worked is not None and str(worked[1]) == answer:
         return worked_answer(worked[0], worked[1], prompt_style)
@@ -201,27 +176,23 @@ class StateReadout:
     entropy: float
     reference_log_prob: float
     distributions: torch.Tensor
-    per_problem_reference: list[float] = field(repr=False, default_factory=list)
-    sampled_frozen: FrozenInputs = field(default_factory=FrozenInputs)
+    sampled_frozen: FrozenInputs
+
+
+def _reference_log_probs(model, probe: ProbeSet, temperature: float) -> list[float]:
+    """The summed log-probability of each problem's reference response."""
+    readout = read_policy(model, probe.references, temperature=temperature, frozen=probe.reference_frozen)
+    return per_row_sums(readout.log_probs, readout.rows, len(probe.prompts)).tolist()
 
 
 def read_state(model, probe: ProbeSet, sampled: ProbeSequences, temperature: float) -> StateReadout:
     sampled_frozen = FrozenInputs()
     on_sampled = read_policy(model, sampled, temperature=temperature, keep_distributions=True, frozen=sampled_frozen)
-    on_reference = read_policy(model, probe.references, temperature=temperature, frozen=probe.reference_frozen)
-    per_problem = _per_problem(on_reference.log_probs, on_reference.rows, len(probe.prompts))
+    per_problem = _reference_log_probs(model, probe, temperature)
+    entropy = float(on_sampled.entropies.double().mean())
     return StateReadout(
-        sampled,
-        float(on_sampled.entropies.double().mean()),
-        sum(per_problem) / len(per_problem),
-        on_sampled.log_distributions,
-        per_problem,
-        sampled_frozen,
+        sampled, entropy, sum(per_problem) / len(per_problem), on_sampled.log_distributions, sampled_frozen
     )
-
-
-def _per_problem(values: torch.Tensor, rows: torch.Tensor, count: int) -> list[float]:
-    return torch.zeros(count, dtype=torch.float64).index_add_(0, rows, values.double()).tolist()
 
 
 def measure(model, probe: ProbeSet, state: StateReadout, start: dict[str, torch.Tensor], temperature: float) -> dict:
@@ -229,8 +200,7 @@ def measure(model, probe: ProbeSet, state: StateReadout, start: dict[str, torch.
     on_sampled = read_policy(
         model, state.sampled, temperature=temperature, reference=state.distributions, frozen=state.sampled_frozen
     )
-    on_reference = read_policy(model, probe.references, temperature=temperature, frozen=probe.reference_frozen)
-    per_problem = _per_problem(on_reference.log_probs, on_reference.rows, len(probe.prompts))
+    per_problem = _reference_log_probs(model, probe, temperature)
     now = trainable_parameters(model)
     update_sq = sum(float((now[name].double() - value.double()).square().sum()) for name, value in start.items())
     entropy = float(on_sampled.entropies.double().mean())
@@ -246,17 +216,12 @@ def measure(model, probe: ProbeSet, state: StateReadout, start: dict[str, torch.
 
 
 def step_tokens(batches: list[dict[str, Any]]) -> StepTokens:
-    loss_masks = []
-    for batch in batches:
-        mask = batch["completion_mask"].bool()
-        if batch.get(TOOL_MASK_BEFORE_RULES_KEY) is not None:
-            mask = mask & batch[TOOL_MASK_BEFORE_RULES_KEY].bool()
-        loss_masks.append(mask)
+    """A saved step's tokens as the token rules saw them, its micro-batches' rows concatenated."""
     return StepTokens(
         log_probs=torch.cat([batch[LOG_PROBS_KEY] for batch in batches]),
         entropies=torch.cat([batch[ENTROPIES_KEY] for batch in batches]),
         advantages=torch.cat([batch[ADVANTAGES_BEFORE_RULES_KEY] for batch in batches]),
-        loss_mask=torch.cat(loss_masks),
+        loss_mask=torch.cat([loss_tokens(batch) for batch in batches]),
     )
 
 
@@ -275,15 +240,14 @@ def arm_selections(generation: SavedGeneration, steps: list, args, options: Coun
     for index, step in enumerate(steps):
         tokens = step_tokens(step.batches)
         for arm in options.arms:
-            salt = list(ARMS).index(arm)
-            seed = ((options.seed * 1_000_003 + generation.generation) * 1_009 + index) * 17 + salt
+            seed = draw_seed(options.seed, generation.generation, index, salt=list(ARMS).index(arm))
             settings = arm_settings(args, tokens, torch.Generator().manual_seed(seed))
             selections[arm].append(select_tokens(arm, tokens, settings))
     return selections
 
 
 def run_generation(trainer, generation: SavedGeneration, probe: ProbeSet, options: CounterfactualOptions):
-    """The records of one saved generation: one per arm (see the module docstring)."""
+    """The records of one saved generation, one per arm."""
     args = trainer.args
     model = trainer.accelerator.unwrap_model(trainer.model)
     start = generation.start()

@@ -1,13 +1,6 @@
-"""Reading the records of `stapo-trl counterfactual`: paired differences between arms over saved generations, with
-95% t-intervals, a Markdown table and the data of its figure.
-
-Two arms are compared generation by generation (each generation is one saved state, so seed-to-seed drift cancels):
-for each measure, the value under one arm minus the value under the other, read at the same point (after the
-generation's first optimizer step, or after its last). Only generations where S2T silenced at least one token up to
-that point count (in the other generations every count-matched arm silences nothing either, and the difference is 0
-by construction); how many there were is reported beside each interval. A comparison of an arm with ``none`` counts
-the generations where that arm silenced a token.
-"""
+"""Reading the records of `stapo-trl counterfactual`: paired differences between arms, one per saved generation where
+the first arm silenced a token up to the point read (elsewhere the difference is 0 by construction), with 95%
+t-intervals over generations and over seeds, a Markdown table and the data of its figure."""
 
 from __future__ import annotations
 
@@ -24,9 +17,9 @@ MEASURES = {
     "reference_log_prob_change": "log p of correct response (nats)",
     "update_norm": "update norm",
 }
-"""Each measure of `stapo_trl.research.counterfactual.study.measure`, with a short title: the change in mean entropy over the
-sampled held-out responses' tokens; KL(updated || saved state) per token on them; the change in the summed
-log-probability of each correct held-out response, averaged over problems; the norm of the update."""
+"""Each measure of `stapo_trl.research.counterfactual.study.measure`, with a short title."""
+POINTS = ("first_step", "generation")
+"""Where each arm's policy is read: after the generation's first optimizer step, and after its last."""
 PRIMARY_POINT, PRIMARY_MEASURE = "generation", "entropy_change"
 """Both plans' primary outcome is the entropy change after a generation's last optimizer step."""
 
@@ -125,16 +118,17 @@ def paired_differences(records: list[dict], first: str, second: str, point: str,
     ]
 
 
-def comparison_cell(records: list[dict], first: str, second: str, point: str, measure: str) -> dict:
-    """The mean difference with two 95% t-intervals: over generations (each saved generation one draw), and at the
-    seed level (each run's mean difference one draw, ``n - 1`` degrees of freedom over runs). Successive generations
-    of one run share its trajectory, so their differences are not independent; the seed-level interval does not
-    assume they are."""
-    by_run = paired_differences_by_run(records, first, second, point, measure)
+def _two_level_cell(by_run: dict[str, list[float]]) -> dict:
+    """The mean with two 95% t-intervals: over generations, and at the seed level (each run's mean one draw), which
+    does not assume that successive generations of one run are independent."""
     cell = mean_interval([value for values in by_run.values() for value in values]).__dict__
     seed_level = mean_interval([statistics.fmean(values) for values in by_run.values()]).__dict__
-    seed_level["runs"] = list(by_run)
-    return cell | {"seed_level": seed_level}
+    return cell | {"seed_level": seed_level | {"runs": list(by_run)}}
+
+
+def comparison_cell(records: list[dict], first: str, second: str, point: str, measure: str) -> dict:
+    """The mean paired difference with `_two_level_cell`'s intervals."""
+    return _two_level_cell(paired_differences_by_run(records, first, second, point, measure))
 
 
 def arm_values(records: list[dict], arm: str, selecting_arm: str, point: str, measure: str) -> list[float]:
@@ -157,15 +151,12 @@ def per_silenced_token_cell(records: list[dict], arm: str) -> dict:
         if len(values) == 2 and None not in values:
             ratio = (values[0] - values[1]) / _silenced_up_to(arms[arm], "generation")
             by_run.setdefault(arms[arm].get("run"), []).append(ratio)
-    cell = mean_interval([value for values in by_run.values() for value in values]).__dict__
-    seed_level = mean_interval([statistics.fmean(values) for values in by_run.values()]).__dict__
-    return cell | {"seed_level": seed_level | {"runs": list(by_run)}}
+    return _two_level_cell(by_run)
 
 
 def grad_norm_ratios(records: list[dict], arm: str) -> dict:
-    """``arm``'s gradient norm (before clipping) over ``none``'s in the same step, over the optimizer steps in which
-    ``arm`` silenced a token: how much the silenced tokens' gradient moved the step's gradient norm. The geometric
-    mean, median, smallest and largest ratio, and how many steps."""
+    """``arm``'s gradient norm (before clipping) over ``none``'s in the same step, over the steps in which ``arm``
+    silenced a token: their number, geometric mean, median, smallest and largest."""
     ratios = []
     for arms in _states_where_silenced(records, arm, "generation"):
         if NONE_ARM not in arms:
@@ -187,8 +178,8 @@ def grad_norm_ratios(records: list[dict], arm: str) -> dict:
 
 
 def silenced_profile(records: list[dict], arm: str) -> dict:
-    """How unlikely and how uncertain ``arm``'s silenced tokens were: over the steps in which it silenced any, the
-    median of the steps' median p and of their median H (nats), and how many steps."""
+    """Over the steps in which ``arm`` silenced a token: the median of their median p and of their median H (nats),
+    and how many steps."""
     probabilities, entropies = [], []
     for record in records:
         if record["arm"] != arm:
@@ -217,7 +208,7 @@ def summarize(records: list[dict]) -> dict:
         key = f"{first} - {second}"
         comparisons[key] = {
             point: {measure: comparison_cell(records, first, second, point, measure) for measure in MEASURES}
-            for point in ("first_step", "generation")
+            for point in POINTS
         }
     per_token = {arm: per_silenced_token_cell(records, arm) for arm in ARMS if arm != NONE_ARM}
     primary = {"comparison": " - ".join(PRIMARY_COMPARISON), "point": PRIMARY_POINT, "measure": PRIMARY_MEASURE}
@@ -241,7 +232,7 @@ def summarize(records: list[dict]) -> dict:
                 measure: mean_interval(arm_values(records, NONE_ARM, reference, point, measure)).__dict__
                 for measure in MEASURES
             }
-            for point in ("first_step", "generation")
+            for point in POINTS
         },
         "entropy_change_per_silenced_token_vs_none": per_token,
         "grad_norm_ratio_vs_none": {arm: grad_norm_ratios(records, arm) for arm in ARMS if arm != NONE_ARM},

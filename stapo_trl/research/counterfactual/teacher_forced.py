@@ -1,11 +1,7 @@
-"""What an update did to the policy, read teacher-forced on fixed prompts with fixed responses: no sampling noise, so
-two policies read on the same sequences differ only by what their weights compute.
-
-Sequences are prompts left-padded to a common length, then responses right-padded to a common length; position ids
-follow the attention mask, as in `generate()`. A readout gives, at every response token, the log-probability of that
-token and the entropy of the full next-token distribution, both at a sampling temperature, and optionally the
-distributions themselves (for the KL divergence between two policies at the same positions).
-"""
+"""What an update did to the policy, read teacher-forced on fixed prompts and responses (no sampling noise): at every
+response token, its log-probability and the next-token entropy at a sampling temperature, and optionally the
+distributions (for a KL divergence between two policies). Prompts are left-padded, responses right-padded; position ids
+follow the attention mask, as in `generate()`."""
 
 from __future__ import annotations
 
@@ -14,19 +10,17 @@ from dataclasses import dataclass
 
 import torch
 
-from ...core.token_stats.statistics import restored_random_streams
+from ...core.token_stats.statistics import side_effect_free_pass
 from ...cpu.frozen_layer_replay import frozen_layers_replaced, recording_first_trainable_input
 
 READOUT_ROWS = 8
-"""Rows per forward pass of a readout: 8 rows of 40 response tokens over SmolLM2's 49,152-token vocabulary keep
-about 64 MB of logits at a time."""
+"""Rows per forward pass of a readout (8 x 40 tokens x SmolLM2's 49,152-token vocabulary: about 64 MB of logits)."""
 
 
 @dataclass
 class FrozenInputs:
     """The first trainable layer's inputs for each forward of one set of sequences, recorded at its first readout and
-    handed to every later one, so that the frozen bottom layers run once per set (`frozen_layers_replaced`).
-    ``recorded`` is None until the first readout, and holds None for a model whose frozen layers cannot be skipped."""
+    replayed at the later ones (`frozen_layers_replaced`); None until then, and None per forward that cannot skip."""
 
     recorded: list[list[torch.Tensor] | None] | None = None
 
@@ -39,10 +33,6 @@ class ProbeSequences:
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     response_mask: torch.Tensor
-
-    @property
-    def response_length(self) -> int:
-        return self.response_mask.size(1)
 
 
 def probe_sequences(prompts: list[list[int]], responses: list[list[int]], pad_token_id: int) -> ProbeSequences:
@@ -74,39 +64,33 @@ def sample_responses(
 ) -> list[list[int]]:
     """One response per prompt sampled from ``model`` in eval mode (no dropout) at ``temperature``, top-p 1 and no
     top-k, each cut after its first EOS token. Seeded by ``seed``; the caller's random streams are left as they were."""
-    was_training = model.training
-    model.eval()
     length = max(map(len, prompts))
     input_ids = torch.tensor([[pad_token_id] * (length - len(p)) + p for p in prompts])
     attention_mask = torch.tensor([[0] * (length - len(p)) + [1] * len(p) for p in prompts])
     device = next(model.parameters()).device
-    try:
-        with restored_random_streams():
-            torch.manual_seed(seed)
-            output = model.generate(
-                input_ids=input_ids.to(device),
-                attention_mask=attention_mask.to(device),
-                do_sample=True,
-                temperature=temperature,
-                top_p=1.0,
-                top_k=0,
-                max_new_tokens=max_new_tokens,
-                eos_token_id=eos_token_id,
-                pad_token_id=pad_token_id,
-            )
-    finally:
-        model.train(was_training)
+    with side_effect_free_pass(model):
+        torch.manual_seed(seed)
+        output = model.generate(
+            input_ids=input_ids.to(device),
+            attention_mask=attention_mask.to(device),
+            do_sample=True,
+            temperature=temperature,
+            top_p=1.0,
+            top_k=0,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id,
+        )
     responses = []
     for row in output[:, length:].tolist():
-        cut = row.index(eos_token_id) + 1 if eos_token_id in row else len(row)
-        responses.append(row[:cut])
+        responses.append(row[: row.index(eos_token_id) + 1 if eos_token_id in row else len(row)])
     return responses
 
 
 @dataclass
 class PolicyReadout:
-    """At each read response token (``response_mask`` flattened, in row order): its log-probability, the entropy of
-    the next-token distribution (nats), and, when asked for, the log-distribution itself ``[tokens, V]``."""
+    """At each read response token (``response_mask`` flattened, in row order): its log-probability, the next-token
+    entropy (nats), and when asked for the log-distribution ``[tokens, V]``."""
 
     log_probs: torch.Tensor
     entropies: torch.Tensor
@@ -127,18 +111,15 @@ def read_policy(
     reference: torch.Tensor | None = None,
     frozen: FrozenInputs | None = None,
 ) -> PolicyReadout:
-    """Read ``model`` (in eval mode) on ``sequences``: see `PolicyReadout`. ``reference``: the log-distributions of
-    another policy's readout of the same sequences, against which ``KL(model || reference)`` is computed. ``frozen``:
-    the frozen layers' outputs for these sequences, recorded at the first readout given it and replayed after."""
-    was_training = model.training
-    model.eval()
+    """Read ``model`` (in eval mode) on ``sequences``. ``reference``: another policy's log-distributions on the same
+    sequences, for ``KL(model || reference)``; ``frozen``: see `FrozenInputs`."""
     device = next(model.parameters()).device
-    keep = sequences.response_length
+    keep = sequences.response_mask.size(1)
     log_probs, entropies, distributions, rows, kls = [], [], [], [], []
     offset = 0
     recording = frozen is not None and frozen.recorded is None
     recorded = []
-    try:
+    with side_effect_free_pass(model):
         for index, start in enumerate(range(0, sequences.input_ids.size(0), READOUT_ROWS)):
             chunk = slice(start, start + READOUT_ROWS)
             input_ids = sequences.input_ids[chunk].to(device)
@@ -160,9 +141,8 @@ def read_policy(
             if recording:
                 recorded.append(inputs)
             log_distribution = torch.log_softmax(logits.float() / temperature, dim=-1)
-            targets = input_ids[:, -keep:]
             read = sequences.response_mask[chunk].to(device)
-            chosen = log_distribution.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+            chosen = log_distribution.gather(-1, input_ids[:, -keep:].unsqueeze(-1)).squeeze(-1)
             entropy = -(log_distribution.exp() * log_distribution).sum(-1)
             log_probs.append(chosen[read].cpu())
             entropies.append(entropy[read].cpu())
@@ -175,8 +155,6 @@ def read_policy(
                     count = read_distribution.size(0)
                     kls.append(kl_divergence(read_distribution, reference[offset : offset + count]))
                     offset += count
-    finally:
-        model.train(was_training)
     if recording:
         frozen.recorded = recorded
     return PolicyReadout(
