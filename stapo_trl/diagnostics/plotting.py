@@ -1,12 +1,7 @@
-"""Every figure the package draws, and the only module that imports matplotlib: `pyplot` and the drawing functions
-import it on the headless Agg backend, so importing this module loads none.
-
-The caller computes what a figure shows as plain data, with the classes below (the series, labels and notes, which
-the tests pin), and a function here renders it as a PNG. The training curves (`stapo-trl train`), the report's
-figures (`stapo-trl report`) and the evaluation chart (`stapo-trl eval`) thus share one look and one set of rules: an
-axis that cannot go negative starts at its floor, a step logged without a value breaks the line and is marked on the
-x axis, and a panel with nothing to draw says why.
-"""
+"""Every figure the package draws, and the only module that imports matplotlib (on the headless Agg backend, inside
+the drawing functions). The caller states what a figure shows as the data classes below, and a function here renders
+it as a PNG: an axis that cannot go negative starts at its floor, a step logged without a value breaks the line and is
+marked on the x axis, and a panel with nothing to draw says why."""
 
 from __future__ import annotations
 
@@ -20,14 +15,13 @@ import numpy as np
 
 @dataclass
 class Series:
-    """One run's line in a panel. ``values[i]`` is None where the metric was logged without a value at
-    ``steps[i]`` (for ``tau_h``: a step without candidates); the line breaks there."""
+    """One run's line in a panel; a None value (a step logged without one) breaks the line."""
 
     label: str
     steps: list[int]
     values: list[float | None]
     band: tuple[list[float | None], list[float | None]] | None = None
-    """Optional ``(low, high)`` per step, drawn as a shaded band (for example mean ± sd over seeds)."""
+    """``(low, high)`` per step, drawn as a shaded band."""
 
     @property
     def defined(self) -> list[tuple[int, float]]:
@@ -40,12 +34,8 @@ class Series:
 
 @dataclass
 class LinePanel:
-    """A panel of one metric over the optimizer steps, one series per run that logged it.
-
-    ``y_floor`` is the lowest value the axis shows (0 for fractions and entropies, which cannot be negative).
-    ``undefined_label`` names what a logged step without a value means; such steps are marked on the x axis.
-    ``notes`` say why a run has no line, or why no line has a point.
-    """
+    """A panel of one metric over the optimizer steps, one series per run. ``y_floor`` is the lowest value the axis
+    shows; ``undefined_label`` names what a step without a value means; ``notes`` say why a run has no line."""
 
     title: str
     series: list[Series]
@@ -56,9 +46,8 @@ class LinePanel:
 
 @dataclass
 class TokenBars:
-    """One run's most frequent silenced tokens (from its dump), most frequent first; or ``rows`` of a table of
-    tokens in context (step, context with the token in brackets, p, H, A) when counts would not tell them apart; or a
-    note saying why there are none."""
+    """One run's most frequent silenced tokens and their counts; or ``rows`` of a table of tokens in context
+    (`TOKEN_TABLE_COLUMNS`); or a note saying why there are none."""
 
     title: str
     tokens: list[str]
@@ -72,13 +61,9 @@ TOKEN_TABLE_COLUMNS = ("step", "token in context", "p", "H", "A")
 
 @dataclass
 class DensityPanel:
-    """One run's p-H density of positive-advantage loss tokens, with the S2T region and the dumped silenced tokens.
-
-    ``counts[i][j]`` is the number of tokens in bin i of log10 p and bin j of H over ``extent``
-    ``(log10 p low, high, H low, high)``. ``silenced_box`` is ``(log10 probability bound, median threshold)`` when the run had
-    candidates; ``threshold_only`` is the log10 probability bound when it had none. ``silenced`` holds the dumped
-    silenced tokens as ``(log10 p, H)``, clamped into the extent.
-    """
+    """One run's p-H density: ``counts[i][j]`` tokens in bin i of log10 p and j of H over ``extent`` (log10 p low,
+    high, H low, high); the silencing region ``silenced_box`` (log10 probability bound, median threshold), or the
+    bound alone (``threshold_only``) without candidates; the dumped silenced tokens as ``(log10 p, H)``."""
 
     title: str
     counts: list[list[int]] | None = None
@@ -95,12 +80,16 @@ class DensityPanel:
 
 @dataclass
 class BarGroup:
-    """One row of a grouped bar chart: its value in each group it has, and whether it is quoted rather than
-    measured (quoted rows are hatched and faded so they are never mistaken for measurements)."""
+    """One row of a grouped bar chart: its value in each group it has; a row ``quoted`` rather than measured is
+    hatched and faded."""
 
     label: str
     values: dict[str, float]
     quoted: bool = False
+
+
+def _floats(values: Sequence[float | None]) -> np.ndarray:
+    return np.array([np.nan if value is None else value for value in values], dtype=float)
 
 
 def pyplot():
@@ -114,12 +103,16 @@ def pyplot():
 
 
 def panel_row(count: int, panel_size: tuple[float, float], **options):
-    """A figure of one row of ``count`` axes, each ``panel_size`` inches: the figure and the row."""
+    """A figure and its one row of ``count`` axes, each ``panel_size`` inches."""
     width, height = panel_size
     figure, axes = pyplot().subplots(
         1, count, figsize=(width * count, height), constrained_layout=True, squeeze=False, **options
     )
     return figure, axes[0]
+
+
+def _note(axis, text: str) -> None:
+    axis.text(0.5, 0.5, text, ha="center", va="center", fontsize=9, transform=axis.transAxes)
 
 
 def save_figure(figure, path: str | Path, dpi: int = 100) -> Path:
@@ -132,30 +125,26 @@ def save_figure(figure, path: str | Path, dpi: int = 100) -> Path:
 
 
 def draw_line_panel(axis, panel: LinePanel) -> None:
-    """Draw a :class:`LinePanel`: lines broken at undefined steps, those steps marked on the x axis, notes inside."""
+    """Draw a :class:`LinePanel`: lines broken at undefined steps, which are marked on the x axis, and its notes."""
     marked_undefined = False
     for series in panel.series:
-        values = np.array([np.nan if value is None else value for value in series.values], dtype=float)
-        (line,) = axis.plot(series.steps, values, marker="o", markersize=3, linewidth=1.5, label=series.label)
+        (line,) = axis.plot(series.steps, _floats(series.values), marker="o", markersize=3, label=series.label)
         if series.band is not None:
-            low, high = (np.array([np.nan if v is None else v for v in edge], dtype=float) for edge in series.band)
+            low, high = map(_floats, series.band)
             if panel.y_floor is not None:
                 low = np.maximum(low, panel.y_floor)
             axis.fill_between(series.steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
         undefined = series.undefined_steps
         if undefined:
             label = panel.undefined_label if not marked_undefined else None
-            axis.plot(
-                undefined,
-                [0.04] * len(undefined),
-                linestyle="none",
-                marker="x",
-                markersize=7,
-                markeredgewidth=1.5,
-                color=line.get_color(),
-                transform=axis.get_xaxis_transform(),
-                label=label,
-            )
+            style = {
+                "linestyle": "none",
+                "marker": "x",
+                "markersize": 7,
+                "markeredgewidth": 1.5,
+                "color": line.get_color(),
+            }
+            axis.plot(undefined, [0.04] * len(undefined), transform=axis.get_xaxis_transform(), label=label, **style)
             marked_undefined = True
     if panel.y_floor is not None:
         bottom, top = axis.get_ylim()
@@ -164,7 +153,7 @@ def draw_line_panel(axis, panel: LinePanel) -> None:
     if panel.notes and any(series.defined for series in panel.series):
         title += "\n" + "; ".join(panel.notes)
     elif panel.notes:
-        axis.text(0.5, 0.5, "\n".join(panel.notes), ha="center", va="center", fontsize=9, transform=axis.transAxes)
+        _note(axis, "\n".join(panel.notes))
     axis.set_title(title, fontsize=10)
     axis.set_xlabel("optimizer step")
     axis.xaxis.get_major_locator().set_params(integer=True)
@@ -202,7 +191,7 @@ def plot_token_bars(bars: Sequence[TokenBars], path: str | Path, limit: int = 15
             axis.set_xticks([])
             axis.set_yticks([])
         if run_bars.note:
-            axis.text(0.5, 0.5, run_bars.note, ha="center", va="center", transform=axis.transAxes, fontsize=9)
+            _note(axis, run_bars.note)
             continue
         if run_bars.rows:
             for spine in axis.spines.values():
@@ -235,11 +224,9 @@ def plot_density_panels(
     limits: tuple[float, float] | None = None,
     title: str | None = None,
 ) -> Path:
-    """One p-H density per run on shared axes: a log-scaled histogram of the tokens, the S2T region as a dashed box
-    (or the probability threshold alone as a dashed line), and the silenced tokens as crosses.
-
-    ``limits`` is ``(lowest log10 p, highest H)`` to show; the axes run from there to ``log10 p = 0`` and ``H = 0``.
-    """
+    """One p-H density per run on shared axes: a log-scaled histogram, the silencing region as a dashed box (or the
+    probability bound as a dashed line), and the silenced tokens as crosses. The axes run from ``limits`` (lowest
+    log10 p, highest H) to ``log10 p = 0`` and ``H = 0``."""
     from matplotlib.colors import LogNorm
     from matplotlib.patches import Rectangle
 
@@ -248,44 +235,25 @@ def plot_density_panels(
         axis.set_title(panel.title, fontsize=10)
         axis.set_xlabel("log10 p (probability of the sampled token)")
         if panel.note:
-            axis.text(0.5, 0.5, panel.note, ha="center", va="center", transform=axis.transAxes, fontsize=9)
+            _note(axis, panel.note)
         if panel.counts is None:
             continue
         counts = np.array(panel.counts, dtype=float)
         x_low, x_high, y_low, y_high = panel.extent
         if counts.sum() > 0:
-            image = axis.imshow(
-                np.ma.masked_equal(counts.T, 0),
-                origin="lower",
-                extent=panel.extent,
-                aspect="auto",
-                norm=LogNorm(vmin=1, vmax=max(counts.max(), 2)),
-                cmap="viridis",
-            )
+            norm = LogNorm(vmin=1, vmax=max(counts.max(), 2))
+            shown = np.ma.masked_equal(counts.T, 0)
+            image = axis.imshow(shown, origin="lower", extent=panel.extent, aspect="auto", norm=norm, cmap="viridis")
             figure.colorbar(image, ax=axis, label="tokens (A > 0)")
         if panel.silenced_box is not None:
             log10_threshold, tau_h = panel.silenced_box
-            axis.add_patch(
-                Rectangle(
-                    (x_low, y_low),
-                    log10_threshold - x_low,
-                    tau_h - y_low,
-                    fill=False,
-                    edgecolor="red",
-                    linestyle="--",
-                    linewidth=1.5,
-                    label=f"silenced: p < {10**log10_threshold:.3g}, H < {tau_h:.2f}\n(the median of the per-step tau_h)",
-                )
-            )
+            label = f"silenced: p < {10**log10_threshold:.3g}, H < {tau_h:.2f}\n(the median of the per-step tau_h)"
+            style = {"fill": False, "edgecolor": "red", "linestyle": "--", "linewidth": 1.5, "label": label}
+            axis.add_patch(Rectangle((x_low, y_low), log10_threshold - x_low, tau_h - y_low, **style))
         elif panel.threshold_only is not None:
             axis.axvline(panel.threshold_only, color="red", linestyle="--", linewidth=1.2)
-            axis.plot(
-                [],
-                [],
-                color="red",
-                linestyle="--",
-                label=f"p = {10**panel.threshold_only:.3g}; no candidates, no tau_h",
-            )
+            label = f"p = {10**panel.threshold_only:.3g}; no candidates, no tau_h"
+            axis.plot([], [], color="red", linestyle="--", label=label)
         if panel.silenced:
             x, y = zip(*panel.silenced, strict=True)
             axis.scatter(x, y, s=14, marker="x", color="red", linewidths=1.0, label="silenced (dumped)")
@@ -303,8 +271,8 @@ def plot_density_panels(
 def populated_density_limits(
     counts: Sequence[Sequence[int]], extent: tuple[float, float, float, float], probability_bound: float | None = None
 ) -> tuple[float, float] | None:
-    """The lowest log10 p and the highest H worth showing of a density histogram: the populated bins plus a margin,
-    and the silencing rule's probability bound with the same margin. None when every bin is empty."""
+    """The lowest log10 p and the highest H worth showing of a density histogram (its populated bins and the
+    probability bound, with a margin); None when every bin is empty."""
     counts = np.asarray(counts)
     if counts.sum() == 0:
         return None
@@ -331,12 +299,8 @@ def draw_grouped_bars(
     ylabel: str = "",
 ) -> None:
     """Draw a grouped bar chart on ``axis``: one group per entry of ``groups``, one bar per row that has a value
-    there, and a legend naming every row.
-
-    A bar of height 0 would be invisible, and a row of zeros would look like a row that was never drawn; so every
-    value of 0 gets a stub in the row's colour on the baseline and the label ``0`` above it. A group a row has no value
-    for gets nothing. The axis starts at 0 (lower only if a value is negative).
-    """
+    there, and a legend naming every row. A value of 0 gets a stub in the row's colour on the baseline and the label
+    `ZERO_LABEL` above it. The axis starts at 0 (lower only if a value is negative)."""
     plt = pyplot()
     width = 0.8 / len(rows)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -352,27 +316,13 @@ def draw_grouped_bars(
         )
         zeros = [position for position, value in zip(positions, values, strict=True) if value == 0]
         if zeros:
+            stub = {"colors": color, "linewidth": 3, "alpha": alpha, "clip_on": False, "zorder": 3}
             axis.hlines(
-                [0.0] * len(zeros),
-                [position - 0.45 * width for position in zeros],
-                [position + 0.45 * width for position in zeros],
-                colors=color,
-                linewidth=3,
-                alpha=alpha,
-                clip_on=False,
-                zorder=3,
+                [0.0] * len(zeros), [x - 0.45 * width for x in zeros], [x + 0.45 * width for x in zeros], **stub
             )
+            text = {"xytext": (0, 2.5), "textcoords": "offset points", "ha": "center", "va": "bottom", "fontsize": 6}
             for position in zeros:
-                axis.annotate(
-                    ZERO_LABEL,
-                    (position, 0.0),
-                    xytext=(0, 2.5),
-                    textcoords="offset points",
-                    ha="center",
-                    va="bottom",
-                    fontsize=6,
-                    color=color,
-                )
+                axis.annotate(ZERO_LABEL, (position, 0.0), color=color, **text)
         lowest = min([lowest, *values])
         highest = max([highest, *values])
     axis.set_ylim(lowest * 1.08 if lowest < 0 else 0.0, highest * 1.08 if highest > 0 else 1.0)
@@ -408,8 +358,8 @@ def plot_grouped_bars(
 
 @dataclass
 class DifferenceRow:
-    """One comparison in a `DifferencePanel`: its paired differences, a mean and its 95% interval (None where there
-    are too few), and optionally the mean of each group of differences (a run's, say), drawn larger than the dots."""
+    """One comparison in a `DifferencePanel`: its paired differences, their mean and 95% interval (None where there
+    are too few), and the mean of each group of differences (a run's, say)."""
 
     label: str
     values: list[float]
@@ -427,9 +377,8 @@ class DifferencePanel:
 
 
 def plot_difference_panels(panels: Sequence[DifferencePanel], path: str | Path, title: str | None = None) -> Path:
-    """One panel per measure: for each comparison (a row), every paired difference as a dot, each group's mean as a
-    diamond, and the row's mean with its 95% interval as a bar, beside a line at 0. A comparison without differences
-    says so in place of its dots."""
+    """One panel per measure, one row per comparison: every paired difference as a dot, each group's mean as a
+    diamond, and the mean with its 95% interval as a bar, beside a line at 0."""
     if not panels:
         raise ValueError("There are no panels to plot.")
     rows = max(len(panel.rows) for panel in panels)
@@ -439,15 +388,8 @@ def plot_difference_panels(panels: Sequence[DifferencePanel], path: str | Path, 
         for index, row in enumerate(panel.rows):
             y = len(panel.rows) - 1 - index
             if not row.values:
-                axis.annotate(
-                    "no generation",
-                    (0.5, y),
-                    xycoords=("axes fraction", "data"),
-                    ha="center",
-                    va="center",
-                    fontsize=7,
-                    color="0.4",
-                )
+                where = {"xycoords": ("axes fraction", "data"), "ha": "center", "va": "center"}
+                axis.annotate("no generation", (0.5, y), fontsize=7, color="0.4", **where)
                 continue
             jitter = np.linspace(-0.15, 0.15, len(row.values)) if len(row.values) > 1 else np.zeros(1)
             axis.scatter(row.values, y + jitter, s=8, alpha=0.35, color="C0", zorder=2)

@@ -1,5 +1,5 @@
-"""`stapo-trl report`: ``report.md`` (and ``report.html``) of one or more training runs read by :mod:`.run_logs`, with
-the figures :mod:`.report_figures` draws, all runs on shared axes (what the report holds: docs/diagnostics.md)."""
+"""`stapo-trl report`: ``report.md`` (and ``report.html``) of one or more training runs, with the figures of
+:mod:`.report_figures` (what it holds: docs/diagnostics.md)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ from ..file_and_metric_names import HELDOUT_RESULTS_FILE
 from ..storage import read_json_lines
 from .report_figures import FIGURE_TITLES, plot_report_figures
 from .run_logs import ReportError, RunLogs, load_run
-from .run_record import RunRecord, rule_summary_line, trend_sentences
-from .token_dump import silenced_token_line
+from .run_record import RunRecord, rule_summary_line, silenced_token_line, trend_sentences
 
 REPORT_FILE = "report.md"
 HTML_FILE = "report.html"
@@ -54,8 +53,7 @@ def _summary_table(runs: list[RunLogs]) -> str:
     lines = [header, "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|"]
     for run in runs:
         record = run.record
-        rule = record.silencing_rule()
-        silencing = record.token_rules[rule] if rule is not None else {}
+        silencing = record.silencing_summary()
         grad_norm = record.optimization.get("grad_norm")
         grad = f"{grad_norm['median']:.3g} ({grad_norm['max']:.3g})" if grad_norm else "–"
         clipped = record.optimization.get("clip_ratio/region_mean", {}).get("mean")
@@ -82,7 +80,7 @@ def heldout_cell(record: RunRecord) -> str:
 
 
 def rule_lines(record: RunRecord) -> list[str]:
-    """Each rule's summary line in apply order, as the end-of-run summary prints it, and as computed in shadow."""
+    """Each rule's summary line in apply order, applied or in shadow, as the end-of-run summary prints it."""
     lines = []
     for spec in registered_rules():
         for shadow, prefix in ((False, ""), (True, "in shadow (computed, not applied): ")):
@@ -116,9 +114,8 @@ def probe_line(record: RunRecord) -> str | None:
 
 
 def paired_heldout(runs: list[RunLogs]) -> list[str]:
-    """Markdown lines comparing the runs' held-out results problem by problem (``heldout_results.jsonl`` of
-    `stapo-trl train`), for each pair of runs evaluated on the same problems: how many each solved after training, and
-    on how many problems they disagree each way. Empty when fewer than two runs have comparable results."""
+    """For each pair of runs with held-out results (``heldout_results.jsonl``) on the same problems, a Markdown line:
+    how many each solved after training, and on how many they disagree each way."""
     results = {}
     for run in runs:
         path = run.directory / HELDOUT_RESULTS_FILE
@@ -143,7 +140,7 @@ def paired_heldout(runs: list[RunLogs]) -> list[str]:
 
 
 def paired_verdict(only_a: int, only_b: int) -> str:
-    """Whether a difference of discordant problems is beyond chance: an exact two-sided sign test (McNemar's)."""
+    """Whether the discordant problems differ beyond chance: an exact two-sided sign test (McNemar's)."""
     total = only_a + only_b
     if total == 0:
         return "They agree on every problem."
@@ -258,7 +255,6 @@ HTML_STYLE = (
 
 
 def _html(markdown_text: str) -> str:
-    """A standalone HTML page of the report's Markdown (tables included), rendered with Python-Markdown."""
     import markdown
 
     body = markdown.markdown(markdown_text, extensions=["tables"])

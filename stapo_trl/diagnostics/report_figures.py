@@ -1,7 +1,6 @@
-"""The figures of `stapo-trl report` and the training curves of `stapo-trl train`, as the data classes of
-:mod:`.plotting` (which draws them): what each panel shows of the runs' logs, with the counts its legends and notes
-take from the runs' records. Every figure draws all runs on shared axes, so that runs can be compared at a glance;
-the tests pin these."""
+"""The figures of `stapo-trl report` and the training curves of `stapo-trl train`: what each panel shows of the runs'
+logs and records, as the data classes of :mod:`.plotting`, which draws them. Every figure draws all runs on shared
+axes."""
 
 from __future__ import annotations
 
@@ -9,6 +8,8 @@ import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from ..core.names import SHADOW_PREFIX
 from ..core.token_rules import TokenRuleSpec, get_token_rule, registered_rules
@@ -23,9 +24,7 @@ from .plotting import (
     populated_density_limits,
 )
 from .run_logs import RunLogs
-from .run_record import rule_summary
-from .token_dump import spread, token_in_context, visible_token
-from .trends import is_finite_number, training_records
+from .run_record import is_finite_number, rule_summary, spread, token_in_context, training_records, visible_token
 
 FIGURE_TITLES = {
     "entropy": "Mean token entropy",
@@ -43,16 +42,14 @@ OPTIMIZATION_PANELS = (
     ("clip_ratio/region_mean", "share of tokens clipped (%)", 0.0, 100.0),
     ("gradient_probe/silenced_grad_sq_share", "silenced tokens' share of |gradient|^2 (probe)", 0.0, 1.0),
 )
-"""(metric, title, lowest value the axis shows, scale) of ``optimization.png``: what the updates looked like."""
+"""(metric, title, lowest value the axis shows, scale) of ``optimization.png``."""
 TRAINING_CURVES = (("reward", "mean reward", None, 1.0), ("entropy", "mean token entropy (nats)", 0.0, 1.0))
-"""(metric, title, lowest value the axis shows, scale) of the first panels of ``training_curves.png``; then come the
-gradient norm and the silenced fraction of the run's silencing rule."""
+"""The same for the first panels of ``training_curves.png``; the gradient norm and the silenced fraction follow."""
 
 
 def silencing_view(run: RunLogs) -> tuple[TokenRuleSpec, str, dict[str, Any]] | None:
-    """What a run's figures show of silenced tokens: the spec of its silencing rule (`RunRecord.silencing_rule`), the
-    prefix of the metrics it logged, and its run summary; for a run whose rule ran in shadow only (GRPO with
-    ``shadow_token_rules: [s2t]``), what that rule would have silenced. None when no rule silenced tokens."""
+    """The spec, metric prefix and run summary of the run's silencing rule (`RunRecord.silencing_rule`), else of the
+    rule in shadow that would have silenced tokens; None when there is neither."""
     record = run.record
     for shadow, summaries in ((False, record.token_rules), (True, record.shadow_token_rules)):
         name = record.silencing_rule(shadow=shadow)
@@ -63,13 +60,11 @@ def silencing_view(run: RunLogs) -> tuple[TokenRuleSpec, str, dict[str, Any]] | 
 
 def top_silenced_tokens(run: RunLogs, limit: int = 15) -> list[tuple[str, int]]:
     """The most frequent token texts among the run's dumped silenced tokens (a sample when the caps dropped some)."""
-    counts = Counter(record["token"] for record in run.silenced_tokens or [])
-    return counts.most_common(limit)
+    return Counter(record["token"] for record in run.silenced_tokens or []).most_common(limit)
 
 
 def metric_series(history: list[dict[str, Any]], key: str, label: str, scale: float = 1.0) -> Series | None:
-    """The series of ``key`` in a run's log, or None when no record has the key. A record where it is None or not
-    finite (TRL logs None when every value of the window was NaN) gives a None value."""
+    """The series of ``key`` in a run's log (None where a value is not finite), or None when no record has it."""
     logged = [record for record in history if key in record]
     if not logged:
         return None
@@ -92,11 +87,9 @@ def line_panel(
 
 
 def masking_panels(runs: list[RunLogs]) -> tuple[LinePanel, LinePanel]:
-    """The silenced fraction (%) of each run's silencing rule and that rule's threshold over the steps: the metric it
-    summarises as ``threshold_median`` (S2T's ``tau_h``), titled by its `RuleMetric` meaning and unit. The legend of
-    the first says how many tokens each run silenced of how many candidates; the titles name the rules. A run whose
-    rule ran in shadow (GRPO with ``shadow_token_rules: [s2t]``) is drawn with what the rule would have silenced, its
-    label saying so."""
+    """The silenced fraction (%) of each run's silencing rule (`silencing_view`), its legend counting the silenced
+    tokens and candidates, and the rule's threshold over the steps: the metric it summarises as ``threshold_median``
+    (S2T's ``tau_h``), titled by that `RuleMetric`'s meaning and unit."""
     absent = "no token rule silenced tokens (none was on)"
     fraction, threshold = (LinePanel(title="", series=[], y_floor=0.0) for _ in range(2))
     rules, thresholds = {}, {}  # ordered sets: the rules and threshold titles, in order of first appearance
@@ -132,9 +125,8 @@ def masking_panels(runs: list[RunLogs]) -> tuple[LinePanel, LinePanel]:
 
 
 def token_bars(run: RunLogs, limit: int = 15) -> TokenBars:
-    """The top-silenced-tokens panel of one run: bars of the most frequent token texts (whitespace made visible),
-    or, when every shown token was silenced equally often (bars would all be one length), a table of the dumped
-    tokens in their context with p, H and the advantage A."""
+    """One run's bars of its most frequent silenced tokens, or, when every one shown was silenced equally often, a
+    table of the dumped tokens in their context."""
     written = len(run.silenced_tokens or [])
     if run.dump_stats is None:
         return TokenBars(run.label, [], [], note="no token dump: train with dump_silenced_tokens: true")
@@ -143,8 +135,7 @@ def token_bars(run: RunLogs, limit: int = 15) -> TokenBars:
     distinct = len({record["token"] for record in run.silenced_tokens or []})
     if not top:
         steps = len(run.dump_stats.get("steps", [])) or run.record.steps
-        rule = run.record.silencing_rule()
-        candidates = run.record.token_rules[rule].get("candidates") if rule is not None else None
+        candidates = run.record.silencing_summary().get("candidates")
         detail = f", {candidates} candidates" if candidates is not None else ""
         return TokenBars(title, [], [], note=f"no token was silenced in {steps} steps{detail}")
     if len({count for _, count in top}) == 1:
@@ -159,19 +150,13 @@ def token_bars(run: RunLogs, limit: int = 15) -> TokenBars:
 
 
 def token_row(record: dict[str, Any], context: int = 24) -> tuple[str, ...]:
-    """One dumped silenced token as a table row: step, the token in its context, p, H and A."""
-    return (
-        str(record["step"]),
-        token_in_context(record, context),
-        f"{record['p']:.2g}",
-        f"{record['entropy']:.2f}",
-        f"{record['advantage']:+.2f}",
-    )
+    p, entropy, advantage = record["p"], record["entropy"], record["advantage"]
+    return str(record["step"]), token_in_context(record, context), f"{p:.2g}", f"{entropy:.2f}", f"{advantage:+.2f}"
 
 
 def density_panel(run: RunLogs) -> DensityPanel:
-    """The p-H density panel of one run (see :class:`DensityPanel`): the silencing region spans the probability bound
-    the run's rule gave the dump (`TokenRuleSpec.probability_bound`) and its median threshold over the run."""
+    """One run's p-H density; the silencing region spans the dump's probability bound and the rule's median
+    threshold."""
     if run.dump_stats is None:
         return DensityPanel(run.label, note="no token dump:\ntrain with dump_silenced_tokens: true")
     stats = run.dump_stats
@@ -180,8 +165,7 @@ def density_panel(run: RunLogs) -> DensityPanel:
     if panel.num_tokens == 0:
         panel.note = "no completion token had a positive advantage"
     probability_bound = stats.get("probability_bound")
-    rule = run.record.silencing_rule()
-    threshold = run.record.token_rules[rule].get("threshold_median") if rule is not None else None
+    threshold = run.record.silencing_summary().get("threshold_median")
     if probability_bound and threshold is not None:
         panel.silenced_box = (math.log10(probability_bound), threshold)
     elif probability_bound:
@@ -195,11 +179,9 @@ def density_panel(run: RunLogs) -> DensityPanel:
 
 
 def training_curve_panels(records: list[dict], label: str) -> list[LinePanel]:
-    """The panels of ``training_curves.png`` of one run's log: reward, entropy, the gradient norm and the silenced
-    fraction of the run's silencing rule; the line is labelled ``label``, which names the run (``stapo-trl train``
-    passes the method and seed, for example ``stapo, seed 0``): there is no generic default such as "run"."""
-    panels = []
-    records = training_records(records)
+    """The panels of ``training_curves.png`` of one run's log, the line labelled ``label`` (``stapo-trl train`` passes
+    the method and seed)."""
+    panels, records = [], training_records(records)
     spec = next((spec for spec in registered_rules() if "silenced_fraction" in rule_summary(spec, records)), None)
     metric, name = (spec.metric("silenced_fraction"), f"{spec.display_name} ") if spec else ("silenced_fraction", "")
     silenced = (metric, f"{name}silenced fraction (%)", 0.0, 100.0)
@@ -213,8 +195,8 @@ def training_curve_panels(records: list[dict], label: str) -> list[LinePanel]:
 
 
 def plot_training_curves(records: list[dict], path: str | Path, *, label: str, title: str | None = None) -> Path:
-    """Write a PNG of reward, entropy, gradient norm and silenced fraction against the step, the line labelled
-    ``label``. A metric that the run did not log (for example the mask of a GRPO run) leaves its panel with a note."""
+    """Write a PNG of reward, entropy, gradient norm and silenced fraction against the step; a metric the run did not
+    log leaves its panel with a note."""
     return plot_line_panels(training_curve_panels(records, label), path, panel_size=(3.9, 3.2), title=title, dpi=110)
 
 
@@ -226,30 +208,17 @@ def _density_extent(stats: dict[str, Any]) -> tuple[float, float, float, float]:
 def density_limits(runs: list[RunLogs]) -> tuple[float, float] | None:
     """The lowest log10 p and highest H that the runs' populated density bins reach (all tokens, any advantage)."""
     limits = []
-    for run in runs:
-        if run.dump_stats is None:
-            continue
-        density = run.dump_stats["density"]
-        counts = [
-            [a + b for a, b in zip(row_a, row_b, strict=True)]
-            for row_a, row_b in zip(density["positive_advantage"], density["other"], strict=True)
-        ]
-        found = populated_density_limits(
-            counts, _density_extent(run.dump_stats), run.dump_stats.get("probability_bound")
-        )
+    for stats in [run.dump_stats for run in runs if run.dump_stats is not None]:
+        counts = np.add(stats["density"]["positive_advantage"], stats["density"]["other"])
+        found = populated_density_limits(counts, _density_extent(stats), stats.get("probability_bound"))
         if found is not None:
             limits.append(found)
-    if not limits:
-        return None
-    return min(limit[0] for limit in limits), max(limit[1] for limit in limits)
+    return (min(low for low, _ in limits), max(high for _, high in limits)) if limits else None
 
 
 def plot_report_figures(runs: list[RunLogs], output_dir: Path, top_tokens: int) -> dict[str, Path]:
-    """Draw the report's figures into ``output_dir`` (`FIGURES`), every run on shared axes: entropy and reward over
-    the steps, the silenced fraction and threshold (`masking_panels`) and the `OPTIMIZATION_PANELS`; when a run has a
-    silenced-token dump, also the p-H density of positive-advantage tokens (`density_panel`) and the ``top_tokens``
-    most frequent silenced tokens (`token_bars`). Returns the written figures by name."""
-    paths = {name: output_dir / file_name for name, file_name in FIGURES.items()}
+    """Draw the report's `FIGURES` into ``output_dir`` (the token figures only when a run has a dump) and return them
+    by name."""
     optimization = [
         line_panel(runs, key, title, scale=scale, y_floor=y_floor)
         for key, title, y_floor, scale in OPTIMIZATION_PANELS
@@ -261,15 +230,16 @@ def plot_report_figures(runs: list[RunLogs], output_dir: Path, top_tokens: int) 
         "optimization": (optimization, (4.4, 3.4)),
     }
     figures = {
-        name: plot_line_panels(panels, paths[name], panel_size=size) for name, (panels, size) in line_figures.items()
+        name: plot_line_panels(panels, output_dir / FIGURES[name], panel_size=size)
+        for name, (panels, size) in line_figures.items()
     }
     if any(run.dump_stats is not None for run in runs):
         figures["token_density"] = plot_density_panels(
             [density_panel(run) for run in runs],
-            paths["token_density"],
+            output_dir / FIGURES["token_density"],
             limits=density_limits(runs),
             title="Positive-advantage completion tokens over probability and entropy",
         )
         bars = [token_bars(run, top_tokens) for run in runs]
-        figures["top_silenced_tokens"] = plot_token_bars(bars, paths["top_silenced_tokens"], top_tokens)
+        figures["top_silenced_tokens"] = plot_token_bars(bars, output_dir / FIGURES["top_silenced_tokens"], top_tokens)
     return figures

@@ -1,5 +1,5 @@
 """What `stapo-trl report` reads of a run directory (which log it takes: docs/diagnostics.md): its training log, its
-silenced-token dump when it has one, and the run's record built from them (`stapo_trl.diagnostics.run_record`)."""
+silenced-token dump when it has one, and the run's record built from them."""
 
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ from ..core.names import TRAINER_STATE_FILE
 from ..core.resume import last_complete_checkpoint
 from ..file_and_metric_names import METRICS_FILE
 from ..storage import read_json_lines
-from .run_record import RunRecord, build_run_record
+from .run_record import RunRecord, build_run_record, is_training_record
 from .token_dump import read_dump
-from .trends import is_training_record
 
 
 class ReportError(UsageError, ValueError):
@@ -51,8 +50,8 @@ def find_log_source(directory: Path) -> Path | None:
 
 
 def read_metrics(path: str | Path) -> list[dict]:
-    """The training records of a `metrics.jsonl` file (the final summary record is left out; a last line cut off
-    mid-write is left out with a warning)."""
+    """The records of a ``metrics.jsonl`` file but its final summary (a last line cut off mid-write is left out with
+    a warning)."""
     return [record for record in read_json_lines(path) if "train_runtime" not in record]
 
 
@@ -69,10 +68,14 @@ def read_log(source: Path) -> list[dict[str, Any]]:
         ) from None
 
 
+def _steps(log: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [record for record in log if "step" in record and is_training_record(record)]
+
+
 def read_history(source: Path) -> list[dict[str, Any]]:
-    """The per-step training records of a ``trainer_state.json`` or ``metrics.jsonl`` (the end-of-training summary
-    record, which has ``train_runtime``, and the evaluation records, with ``eval_*`` keys, are left out)."""
-    return [record for record in read_log(source) if "step" in record and is_training_record(record)]
+    """The per-step training records of a ``trainer_state.json`` or ``metrics.jsonl``: neither the end-of-training
+    summary nor the evaluation records."""
+    return _steps(read_log(source))
 
 
 def load_run(directory: str | Path, label: str | None = None) -> RunLogs:
@@ -90,7 +93,7 @@ def load_run(directory: str | Path, label: str | None = None) -> RunLogs:
             "trainer.train() in your own script."
         )
     log = read_log(source)
-    history = [record for record in log if "step" in record and is_training_record(record)]
+    history = _steps(log)
     if not history:
         raise ReportError(
             f"{source}: the log holds no training steps. Was the run stopped before its first logging step "

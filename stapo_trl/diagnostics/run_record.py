@@ -1,14 +1,13 @@
 """The record of a training run: its facts, built once from the log by `build_run_record`, written by `stapo-trl
-train` to ``run_summary.json``, and rendered, never recomputed, by the end-of-run console summary
-(`stapo_trl.cli.run_summary`), the model card (`stapo_trl.card.model_card`) and `stapo-trl report`. The fields of
-`RunRecord` list the facts; the wordings the renderers share are each token rule's own templates
-(`RulePresentation`), filled here by `fill`.
-"""
+train` to ``run_summary.json``, and rendered, never recomputed, by the end-of-run summary, the model card and
+`stapo-trl report`, in each token rule's own words (`RulePresentation`, filled by `fill`). Its trends are least-squares
+slopes with their standard errors (docs/diagnostics.md, "Trends, the same everywhere")."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import statistics
 import string
 from dataclasses import dataclass, field
@@ -21,12 +20,14 @@ from ..core.token_rules.registry import LAST, MEAN, MEDIAN, STEPS_ABOVE_ZERO, SU
 from ..file_and_metric_names import RUN_SUMMARY_FILE
 from ..research.gradient_probe import PROBE_METRIC_PREFIX
 from ..storage import read_json_file, write_text_atomically
-from .token_dump import silenced_token_line, spread
-from .trends import Trend, finite_series, is_finite_number, run_trends, training_records
 
+MIN_STEPS = 4
+"""Fewer logged steps than this give no slope: the verdict is "too few steps to tell"."""
+SIGNIFICANCE = 2.0
+"""A slope is a rise or a fall when it is more than this many standard errors from zero."""
+TREND_METRICS = (("reward", "mean reward"), ("entropy", "mean token entropy (nats)"))
 OPTIMIZATION_METRICS = ("grad_norm", "completions/mean_length", "clip_ratio/region_mean")
 """TRL's statistics of the updates that the record summarises, beside every ``gradient_probe/*`` statistic."""
-
 HELDOUT_METRICS = {
     "accuracy": "eval_heldout_accuracy",
     "standard_error": "eval_heldout_accuracy_standard_error",
@@ -34,12 +35,9 @@ HELDOUT_METRICS = {
     "total": "eval_heldout_total",
     "format_rate": "eval_heldout_format_rate",
 }
-"""The held-out greedy evaluation as `stapo-trl train` logs it, named as transformers names evaluation metrics
-(``eval_*``): each field of the result and its metric."""
-
+"""The held-out greedy evaluation as `stapo-trl train` logs it: each field of the result and its metric."""
 SILENCED_EXAMPLES = 3
 """Dumped silenced tokens the record shows in context, spread over the run (first, middle, last)."""
-
 SUMMARIES = {
     SUM: lambda values: int(sum(values)),
     MEAN: lambda values: sum(values) / len(values),
@@ -49,9 +47,123 @@ SUMMARIES = {
 }
 
 
+# ------------------------------------------------------------------------------------------------ the log's values
+def is_finite_number(value) -> bool:
+    """Whether a logged value is a finite number: not None (TRL logs None for a window of NaN), NaN, inf or a bool."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_training_record(record: dict) -> bool:
+    """Whether a logged record is a training step: not the end-of-training summary (``train_runtime``) and not an
+    evaluation record (keys ``eval_*``)."""
+    return "train_runtime" not in record and not any(key.startswith("eval_") for key in record)
+
+
+def training_records(records: list[dict]) -> list[dict]:
+    return [record for record in records if is_training_record(record)]
+
+
+def finite_series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
+    """``(steps, values)`` of ``key`` over the training records where it is finite; a record without a ``step``
+    counts as the step after the one before it."""
+    points = []
+    for index, record in enumerate(training_records(records)):
+        if is_finite_number(value := record.get(key)):
+            points.append((record.get("step", index + 1), float(value)))
+    return [step for step, _ in points], [value for _, value in points]
+
+
+@dataclass(frozen=True)
+class Trend:
+    """How one metric moved: quarter means, and the least-squares slope per step with its standard error."""
+
+    label: str
+    first_quarter: float
+    last_quarter: float
+    slope: float | None
+    slope_standard_error: float | None
+    steps: int
+
+    @property
+    def verdict(self) -> str:
+        if self.slope is None or self.slope_standard_error is None:
+            return "too few steps to tell"
+        if abs(self.slope) > SIGNIFICANCE * self.slope_standard_error:
+            return "rises" if self.slope > 0 else "falls"
+        return "no trend beyond its step-to-step scatter"
+
+    def sentence(self) -> str:
+        """The one sentence the summary, the card and the report print for this metric."""
+        text = (
+            f"{self.label} {self.first_quarter:.3f} (first quarter of steps) -> {self.last_quarter:.3f} (last quarter)"
+        )
+        if self.slope is None:
+            return f"{text}; {self.verdict} ({self.steps} steps)"
+        return (
+            f"{text}; slope {self.slope:+.4f} ± {self.slope_standard_error:.4f} per step over {self.steps} steps: "
+            f"{self.verdict}"
+        )
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "verdict": self.verdict}
+
+    @classmethod
+    def from_dict(cls, values: dict) -> Trend:
+        return cls(**{item.name: values[item.name] for item in dataclasses.fields(cls)})
+
+
+def trend(label: str, steps: list[int], values: list[float]) -> Trend | None:
+    """The trend of ``values`` logged at ``steps``, with the means of their first and last quarter (at least one
+    value each); None when nothing was logged."""
+    if not values:
+        return None
+    n = len(values)
+    quarter = max(1, n // 4)
+    slope = standard_error = None
+    if n >= MIN_STEPS and len(set(steps)) > 1:
+        mean_x, mean_y = sum(steps) / n, sum(values) / n
+        sxx = sum((x - mean_x) ** 2 for x in steps)
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(steps, values, strict=True)) / sxx
+        residuals = [y - mean_y - slope * (x - mean_x) for x, y in zip(steps, values, strict=True)]
+        standard_error = math.sqrt(sum(r * r for r in residuals) / (n - 2) / sxx)
+    return Trend(label, sum(values[:quarter]) / quarter, sum(values[-quarter:]) / quarter, slope, standard_error, n)
+
+
+# ------------------------------------------------------------------------------------------- dumped tokens as text
+def visible_token(text: str) -> str:
+    """A token's text with its whitespace made visible, for axis labels and tables."""
+    shown = text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥")
+    return shown if shown else "∅"
+
+
+def token_in_context(record: dict[str, Any], context: int, brackets: tuple[str, str] = ("[", "]")) -> str:
+    """``…before[token]after…``: a dumped token (`visible_token`) between ``brackets``, with up to ``context``
+    characters of its context either side, line breaks shown as ↵."""
+    before = record["context_before"][-context:].replace("\n", "↵")
+    after = record["context_after"][:context].replace("\n", "↵")
+    return f"…{before}{brackets[0]}{visible_token(record['token'])}{brackets[1]}{after}…"
+
+
+def silenced_token_line(record: dict[str, Any], context: int = 60, code: bool = True) -> str:
+    """A dumped silenced token in its context (backticks shown as '), with p, H and the response's advantage; as
+    inline Markdown code when ``code``."""
+    text = token_in_context(record, context, ("[[", "]]")).replace("`", "'")
+    return f"step {record['step']}, p {record['p']:.2g}, H {record['entropy']:.2f}, A {record['advantage']:+.2f}: " + (
+        f"`{text}`" if code else text
+    )
+
+
+def spread(records: list[dict[str, Any]], count: int) -> list[dict[str, Any]]:
+    """Up to ``count`` records spread evenly over the list (first and last included)."""
+    if len(records) <= count:
+        return list(records)
+    return [records[round(index * (len(records) - 1) / (count - 1))] for index in range(count)]
+
+
+# ------------------------------------------------------------------------------------------------------ the record
 @dataclass
 class RunRecord:
-    """What one run did, as `run_summary.json` holds it. Every field is plain JSON."""
+    """What one run did, as ``run_summary.json`` holds it. Every field is plain JSON."""
 
     steps: int = 0
     """Optimizer steps: the highest step in the log."""
@@ -59,8 +171,7 @@ class RunRecord:
     """Training records in the log (one per ``logging_steps``)."""
     last_logged_step: int | None = None
     trends: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Each trended metric's quarter means, least-squares slope per step and its standard error, and the verdict
-    (`stapo_trl.diagnostics.trends.Trend.to_dict`)."""
+    """`Trend.to_dict` of each of `TREND_METRICS` that was logged."""
     reward_first: float | None = None
     reward_last: float | None = None
     """The reward's first- and last-quarter means (as in ``trends``)."""
@@ -69,8 +180,7 @@ class RunRecord:
     shadow_token_rules: dict[str, dict[str, Any]] = field(default_factory=dict)
     """The same for the rules run in shadow (computed and logged, not applied)."""
     optimization: dict[str, dict[str, float]] = field(default_factory=dict)
-    """Mean, median, max and number of logged steps of `OPTIMIZATION_METRICS` and the ``gradient_probe/*`` statistics,
-    by metric."""
+    """Mean, median, max and number of logged steps of `OPTIMIZATION_METRICS` and ``gradient_probe/*``, by metric."""
     accuracy_before: dict[str, Any] | None = None
     accuracy_after: dict[str, Any] | None = None
     """The held-out greedy accuracy at step 0 and at the last evaluation (the fields of `HELDOUT_METRICS`)."""
@@ -96,12 +206,17 @@ class RunRecord:
     output_dir: str | None = None
 
     def silencing_rule(self, shadow: bool = False) -> str | None:
-        """The rule whose silenced tokens the report shows: the first, in apply order, whose summary has a silenced
-        fraction; for ``shadow``, among the rules run in shadow."""
+        """The first rule, in apply order, whose summary has a silenced fraction (among those in shadow for
+        ``shadow``): the rule whose silenced tokens the report shows."""
         summaries = self.shadow_token_rules if shadow else self.token_rules
         return next(
             (spec.name for spec in registered_rules() if "silenced_fraction" in summaries.get(spec.name, {})), None
         )
+
+    def silencing_summary(self) -> dict[str, Any]:
+        """The run summary of the applied `silencing_rule`, or ``{}``."""
+        rule = self.silencing_rule()
+        return self.token_rules[rule] if rule is not None else {}
 
 
 def build_run_record(
@@ -112,22 +227,29 @@ def build_run_record(
     **given: Any,
 ) -> RunRecord:
     """The record of a run from its log history (``trainer_state.json``'s, or the records of ``metrics.jsonl``), its
-    silenced-token dump (records and counts) when it has one, and ``given``: the fields of `RunRecord` that only the
-    caller knows (``method``, ``model``, timings, ``files``, ...)."""
+    silenced-token dump when it has one, and ``given``, the fields only the caller knows (``method``, timings, ...)."""
     record = RunRecord(**given)
     steps = training_records(log_history)
     record.steps = max((entry["step"] for entry in log_history if "step" in entry), default=0)
     record.logged_steps = len(steps)
     record.last_logged_step = steps[-1].get("step", len(steps)) if steps else None
-    trends = run_trends(steps)
-    record.trends = {key: trend.to_dict() for key, trend in trends.items()}
-    if "reward" in trends:
+    trends = {key: trend(label, *finite_series(steps, key)) for key, label in TREND_METRICS}
+    record.trends = {key: found.to_dict() for key, found in trends.items() if found is not None}
+    if trends["reward"] is not None:
         record.reward_first, record.reward_last = trends["reward"].first_quarter, trends["reward"].last_quarter
     for spec in registered_rules():
         for summaries, prefix in ((record.token_rules, ""), (record.shadow_token_rules, f"{SHADOW_PREFIX}/")):
             if summary := rule_summary(spec, steps, prefix):
                 summaries[spec.name] = summary
-    record.optimization = optimization_statistics(steps)
+    probed = sorted({key for entry in steps for key in entry if key.startswith(f"{PROBE_METRIC_PREFIX}/")})
+    for key in (*OPTIMIZATION_METRICS, *probed):
+        if values := finite_series(steps, key)[1]:
+            record.optimization[key] = {
+                "mean": sum(values) / len(values),
+                "median": statistics.median(values),
+                "max": max(values),
+                "steps": len(values),
+            }
     logged = [entry for entry in log_history if is_finite_number(entry.get(HELDOUT_METRICS["accuracy"]))]
     results = [{name: entry.get(metric) for name, metric in HELDOUT_METRICS.items()} for entry in logged]
     if logged and logged[0].get("step") == 0:
@@ -144,34 +266,17 @@ def build_run_record(
 
 
 def rule_summary(spec: TokenRuleSpec, steps: list[dict[str, Any]], prefix: str = "") -> dict[str, Any]:
-    """A rule's run summary over the logged training steps, from its metrics' finite values (``prefix`` reads the
-    statistics of a rule in shadow); ``{}`` when it logged none."""
+    """A rule's run summary over the logged training steps, from its metrics' finite values (``prefix`` reads a rule
+    in shadow); ``{}`` when it logged none."""
     summary = {}
     for metric in spec.metrics:
-        _, values = finite_series(steps, prefix + spec.metric(metric.statistic))
-        if values:
+        if values := finite_series(steps, prefix + spec.metric(metric.statistic))[1]:
             summary.update({key: SUMMARIES[kind](values) for key, kind in metric.summaries})
     return summary
 
 
-def optimization_statistics(steps: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Mean, median, max and logged steps of each of `OPTIMIZATION_METRICS` and ``gradient_probe/*`` in the log."""
-    probed = sorted({key for entry in steps for key in entry if key.startswith(f"{PROBE_METRIC_PREFIX}/")})
-    found = {}
-    for key in (*OPTIMIZATION_METRICS, *probed):
-        _, values = finite_series(steps, key)
-        if values:
-            found[key] = {
-                "mean": sum(values) / len(values),
-                "median": statistics.median(values),
-                "max": max(values),
-                "steps": len(values),
-            }
-    return found
-
-
 def write_run_record(record: RunRecord, output_dir: str | Path) -> Path:
-    """``output_dir/run_summary.json``, written whole to a temporary file and renamed into place."""
+    """Write ``output_dir/run_summary.json`` atomically."""
     return write_text_atomically(
         Path(output_dir) / RUN_SUMMARY_FILE, json.dumps(dataclasses.asdict(record), indent=2) + "\n"
     )
@@ -201,8 +306,8 @@ _FORMATTER = _WordingFormatter()
 
 
 def fill(template: str, values: dict[str, Any]) -> str | None:
-    """A rule's wording (`RulePresentation`, with its format specs) filled from ``values``, or None when a field it
-    names is not a finite number there."""
+    """A rule's wording (`RulePresentation`) filled from ``values``, or None when a field it names is not a finite
+    number there."""
     names = [name for _, name, _, _ in _FORMATTER.parse(template) if name]
     if not all(is_finite_number(values.get(name)) for name in names):
         return None
@@ -211,17 +316,13 @@ def fill(template: str, values: dict[str, Any]) -> str | None:
 
 def fill_first(alternatives: str | tuple[str, ...], values: dict[str, Any]) -> str | None:
     """The first of the alternative wordings that fills (a single wording is one alternative)."""
-    for template in (alternatives,) if isinstance(alternatives, str) else alternatives:
-        filled = fill(template, values)
-        if filled is not None:
-            return filled
-    return None
+    templates = (alternatives,) if isinstance(alternatives, str) else alternatives
+    return next((filled for template in templates if (filled := fill(template, values)) is not None), None)
 
 
 def rule_summary_line(record: RunRecord, spec: TokenRuleSpec, shadow: bool = False) -> tuple[str, str] | None:
     """``(label, text)`` of a rule's summary in the record (``shadow``: as a rule run in shadow), in its own words
-    (`RulePresentation.summary`), or None when the record has none: what the end-of-run summary and the report
-    print for it."""
+    (`RulePresentation.summary`), or None when the record has none."""
     summary = (record.shadow_token_rules if shadow else record.token_rules).get(spec.name)
     if summary is None or not spec.presentation.summary:
         return None

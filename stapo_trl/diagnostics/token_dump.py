@@ -1,10 +1,6 @@
-"""The silenced-token dump: which tokens the token rules silenced, with their text, context, p, H and advantage
-(its files, fields and bounds: docs/diagnostics.md), written by `SilencedTokenDumpCallback` with the settings of
-`TokenDumpArguments`.
-
-Only the main process writes. Each checkpoint holds a copy of the counts and the density; a run resumed from it keeps
-the records of the steps the checkpoint covers, drops those written after it, and appends.
-"""
+"""The silenced-token dump (files, fields and bounds: docs/diagnostics.md), written by `SilencedTokenDumpCallback`
+with the settings of `TokenDumpArguments`. Only the main process writes; each checkpoint holds a copy of the counts
+and the density, and a run resumed from it keeps the records of the steps it covers and appends."""
 
 from __future__ import annotations
 
@@ -36,14 +32,13 @@ LOG10_P_RANGE = (-10.0, 0.0)
 ENTROPY_RANGE = (0.0, 12.0)
 DENSITY_BINS = (40, 48)
 """Histogram bins over log10 p (0.25 decades) and entropy (0.25 nats); values outside are clamped to the edge bins."""
+DENSITY_KINDS = ("positive_advantage", "other")
+"""The histograms of the stats file: the loss tokens of responses with a positive advantage, and the others."""
 
 
 def token_density(log_probs: torch.Tensor, entropies: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Counts ``DENSITY_BINS`` of the tokens where ``mask`` is True over (log10 p, H), as int64.
-
-    ``log_probs`` are natural-log probabilities and ``entropies`` nats, both ``[B, T]``; ``mask`` is a bool ``[B, T]``.
-    Tokens with a non-finite log-prob or entropy are not counted. Values outside the ranges land in the edge bins.
-    """
+    """Int64 counts in ``DENSITY_BINS`` over (log10 p, H) of the tokens where ``mask`` is True: ``log_probs`` (natural
+    log) and ``entropies`` (nats) are ``[B, T]``; a token with a non-finite log-prob or entropy is not counted."""
     log10_p = log_probs.detach().double() / math.log(10)
     entropy = entropies.detach().double()
     selected = mask.bool() & torch.isfinite(log10_p) & torch.isfinite(entropy)
@@ -60,14 +55,8 @@ def token_density(log_probs: torch.Tensor, entropies: torch.Tensor, mask: torch.
     return counts
 
 
-def sample_positions(silenced: torch.Tensor, limit: int, generator: torch.Generator) -> torch.Tensor:
-    """Up to ``limit`` ``(row, position)`` pairs drawn uniformly without replacement from the True entries of a
-    ``[B, T]`` bool tensor, in row-major order."""
-    positions = silenced.nonzero()
-    if positions.size(0) > limit:
-        chosen = torch.randperm(positions.size(0), generator=generator)[:limit].sort().values
-        positions = positions[chosen.to(positions.device)]
-    return positions
+def _json_lines(records: list[dict[str, Any]]) -> str:
+    return "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
 
 
 def _token_text(tokenizer, ids: list[int]) -> str:
@@ -77,11 +66,9 @@ def _token_text(tokenizer, ids: list[int]) -> str:
 def token_records(
     tokens: StepTokens, positions: torch.Tensor, tokenizer, *, step: int, process_index: int, context_tokens: int
 ) -> list[dict[str, Any]]:
-    """The dump records of the silenced tokens at ``positions``: text, context either side, p, H and advantage.
-
-    ``sample_id`` is ``"<step>-<process>-<row>"``: unique per completion within a run, shared by the tokens of one
-    completion. The context is taken from the completion's own loss tokens and padding is left out.
-    """
+    """The dump records of the silenced tokens at ``positions`` (``(row, position)`` pairs): text, the context from
+    the completion's own loss tokens, p, H and advantage; ``sample_id`` ``"<step>-<process>-<row>"`` names the
+    completion."""
     records = []
     advantages = tokens.advantages
     for row, position in positions.tolist():
@@ -164,30 +151,22 @@ class SilencedTokenDump:
                     "log10_p_range": list(LOG10_P_RANGE),
                     "entropy_range": list(ENTROPY_RANGE),
                     "bins": list(DENSITY_BINS),
-                    "positive_advantage": torch.zeros(DENSITY_BINS, dtype=torch.int64).tolist(),
-                    "other": torch.zeros(DENSITY_BINS, dtype=torch.int64).tolist(),
+                    **{name: torch.zeros(DENSITY_BINS, dtype=torch.int64).tolist() for name in DENSITY_KINDS},
                 },
             }
         if not self.is_main_process:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
-        kept_lines: list[str] = []
+        kept = []
         if resumed and self.records_path.is_file():
             covered = max((entry["step"] for entry in self.stats["steps"]), default=0)
-            kept_lines = [
-                json.dumps(record, ensure_ascii=False)
-                for record in read_json_lines(self.records_path)
-                if record["step"] <= covered
-            ]
-        write_text_atomically(self.records_path, "".join(line + "\n" for line in kept_lines))
+            kept = [record for record in read_json_lines(self.records_path) if record["step"] <= covered]
+        write_text_atomically(self.records_path, _json_lines(kept))
 
     def record_step(self, step: int, tokens: StepTokens) -> dict[str, int]:
-        """Count, sample and write one optimizer step's silenced tokens, over all processes.
-
-        Every process must call this at every step (it all-reduces and gathers). The sample is uniform over the
-        silenced tokens of all processes: every rank draws the same permutation of the global count, seeded by
-        ``seed`` and ``step``, and decodes the tokens that fall in its own range. Returns the step's counts.
-        """
+        """Count, sample and write one optimizer step's silenced tokens, and return the step's counts. Every process
+        calls it (it all-reduces and gathers); every rank draws the same permutation of the global count, seeded by
+        ``seed`` and ``step``, and decodes the sampled tokens in its own range."""
         loss_mask = tokens.loss_mask.bool()
         silenced = tokens.silenced.bool() & loss_mask
         positive = loss_mask & (per_token_advantages(tokens.advantages, loss_mask) > 0)
@@ -217,23 +196,20 @@ class SilencedTokenDump:
         self.stats["steps"].append(entry)
         for key in ("silenced", "written", "dropped"):
             self.stats[key] += entry[key]
-        for index, name in enumerate(("positive_advantage", "other")):
+        for index, name in enumerate(DENSITY_KINDS):
             self.stats["density"][name] = (torch.tensor(self.stats["density"][name]) + density[index]).tolist()
         if self.is_main_process:
-            append_text(
-                self.records_path, "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in gathered)
-            )
+            append_text(self.records_path, _json_lines(gathered))
             write_text_atomically(self.stats_path, json.dumps(self.stats) + "\n")
         return entry
 
 
 def read_dump(directory: str | os.PathLike) -> tuple[list[dict[str, Any]] | None, dict[str, Any] | None]:
-    """A run directory's dump: its records (``silenced_tokens.jsonl``) and its counts and density
-    (``silenced_tokens_stats.json``), each None when the file is absent. A last record cut off mid-write (what a killed
-    run leaves) is left out; any other damage raises a `DamagedFileError` that names the file."""
+    """A run directory's dump records and its counts and density, each None when its file is absent. A last record
+    cut off mid-write is left out; any other damage raises a `DamagedFileError` that names the file."""
     directory = Path(directory)
     records_path, stats_path = directory / SILENCED_TOKENS_FILE, directory / SILENCED_TOKENS_STATS_FILE
-    stats = None
+    records = stats = None
     if stats_path.is_file():
         stats = read_json_file(
             stats_path,
@@ -241,7 +217,6 @@ def read_dump(directory: str | os.PathLike) -> tuple[list[dict[str, Any]] | None
             "Point the report at a checkpoint-N/ of the run, whose copy was saved with it, or delete the file to "
             "report without the dump's figures.",
         )
-    records = None
     if records_path.is_file():
         try:
             records = read_json_lines(records_path)
@@ -250,40 +225,9 @@ def read_dump(directory: str | os.PathLike) -> tuple[list[dict[str, Any]] | None
     return records, stats
 
 
-def visible_token(text: str) -> str:
-    """A token's text with its whitespace made visible, for axis labels and tables."""
-    shown = text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥")
-    return shown if shown else "∅"
-
-
-def token_in_context(record: dict[str, Any], context: int, brackets: tuple[str, str] = ("[", "]")) -> str:
-    """``…before[token]after…``: a dumped token (`visible_token`) between ``brackets``, with up to ``context``
-    characters of its context either side, line breaks shown as ↵."""
-    before = record["context_before"][-context:].replace("\n", "↵")
-    after = record["context_after"][:context].replace("\n", "↵")
-    return f"…{before}{brackets[0]}{visible_token(record['token'])}{brackets[1]}{after}…"
-
-
-def silenced_token_line(record: dict[str, Any], context: int = 60, code: bool = True) -> str:
-    """One dumped silenced token in its context (`token_in_context`, backticks shown as '), with p, H and the
-    response's advantage; as inline Markdown code when `code`, else as plain text."""
-    text = token_in_context(record, context, ("[[", "]]")).replace("`", "'")
-    return f"step {record['step']}, p {record['p']:.2g}, H {record['entropy']:.2f}, A {record['advantage']:+.2f}: " + (
-        f"`{text}`" if code else text
-    )
-
-
-def spread(records: list[dict[str, Any]], count: int) -> list[dict[str, Any]]:
-    """Up to ``count`` records spread evenly over the list (first and last included)."""
-    if len(records) <= count:
-        return list(records)
-    return [records[round(index * (len(records) - 1) / (count - 1))] for index in range(count)]
-
-
 @dataclass
 class TokenDumpArguments:
-    """The silenced-token dump's settings (recipe keys and command-line flags of `stapo-trl train`), which
-    `SilencedTokenDumpCallback` takes; each field's help metadata says what it does."""
+    """The silenced-token dump's settings (recipe keys and flags of `stapo-trl train`)."""
 
     dump_silenced_tokens: bool = field(
         default=False,
@@ -330,8 +274,8 @@ class TokenDumpArguments:
 
 
 def warn_if_nothing_to_record(config) -> bool:
-    """Warn when a run with ``config`` runs no token rule, applied or in shadow: the dump would record nothing (one
-    recipe serves every method, so this is a warning, not an error). Returns whether it warned."""
+    """Warn, and return True, when a run with ``config`` runs no token rule, applied or in shadow: the dump would
+    record nothing (a warning, since one recipe serves every method)."""
     if getattr(config, "active_token_rules", None) or getattr(config, "shadow_token_rules", None):
         return False
     warnings.warn(
@@ -345,9 +289,9 @@ def warn_if_nothing_to_record(config) -> bool:
 
 
 class SilencedTokenDumpCallback(StepEventCallback):
-    """Writes the silenced-token dump of a `STAPOTrainer` run (`SilencedTokenDump`) at every optimizer step, logs
-    ``token_dump/written`` and ``token_dump/dropped``, and keeps its counts in each checkpoint. Pass it in the
-    trainer's ``callbacks``; ``stapo-trl train`` adds it with ``dump_silenced_tokens: true``."""
+    """Writes a `STAPOTrainer` run's `SilencedTokenDump` at every optimizer step, logs ``token_dump/written`` and
+    ``token_dump/dropped``, and keeps its counts in each checkpoint (``stapo-trl train`` adds it with
+    ``dump_silenced_tokens: true``)."""
 
     def __init__(self, settings: TokenDumpArguments | None = None):
         self.settings = settings or TokenDumpArguments(dump_silenced_tokens=True)

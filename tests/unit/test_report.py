@@ -23,8 +23,8 @@ from stapo_trl.diagnostics.report_figures import (
     top_silenced_tokens,
 )
 from stapo_trl.diagnostics.run_logs import ReportError, find_log_source, load_run
-from stapo_trl.diagnostics.run_record import trend_sentences
-from stapo_trl.diagnostics.token_dump import DENSITY_BINS, visible_token
+from stapo_trl.diagnostics.run_record import trend_sentences, visible_token
+from stapo_trl.diagnostics.token_dump import DENSITY_BINS
 from stapo_trl.file_and_metric_names import SILENCED_TOKENS_FILE, SILENCED_TOKENS_STATS_FILE
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -148,7 +148,7 @@ def test_the_record_of_a_run_is_built_from_its_log(tmp_path):
 
 
 def test_a_trend_is_called_only_beyond_twice_its_standard_error():
-    from stapo_trl.diagnostics.trends import trend
+    from stapo_trl.diagnostics.run_record import trend
 
     noisy = trend("entropy", [1, 2, 3, 4, 5, 6], [0.5, 0.6, 0.4, 0.55, 0.45, 0.52])
     assert noisy.verdict == "no trend beyond its step-to-step scatter"
