@@ -1,11 +1,7 @@
 """Math RL data for TRL: DAPO-Math-17K for training and the six benchmarks of the STAPO paper for evaluation.
 
-```python
-from stapo_trl.data import load_benchmark, load_dapo_math
-
-train = load_dapo_math(prompt_style="boxed")  # Hub; source="sample" for the copy shipped with stapo-trl
-aime = load_benchmark("aime24")
-```
+`load_dapo_math(prompt_style="boxed")` loads from the Hub (`source="sample"`: the copy shipped with stapo-trl), and
+`load_benchmark("aime24")` one benchmark.
 """
 
 from .benchmarks import BENCHMARKS, BenchmarkSpec, benchmark_answer, benchmark_spec, load_benchmark

@@ -1,16 +1,11 @@
 """A built-in generator of arithmetic word problems, for the offline CPU quickstart.
 
-Each problem is one addition, subtraction or multiplication of small whole numbers, told as a short story: easy
-enough that SmolLM2-135M-Instruct gets about a quarter right with greedy decoding before training, so that RL has a
-signal to work with (with two-step problems and numbers up to 50 it got under a tenth, and most groups of samples
-scored all -1). Rows have the same columns as DAPO-Math-17K (`stapo_trl.data.ROW_FEATURES`), so every prompt style
-and reward of the project applies. Training and held-out problems come from disjoint streams: `split="train"` and
-`split="heldout"` never produce the same problem text for the same seed.
-
-`num_fewshot` puts worked examples (`WORKED_EXAMPLES`) before the problem as earlier chat turns. A 135M model sampled
-at temperature 1.0 rarely keeps to an instruction alone; shown two worked examples, it keeps to their form often
-enough that groups of samples mix right and wrong answers, which is what gives GRPO and the S2T mask something to act
-on at the paper's temperature.
+Each problem is one addition, subtraction or multiplication of small whole numbers told as a short story: easy enough
+that SmolLM2-135M-Instruct gets about a quarter right greedily before training, so that RL has a signal. Rows have the
+columns of DAPO-Math-17K (`stapo_trl.data.ROW_FEATURES`); `split="train"` and `split="heldout"` never give the same
+problem for the same seed. `num_fewshot` puts worked examples (`WORKED_EXAMPLES`) before the problem as earlier chat
+turns, so that a 135M model sampled at temperature 1.0 keeps to their answer format often enough for a group of
+samples to mix right and wrong answers.
 """
 
 from __future__ import annotations
@@ -22,7 +17,7 @@ from operator import add, mul, sub
 
 from datasets import Dataset
 
-from .prompts import PROMPT_STYLES, answer_line, build_prompt
+from .prompts import answer_line, build_prompt, check_prompt_style
 from .sources import ROW_FEATURES, dataset_row
 
 ARITHMETIC = "arithmetic"
@@ -55,24 +50,18 @@ def arithmetic_problems(num_problems: int, *, seed: int = 0, split: str = "train
     if num_problems < 1:
         raise ValueError(f"num_problems must be at least 1, got {num_problems}.")
     rng = random.Random(f"stapo-trl-arithmetic-{seed}")
-    problems: list[tuple[str, int]] = []
-    seen: set[str] = set()
-    target = {"train": 0, "heldout": 1}[split]
-    attempts = 0
-    while len(problems) < num_problems:
-        attempts += 1
-        if attempts > 200 * num_problems + 10_000:
-            raise ValueError(f"Could not generate {num_problems} distinct arithmetic problems; ask for fewer.")
+    problems: dict[str, int] = {}
+    for _ in range(200 * num_problems + 10_000):
         text, a_range, b_range, operation = rng.choice(TEMPLATES)
         name, item = rng.choice(NAMES), rng.choice(ITEMS)
         a, b = rng.randint(*a_range), rng.randint(*b_range)
-        question, answer = text.format(name=name, item=item, a=a, b=b), operation(a, b)
+        question = text.format(name=name, item=item, a=a, b=b)
         # One stream, split by a hash of the text: train and held-out problems can never coincide.
-        if hash_bucket(question) != target or question in seen:
-            continue
-        seen.add(question)
-        problems.append((question, answer))
-    return problems
+        if hash_bucket(question) == SPLITS.index(split):
+            problems.setdefault(question, operation(a, b))
+            if len(problems) == num_problems:
+                return list(problems.items())
+    raise ValueError(f"Could not generate {num_problems} distinct arithmetic problems; ask for fewer.")
 
 
 def hash_bucket(text: str) -> int:
@@ -94,17 +83,12 @@ PLACEHOLDERS = {"name": r"[A-Z][a-z]+", "item": r"[a-z]+", "a": r"\d+", "b": r"\
 
 
 def _template_pattern(template: str) -> re.Pattern:
-    parts, seen = [], set()
-    for piece in re.split(r"(\{\w+\})", template):
-        name = piece[1:-1] if piece.startswith("{") else None
-        if name is None:
-            parts.append(re.escape(piece))
-        elif name in seen:
-            parts.append(f"(?P={name})")
-        else:
-            seen.add(name)
-            parts.append(f"(?P<{name}>{PLACEHOLDERS[name]})")
-    return re.compile("".join(parts))
+    """`template` as a regular expression in which a placeholder's later occurrences repeat its first."""
+    pattern = re.escape(template)
+    for name, part in PLACEHOLDERS.items():
+        placeholder = re.escape(f"{{{name}}}")
+        pattern = pattern.replace(placeholder, f"(?P<{name}>{part})", 1).replace(placeholder, f"(?P={name})")
+    return re.compile(pattern)
 
 
 def worked_solution(question: str) -> tuple[str, int] | None:
@@ -120,11 +104,8 @@ def worked_solution(question: str) -> tuple[str, int] | None:
 
 
 def fewshot_prompt(question: str, num_fewshot: int, prompt_style: str, system_prompt: str | None) -> list[dict]:
-    """The chat prompt of `question` after `num_fewshot` worked examples as earlier user and assistant turns.
-
-    The user turns hold the bare problems: the examples show the answer format, so the style's instruction wrapper
-    (DAPO's two sentences around every problem) is left out, which keeps the prompt short.
-    """
+    """The chat prompt of `question` after `num_fewshot` worked examples as earlier user and assistant turns. The user
+    turns hold the bare problems, without the style's instruction: the examples show the answer format."""
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
     for example, solution, answer in WORKED_EXAMPLES[:num_fewshot]:
         messages.append({"role": "user", "content": example})
@@ -142,21 +123,16 @@ def load_arithmetic(
     system_prompt: str | None = None,
     num_fewshot: int = 0,
 ) -> Dataset:
-    """Generated arithmetic word problems as TRL-ready rows, in the columns of `load_dapo_math`.
-
-    With `num_fewshot` > 0, each prompt is `fewshot_prompt`: that many worked examples, then the bare problem.
-    """
-    if prompt_style not in PROMPT_STYLES:
-        raise ValueError(f"Unknown prompt_style {prompt_style!r}; choose one of {PROMPT_STYLES}.")
+    """Generated arithmetic word problems as TRL-ready rows, in the columns of `load_dapo_math`; with `num_fewshot` > 0
+    each prompt is `fewshot_prompt`."""
+    check_prompt_style(prompt_style)
     if not 0 <= num_fewshot <= len(WORKED_EXAMPLES):
         raise ValueError(f"num_fewshot must be between 0 and {len(WORKED_EXAMPLES)}, got {num_fewshot}.")
-    problems = arithmetic_problems(num_problems, seed=seed, split=split)
-    if num_fewshot:
-        prompts = [fewshot_prompt(question, num_fewshot, prompt_style, system_prompt) for question, _ in problems]
-    else:
-        prompts = [build_prompt(question, prompt_style, system_prompt) for question, _ in problems]
-    rows = [
-        dataset_row(f"arithmetic-{split}-{seed}-{index}", question, str(answer), prompt, ARITHMETIC)
-        for index, ((question, answer), prompt) in enumerate(zip(problems, prompts, strict=True))
-    ]
+    rows = []
+    for index, (question, answer) in enumerate(arithmetic_problems(num_problems, seed=seed, split=split)):
+        if num_fewshot:
+            prompt = fewshot_prompt(question, num_fewshot, prompt_style, system_prompt)
+        else:
+            prompt = build_prompt(question, prompt_style, system_prompt)
+        rows.append(dataset_row(f"arithmetic-{split}-{seed}-{index}", question, str(answer), prompt, ARITHMETIC))
     return Dataset.from_list(rows, features=ROW_FEATURES)

@@ -9,7 +9,7 @@ from typing import Any
 
 from datasets import Dataset
 
-from .prompts import PROMPT_STYLES, build_prompt
+from .prompts import build_prompt, check_prompt_style
 from .sources import ROW_FEATURES, DatasetSchemaError, dataset_row, gold_text, load_source
 
 
@@ -101,24 +101,10 @@ def benchmark_answer(value: Any) -> str | None:
     integral floats without ".0" (27.0 -> "27"), and lists (OlympiadBench) joined with ", "."""
     if isinstance(value, (list, tuple)):
         return gold_text([benchmark_answer(part) for part in value])
-    text = gold_text(value)
-    if text is None:
-        return None
+    text = gold_text(value) or ""
     match = _INLINE_MATH.match(text)  # gold_text's text is stripped already
     text = match.group(1).strip() if match else text
-    if _INTEGER.match(text):
-        text = str(int(text))
-    return text or None
-
-
-def _first_field(spec: BenchmarkSpec, columns: list[str], candidates: tuple[str, ...], what: str, label: str) -> str:
-    for name in candidates:
-        if name in columns:
-            return name
-    raise DatasetSchemaError(
-        f"{label} has no {what} field. Expected one of {list(candidates)} (and {what} fields of {spec.hub_id}); "
-        f"found {columns}."
-    )
+    return (str(int(text)) if _INTEGER.match(text) else text) or None
 
 
 def load_benchmark(
@@ -138,17 +124,23 @@ def load_benchmark(
     usable answer are an error, not silently dropped.
     """
     spec = benchmark_spec(name)
-    if prompt_style not in PROMPT_STYLES:
-        raise ValueError(f"Unknown prompt_style {prompt_style!r}; choose one of {PROMPT_STYLES}.")
+    check_prompt_style(prompt_style)
     source = spec.hub_id if source is None else source
     label = f"{spec.title} source {str(source)!r}"
     raw = load_source(source, split=split or spec.split, label=label, config_name=config_name, sample=spec.name)
     columns = raw.column_names
 
-    problem_field = _first_field(spec, columns, spec.problem_fields, "problem", label)
-    answer_field = _first_field(spec, columns, spec.answer_fields, "answer", label)
-    id_field = next((field for field in spec.id_fields if field in columns), None)
-    context_field = next((field for field in spec.context_fields if field in columns), None)
+    def field(candidates: tuple[str, ...], what: str | None = None) -> str | None:
+        found = next((name for name in candidates if name in columns), None)
+        if found is None and what:
+            raise DatasetSchemaError(
+                f"{label} has no {what} field. Expected one of {list(candidates)} (and {what} fields of {spec.hub_id}); "
+                f"found {columns}."
+            )
+        return found
+
+    problem_field, answer_field = field(spec.problem_fields, "problem"), field(spec.answer_fields, "answer")
+    id_field, context_field = field(spec.id_fields), field(spec.context_fields)
 
     def normalize(row: dict, index: int) -> dict:
         problem = (row[problem_field] or "").strip()

@@ -9,7 +9,7 @@ from typing import Any, Literal, overload
 
 from datasets import Dataset
 
-from .prompts import PROMPT_STYLES, build_prompt, extract_problem
+from .prompts import build_prompt, check_prompt_style, extract_problem
 from .sources import ROW_FEATURES, DatasetSchemaError, dataset_row, gold_text, load_source
 
 logger = logging.getLogger(__name__)
@@ -80,8 +80,8 @@ def _user_text(messages: Any, row: int, label: str) -> str:
         )
     if any("role" not in message and {"from", "value"} <= set(message) for message in messages):
         raise DatasetSchemaError(
-            f"{label}, row {row} (counting from 0): the prompt's messages use ShareGPT's {{from, value}} keys. Convert them to "
-            "{role, content} (from: human -> role: user, from: gpt -> role: assistant, value -> content) first."
+            f"{label}, row {row} (counting from 0): the prompt's messages use ShareGPT's {{from, value}} keys. Convert "
+            "them to {role, content} (from: human -> role: user, from: gpt -> role: assistant, value -> content) first."
         )
     users = [message for message in messages if message.get("role") == "user"]
     content = (users or messages)[-1].get("content")
@@ -93,9 +93,9 @@ def _user_text(messages: Any, row: int, label: str) -> str:
 
 
 def _kind(value: Any) -> str:
+    """``a list ([1, 2])``: the type and the start of the repr, for error messages."""
     text, name = repr(value), type(value).__name__
-    article = "an" if name[0] in "aeiou" else "a"
-    return f"{article} {name} ({text[:40] + '...' if len(text) > 40 else text})"
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name} ({text[:40] + '...' if len(text) > 40 else text})"
 
 
 def _normalize_rows(
@@ -111,7 +111,8 @@ def _normalize_rows(
             original = batch["prompt"][offset] or ""
             if not isinstance(original, str):
                 raise DatasetSchemaError(
-                    f"{label}, row {index} (counting from 0): prompt is {_kind(original)}; in the {_OPEN_R1_SCHEMA} it is text."
+                    f"{label}, row {index} (counting from 0): prompt is {_kind(original)}; in the {_OPEN_R1_SCHEMA} it "
+                    "is text."
                 )
             gold = gold_text(batch["solution"][offset])
         extra_info = batch["extra_info"][offset] if "extra_info" in batch else None
@@ -125,11 +126,8 @@ def _normalize_rows(
 
 def dedupe_by_problem(dataset: Dataset, *, dedupe: bool = True) -> tuple[Dataset, DedupReport]:
     """Keep the first row of each problem (whitespace-insensitive; every row with `dedupe=False`) and drop rows
-    without a gold answer or with an empty problem text (which would otherwise all count as one problem).
-
-    DAPO-Math-17K's published file repeats each of its ~17.4k problems about 100 times; a few problems appear with
-    different gold answers, which are counted in the report and resolved by keeping the first.
-    """
+    without a gold answer or with an empty problem text. DAPO-Math-17K repeats each of its ~17.4k problems about 100
+    times; a problem seen with different gold answers keeps its first and is counted in the report."""
     problems = list(dataset["problem"])
     answers = list(dataset["answer"])
     first_row: dict[str, int] = {}
@@ -202,21 +200,14 @@ def load_dapo_math(
     """DAPO-Math-17K as TRL-ready rows: `id`, `problem`, `answer`, `solution` (the gold answer the rewards read),
     a conversational `prompt`, and `data_source`.
 
-    Args:
-        source: `BytedTsinghua-SIA/DAPO-Math-17k` (default), `open-r1/DAPO-Math-17k-Processed`, a local parquet,
-            jsonl or json file or dataset directory in either schema, or `"sample"` for the copy shipped with
-            stapo-trl (original problems, duplicates included).
-        split: the split to load.
-        config_name: Hub config; `open-r1/DAPO-Math-17k-Processed` defaults to `"all"` (others: `"en"`, `"cn"`).
-        prompt_style: `"dapo"` keeps the dataset's "Answer: $Answer" instruction as is; `"boxed"` asks for the final
-            answer in `\\boxed{}` after the bare problem.
-        system_prompt: optional system message put before the user turn.
-        dedupe: keep one row per problem; the before/after counts are logged and returned with `return_report`.
-        num_proc: processes for the row conversion.
-        return_report: also return the `DedupReport`.
+    `source` is `BytedTsinghua-SIA/DAPO-Math-17k` (default), `open-r1/DAPO-Math-17k-Processed` (whose `config_name`
+    defaults to `"all"`; others: `"en"`, `"cn"`), a local parquet, jsonl or json file or dataset directory in either
+    schema, or `"sample"` for the copy shipped with stapo-trl (original problems, duplicates included). The `dapo`
+    `prompt_style` keeps the dataset's "Answer: $Answer" instruction as is; `boxed` asks for the final answer in
+    `\\boxed{}` after the bare problem. `dedupe` keeps one row per problem: the before/after counts are logged, and
+    returned as a `DedupReport` with `return_report`. `num_proc` processes convert the rows.
     """
-    if prompt_style not in PROMPT_STYLES:
-        raise ValueError(f"Unknown prompt_style {prompt_style!r}; choose one of {PROMPT_STYLES}.")
+    check_prompt_style(prompt_style)
     if config_name is None and str(source) == OPEN_R1_HUB_ID:
         config_name = "all"
     label = f"DAPO-Math-17K source {str(source)!r}"

@@ -23,21 +23,23 @@ _DAPO_PREFIX_PATTERN = re.compile(
 _DAPO_SUFFIX_PATTERN = re.compile(r'\s*Remember to put your answer on its own line after "Answer:"\.?\s*$')
 
 
+def check_prompt_style(style: str) -> None:
+    """Raise a ValueError naming `PROMPT_STYLES` when `style` is none of them."""
+    if style not in PROMPT_STYLES:
+        raise ValueError(f"Unknown prompt_style {style!r}; choose one of {PROMPT_STYLES}.")
+
+
 def extract_problem(text: str) -> str:
     """The bare problem inside a DAPO-wrapped prompt; text without the wrapper is returned stripped."""
     text = _DAPO_PREFIX_PATTERN.sub("", text, count=1)
-    text = _DAPO_SUFFIX_PATTERN.sub("", text, count=1)
-    return text.strip()
+    return _DAPO_SUFFIX_PATTERN.sub("", text, count=1).strip()
 
 
 def answer_line(answer: str, style: str) -> str:
-    """The final answer as a response in prompt style ``style`` is asked to give it: ``Answer: 42`` (dapo) or
-    ``The answer is \\boxed{42}.`` (boxed)."""
-    if style == "boxed":
-        return f"The answer is \\boxed{{{answer}}}."
-    if style == "dapo":
-        return f"Answer: {answer}"
-    raise ValueError(f"Unknown prompt_style {style!r}; choose one of {PROMPT_STYLES}.")
+    """The final answer as prompt style ``style`` asks for it: ``Answer: 42`` (dapo) or ``The answer is
+    \\boxed{42}.`` (boxed)."""
+    check_prompt_style(style)
+    return f"The answer is \\boxed{{{answer}}}." if style == "boxed" else f"Answer: {answer}"
 
 
 def build_prompt(
@@ -48,12 +50,11 @@ def build_prompt(
     `dapo` keeps `original` as is when it already carries DAPO's instruction before and after the problem, and wraps
     the problem otherwise; `boxed` appends `BOXED_INSTRUCTION` to the bare problem.
     """
-    if style == "dapo":
-        wrapped = original and _DAPO_PREFIX_PATTERN.search(original) and _DAPO_SUFFIX_PATTERN.search(original)
-        user = original if wrapped else f"{DAPO_PREFIX}{problem}{DAPO_SUFFIX}"
-    elif style == "boxed":
+    check_prompt_style(style)
+    if style == "boxed":
         user = f"{problem}\n\n{BOXED_INSTRUCTION}"
     else:
-        raise ValueError(f"Unknown prompt_style {style!r}; choose one of {PROMPT_STYLES}.")
+        wrapped = original and _DAPO_PREFIX_PATTERN.search(original) and _DAPO_SUFFIX_PATTERN.search(original)
+        user = original if wrapped else f"{DAPO_PREFIX}{problem}{DAPO_SUFFIX}"
     system = [{"role": "system", "content": system_prompt}] if system_prompt else []
     return [*system, {"role": "user", "content": user}]

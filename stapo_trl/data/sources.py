@@ -37,12 +37,8 @@ def dataset_row(row_id: str, problem: str, answer: str | None, prompt: list[dict
 
 
 def gold_text(gold: Any) -> str | None:
-    """A gold answer as text, the one form every dataset loader stores and every reward compares against, or None
-    when there is no usable answer.
-
-    Integral floats lose their ".0" (AMC answers are stored as floats on the Hub), lists are joined with ", "
-    (OlympiadBench stores answers as lists), and empty or NaN values give None so that TRL skips the sample.
-    """
+    """A gold answer as text, the form every loader stores and every reward compares against: integral floats lose
+    their ".0" (AMC), lists are joined with ", " (OlympiadBench), and empty or NaN values give None (TRL skips them)."""
     if gold is None:
         return None
     if isinstance(gold, float):
@@ -89,11 +85,9 @@ def _pick_split(loaded: Dataset | DatasetDict, split: str, label: str, *, local:
 def load_source(
     source: str | Path, *, split: str, label: str, config_name: str | None = None, sample: str | None = None
 ) -> Dataset:
-    """Load one split of `source`: a Hub id, a local parquet/jsonl/json/csv/arrow file, a directory written by
-    `save_to_disk`, a directory of data files, or `"sample"` for the shipped sample named `sample`.
-
-    Local files go through `load_dataset(builder, data_files={split: path})`, the same path as the Hub's data files.
-    """
+    """Load one split of `source`: a Hub id, a local parquet/jsonl/json/csv/arrow file (read by `load_dataset` as
+    the Hub's data files are), a directory written by `save_to_disk`, a directory of data files, or `"sample"` for
+    the shipped sample named `sample`."""
     if str(source) == SAMPLE:
         if sample is None:
             raise ValueError(f"{label} has no shipped sample.")

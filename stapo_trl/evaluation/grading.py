@@ -1,14 +1,10 @@
-"""Grading evaluation samples with the project's reward functions.
-
-A sample counts as correct when any configured grader accepts it (a positive score). The default pair is the
-strict `boxed` exact match, which is what the training reward sees, and `math_verify`, which also accepts
-equivalent forms such as `\\frac{1}{2}` for `0.5`. Each grader's own verdict is kept, so reports can show how many
-samples each one accepted.
-"""
+"""Grading evaluation samples with the project's reward functions: a sample is correct when any configured grader
+accepts it (a positive score). The default pair is the strict `boxed` exact match that training rewards, and
+`math_verify`, which also accepts equivalent forms such as `\\frac{1}{2}` for `0.5`. Each grader's verdict is kept."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +12,25 @@ from ..rewards import get_reward_func
 
 DEFAULT_GRADERS = {"boxed": ("boxed", "math_verify"), "dapo": ("dapo", "math_verify")}
 """Graders per prompt style: the style's own exact-match rule, then math-verify."""
+
+
+def accepts(score: float | None) -> bool:
+    """Whether a reward's score grades the sample correct: `boxed` and `dapo` score +1/-1, `math_verify` 1/0."""
+    return score is not None and score > 0
+
+
+def reward_verdicts(
+    reward: Callable, completions: Sequence[str], solutions: Sequence[str]
+) -> tuple[list, list | None]:
+    """`reward`'s scores of `completions`, and the answers it extracted when it reports them through TRL's
+    `log_extra` (else None)."""
+    logged: list[list[Any]] = []
+    scores = reward(
+        completions=list(completions),
+        solution=list(solutions),
+        log_extra=lambda _key, values: logged.append(list(values)),
+    )
+    return list(scores), (logged[0] if logged else None)
 
 
 @dataclass(frozen=True)
@@ -42,21 +57,15 @@ class Grader:
             raise ValueError(f"{len(completions)} completions but {len(answers)} gold answers.")
         if not completions:
             return []
-        scores: dict[str, list[float | None]] = {}
-        extracted: dict[str, list[Any]] = {}
+        scores, extracted = {}, {}
         for name, reward in self._rewards.items():
-            logged: list[list[Any]] = []
-            scores[name] = list(
-                reward(
-                    completions=list(completions),
-                    solution=list(answers),
-                    log_extra=lambda _key, values, logged=logged: logged.append(list(values)),
-                )
+            scores[name], extracted[name] = reward_verdicts(reward, completions, answers)
+            extracted[name] = extracted[name] or [None] * len(completions)
+        return [
+            Grade(
+                {name: scores[name][index] for name in self.names},
+                {name: extracted[name][index] for name in self.names},
+                any(accepts(scores[name][index]) for name in self.names),
             )
-            extracted[name] = logged[0] if logged else [None] * len(completions)
-        grades = []
-        for index in range(len(completions)):
-            sample_scores = {name: scores[name][index] for name in self.names}
-            correct = any(score is not None and score > 0 for score in sample_scores.values())
-            grades.append(Grade(sample_scores, {name: extracted[name][index] for name in self.names}, correct))
-        return grades
+            for index in range(len(completions))
+        ]

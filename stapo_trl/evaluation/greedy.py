@@ -10,14 +10,14 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from .grading import accepts, reward_verdicts
+
 
 @dataclass
 class GreedyAccuracy:
-    """The share of problems whose greedy completion the reward scores as correct (a positive score).
-
-    `answered` counts completions from which the reward extracted an answer at all (the format rate), when the reward
-    reports its extractions through TRL's `log_extra`; otherwise it is None.
-    """
+    """The share of problems whose greedy completion the reward scores as correct (a positive score). `answered`
+    counts completions from which the reward extracted an answer (the format rate) when the reward reports its
+    extractions through TRL's `log_extra`, else it is None."""
 
     correct: int
     total: int
@@ -64,17 +64,13 @@ def greedy_accuracy(
     show_progress: bool = True,
     share_prompt_prefix: bool = True,
 ) -> GreedyAccuracy:
-    """Greedy-decode every prompt of `dataset` (TRL's `prompt` and `solution` columns) and score it.
+    """Greedy-decode every prompt of `dataset` (TRL's `prompt` and `solution` columns), chat-formatted and left-padded
+    in batches of ``batch_size``, in eval mode (the model's mode is restored afterwards), and score it.
 
-    Prompts are chat-formatted with the tokenizer's template and left-padded in batches of ``batch_size`` (the
-    quickstart's 64 held-out problems in one batch: on 2 CPU cores that took about a fifth less CPU time than 4 batches
-    of 16, and scored the same 22 of 64). The model is put in eval mode for the pass and restored afterwards.
-
-    With ``share_prompt_prefix`` (the default), the tokens that every prompt of a batch starts with (a system prompt,
-    worked examples) run through the model once, and each prompt's remainder is decoded after a copy of that prefix's
-    cache (`prompt_prefix_cache`); otherwise, and when the batch shares fewer than `MIN_SHARED_PREFIX_TOKENS` tokens,
-    every prompt runs whole. Both compute the same attention over the same tokens at the same positions; the results
-    differ only by floating-point rounding, which can change a greedy choice between two near-tied tokens.
+    With ``share_prompt_prefix``, the tokens that every prompt of a batch starts with (a system prompt, worked
+    examples) run through the model once (`prompt_prefix_cache`). That computes the same attention as running every
+    prompt whole; the results differ only by floating-point rounding, which can flip a greedy choice between two
+    near-tied tokens.
     """
     if len(dataset) == 0:
         raise ValueError("The held-out set is empty.")
@@ -106,18 +102,13 @@ def greedy_accuracy(
         tokenizer.padding_side = padding_side
         model.train(was_training)
 
-    extracted: list[list] = []
-    scores = reward_func(
-        completions=completions,
-        solution=list(dataset["solution"]),
-        log_extra=lambda name, values: extracted.append(list(values)),
-    )
-    problem_correct = [score is not None and score > 0 for score in scores]
-    problem_answered = [value is not None for value in extracted[0]] if extracted else [None] * len(completions)
+    scores, extracted = reward_verdicts(reward_func, completions, dataset["solution"])
+    problem_correct = [accepts(score) for score in scores]
+    problem_answered = [None] * len(completions) if extracted is None else [value is not None for value in extracted]
     return GreedyAccuracy(
         correct=sum(problem_correct),
         total=len(completions),
-        answered=sum(problem_answered) if extracted else None,
+        answered=None if extracted is None else sum(problem_answered),
         completions=completions,
         problem_correct=problem_correct,
         problem_answered=problem_answered,
@@ -138,16 +129,11 @@ def shared_prefix_length(token_ids: list[list[int]]) -> int:
 
 
 def prompt_prefix_cache(model, token_ids: list[list[int]], pad_token_id: int, device) -> dict[str, Any] | None:
-    """`generate()` inputs for the prompts ``token_ids`` that run their shared leading tokens once.
-
-    The shared prefix goes through ``model`` as one row, and its key/value cache is copied to every row. Each row is
-    then laid out as ``[prefix][padding][its remainder]``, with the padding left out of the attention mask.
-    `generate()` feeds only the columns after the cache and derives position ids from the attention mask, so every
-    remainder token sits at the position it has in the unpadded prompt and attends to the same tokens.
-
-    Returns ``input_ids``, ``attention_mask`` and the cache (under the keyword the model's output gave it), or None
-    when there is a single row, fewer than `MIN_SHARED_PREFIX_TOKENS` shared tokens, or a cache whose rows cannot be
-    copied (then run the prompts whole).
+    """`generate()` inputs (``input_ids``, ``attention_mask`` and the cache under the keyword the model's output gave
+    it) for the prompts ``token_ids`` that run their shared leading tokens once: the prefix's key/value cache is copied
+    to every row, laid out as ``[prefix][padding][its remainder]`` with the padding masked, so that every remainder
+    token keeps its position (`generate()` derives positions from the mask). None for a single row, fewer than
+    `MIN_SHARED_PREFIX_TOKENS` shared tokens, or a cache whose rows cannot be copied: then run the prompts whole.
     """
     if len(token_ids) < 2:
         return None
@@ -163,15 +149,13 @@ def prompt_prefix_cache(model, token_ids: list[list[int]], pad_token_id: int, de
         return None
     for layer in layers:
         layer.batch_repeat_interleave(len(token_ids))
-    width = max(len(row) for row in token_ids) - shared
-    input_ids = torch.full((len(token_ids), shared + width), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    input_ids[:, :shared] = prefix.cpu()
-    attention_mask[:, :shared] = 1
-    for index, row in enumerate(token_ids):
-        remainder = row[shared:]
-        input_ids[index, shared + width - len(remainder) :] = torch.tensor(remainder)
-        attention_mask[index, shared + width - len(remainder) :] = 1
+    width = max(len(row) for row in token_ids)
+    input_ids = torch.tensor(
+        [[*row[:shared], *[pad_token_id] * (width - len(row)), *row[shared:]] for row in token_ids]
+    )
+    attention_mask = torch.tensor(
+        [[1] * shared + [0] * (width - len(row)) + [1] * (len(row) - shared) for row in token_ids]
+    )
     return {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device), cache_name: cache}
 
 

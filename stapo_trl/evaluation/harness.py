@@ -1,18 +1,12 @@
-"""`evaluate`: sample, grade and score a model on the paper's benchmarks, resumably.
-
-```python
-from stapo_trl.evaluation import EvalConfig, evaluate
-
-result = evaluate(EvalConfig(model="runs/stapo-1.7b", benchmarks=["aime24", "math500"], presets=["justrl"]))
-print(result.table)
-```
-"""
+"""`evaluate`: sample, grade and score a model on the paper's benchmarks, resumably, for example
+`evaluate(EvalConfig(model="runs/stapo-1.7b", benchmarks=["aime24"])).table`. transformers is imported where a
+tokenizer is loaded: importing the evaluation package loads none."""
 
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
-import logging
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -42,10 +36,6 @@ from .paper_results import FULL_SIZES
 from .records import SampleStore
 from .results_table import markdown_table, summary_rows
 from .scoring import score_benchmark
-
-# transformers is imported where a tokenizer is loaded: importing the evaluation package loads none.
-
-logger = logging.getLogger(__name__)
 
 SUMMARY_FILE = "summary.json"
 TABLE_FILE = "results.md"
@@ -135,15 +125,15 @@ def load_problems(config: EvalConfig, tokenizer) -> dict[str, list[Problem]]:
 
 
 def _settings_fingerprint(config: EvalConfig, model: ResolvedModel, temperature: float, top_p: float) -> dict:
+    """The settings that shape the samples, which a resumed run must share."""
+    shaping = ("max_new_tokens", "prompt_style", "system_prompt", "chat_template", "graders", "seed")
     return {
         "model": model.reference,
         "weights": model.weights,
         "adapter": model.adapter,
         "temperature": temperature,
         "top_p": top_p,
-        **{key: getattr(config, key) for key in ("max_new_tokens", "prompt_style", "system_prompt", "chat_template")},
-        "graders": list(config.graders),
-        "seed": config.seed,
+        **{key: getattr(config, key) for key in shaping},
         "sources": {name: config.source_for(name) for name in config.benchmarks},
     }
 
@@ -152,21 +142,21 @@ def _pending_requests(
     problems: dict[str, list[Problem]], config: EvalConfig, store: SampleStore, chunk: int
 ) -> list[list[tuple[Problem, GenerationRequest]]]:
     """The missing samples, as chunks of at most `chunk` samples (a problem's samples may span chunks)."""
-    chunks: list[list[tuple[Problem, GenerationRequest]]] = [[]]
-    size = 0
-    for name, rows in problems.items():
-        k = config.samples_for(name)
-        for problem in rows:
-            missing = [i for i in range(k) if (name, problem.problem_id, i) not in store]
-            while missing:
-                take, missing = missing[: chunk - size], missing[chunk - size :]
-                key = f"{name}/{problem.problem_id}"
-                chunks[-1].append((problem, GenerationRequest(key, problem.prompt_token_ids, tuple(take))))
-                size += len(take)
-                if size >= chunk:
-                    chunks.append([])
-                    size = 0
-    return [part for part in chunks if part]
+    missing = [
+        (problem, index)
+        for name, rows in problems.items()
+        for problem in rows
+        for index in range(config.samples_for(name))
+        if (name, problem.problem_id, index) not in store
+    ]
+    chunks = []
+    for start in range(0, len(missing), chunk):
+        part = []
+        for problem, group in itertools.groupby(missing[start : start + chunk], key=lambda item: item[0]):
+            key = f"{problem.benchmark}/{problem.problem_id}"
+            part.append((problem, GenerationRequest(key, problem.prompt_token_ids, tuple(i for _, i in group))))
+        chunks.append(part)
+    return chunks
 
 
 def _generate_and_grade(
@@ -225,12 +215,9 @@ def _score_setting(
 
 
 def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) -> EvalResult:
-    """Evaluate `config.model`, resuming from samples already in `config.output_dir`.
-
-    Pass `backend` to use your own generation backend (anything with `generate(requests, sampling)`); by default
-    one is built from the config. Returns the summary (also written to summary.json) and the Markdown table (also
-    written to results.md).
-    """
+    """Evaluate `config.model`, resuming from samples already in `config.output_dir`, with `backend` (anything with
+    `generate(requests, sampling)`) or one built from the config. The summary and the Markdown table it returns are
+    also written to summary.json and results.md."""
     started = time.perf_counter()
     model = resolve_model(config.model, adapter=config.adapter, base_model=config.base_model, label=config.label)
     overrides = {"method": config.method, "size": config.model_size}
@@ -242,7 +229,6 @@ def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) ->
     grader = Grader(config.graders)
     chunk = config.batch_size or DEFAULT_BATCH_SIZE.get(backend_name.split()[0], 16)
     chunk *= max(1, config.data_parallel_size)
-    total_problems = sum(len(rows) for rows in problems.values())
     expected = sum(len(rows) * config.samples_for(name) for name, rows in problems.items())
     compared = [load_summary(other) for other in config.compare]
 
@@ -262,23 +248,20 @@ def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) ->
                     owned_backend = _build_backend(config, model, backend_name)
                 generator = backend or owned_backend
                 sampling = SamplingParameters(temperature, top_p, config.max_new_tokens, config.seed)
-                progress = tqdm(
+                with tqdm(
                     total=expected,
                     initial=expected - pending,
                     desc=f"{model.label} [{name}]",
                     unit="sample",
                     disable=not config.show_progress,
                     dynamic_ncols=True,
-                )
-                progress.set_postfix_str(f"problems {_problems_done(problems, config, store)}/{total_problems}")
-                for part in chunks:
-                    records = _generate_and_grade(generator, part, sampling, grader, backend_name)
-                    store.append(records)
-                    progress.update(len(records))
-                    progress.set_postfix_str(
-                        f"{part[-1][0].benchmark}, problems {_problems_done(problems, config, store)}/{total_problems}"
-                    )
-                progress.close()
+                ) as progress:
+                    progress.set_postfix_str(_problems_done(problems, config, store))
+                    for part in chunks:
+                        records = _generate_and_grade(generator, part, sampling, grader, backend_name)
+                        store.append(records)
+                        progress.update(len(records))
+                        progress.set_postfix_str(f"{part[-1][0].benchmark}, {_problems_done(problems, config, store)}")
             scores, average = _score_setting(config, store, problems)
             settings_summary.append(
                 {
@@ -336,12 +319,14 @@ def _unique_rows(rows) -> list:
     return list(unique.values())
 
 
-def _problems_done(problems: dict[str, list[Problem]], config: EvalConfig, store: SampleStore) -> int:
-    return sum(
+def _problems_done(problems: dict[str, list[Problem]], config: EvalConfig, store: SampleStore) -> str:
+    """``problems 3/30``: how many problems have all their samples."""
+    done = sum(
         all((name, problem.problem_id, i) in store for i in range(config.samples_for(name)))
         for name, rows in problems.items()
         for problem in rows
     )
+    return f"problems {done}/{sum(len(rows) for rows in problems.values())}"
 
 
 def _build_backend(config: EvalConfig, model: ResolvedModel, backend_name: str) -> GenerationBackend:
@@ -364,7 +349,7 @@ def load_summary(path: str | Path) -> dict[str, Any]:
     """An evaluation summary, from an eval output directory or its summary.json."""
     path = Path(path).expanduser()
     if path.is_dir():
-        path = path / "summary.json"
+        path = path / SUMMARY_FILE
     if not path.is_file():
         raise FileNotFoundError(f"No evaluation summary at {path}; pass an eval output directory or its summary.json.")
     return json.loads(path.read_text())

@@ -22,10 +22,9 @@ class ModelNotFoundError(UsageError, FileNotFoundError):
 
 @dataclass(frozen=True)
 class ResolvedModel:
-    """What to load. `weights` is the full model (the base when `adapter` is set); `tokenizer` is where the tokenizer
-    comes from (the adapter directory when it holds one, since training saves it there). `method` comes from the
-    `run_summary.json` that `stapo-trl train` writes, and `size` (for example "1.7B") from the model's name; both are
-    used only to find the paper's row for comparison."""
+    """What to load: `weights` is the full model (the base when `adapter` is set), `tokenizer` where the tokenizer
+    comes from (the adapter directory when training saved one there). `method` (from the `run_summary.json` of
+    `stapo-trl train`) and `size` (for example "1.7B", from the model's name) find the paper's row to compare with."""
 
     reference: str
     weights: str
@@ -65,9 +64,8 @@ def _read_json(path: Path) -> dict:
 
 
 def trained_on_gguf(run_dir: Path, recorded_base: str | None) -> str | None:
-    """The GGUF file an adapter was trained on, when `stapo-trl train` recorded one (``model_source`` in the run's
-    ``run_summary.json``) and it is a quantization of the base the adapter records: the adapter is then evaluated on
-    the weights it was trained on, which load offline, rather than on the Hub weights."""
+    """The GGUF file an adapter was trained on (``model_source`` in the run's ``run_summary.json``) when it is a
+    quantization of the base the adapter records: the adapter is then evaluated on the weights it was trained on."""
     source = _read_json(run_dir / RUN_SUMMARY_FILE).get("model_source")
     if isinstance(source, str) and is_gguf_reference(source) and recorded_base in (source, hub_source(source)):
         return source
@@ -91,13 +89,9 @@ def resolve_model(
     base_model: str | None = None,
     label: str | None = None,
 ) -> ResolvedModel:
-    """Resolve the `model` (and optional `adapter`) of an evaluation.
-
-    - `model` may itself be a LoRA adapter directory (it holds `adapter_config.json`): its base is `base_model` when
-      given, else the `base_model_name_or_path` the adapter records.
-    - `adapter` names an adapter directory for the base `model`.
-    - Paths that do not exist are an error here, before anything loads; Hub ids are left to `from_pretrained`.
-    """
+    """Resolve the `model` and `adapter` (a LoRA directory for the base `model`) of an evaluation. `model` may itself
+    be an adapter directory: its base is then `base_model`, else the GGUF file it was trained on (`trained_on_gguf`),
+    else the base it records. Paths that do not exist are an error here; Hub ids are left to `from_pretrained`."""
     model = str(model)
     model_path = Path(model).expanduser()
     if adapter is None and model_path.is_dir() and (model_path / ADAPTER_CONFIG).is_file():

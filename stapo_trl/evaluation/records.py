@@ -1,9 +1,6 @@
 """The per-sample results file: one JSON line per graded sample, appended as samples finish, so that a killed
-evaluation resumes where it stopped.
-
-Next to it, `<name>.settings.json` records the settings that shape the samples (model, sampling, prompt). Resuming
-with different settings is refused, since mixing samples from two settings would give a meaningless average.
-"""
+evaluation resumes where it stopped. `<name>.settings.json` beside it records the settings that shape the samples;
+resuming with other settings is refused, since mixing samples of two settings would give a meaningless average."""
 
 from __future__ import annotations
 
@@ -20,7 +17,7 @@ from ..storage import DamagedFileError, read_json_file, write_text_atomically
 logger = logging.getLogger(__name__)
 
 SAMPLE_KEYS = ("benchmark", "problem_id", "sample")
-"""The keys every record of a samples file has: together they identify the sample."""
+"""The keys that identify a sample; every record of a samples file has them."""
 
 
 class ResumeMismatchError(UsageError, ValueError):
@@ -65,8 +62,8 @@ class SampleStore:
         return (str(record["benchmark"]), str(record["problem_id"]), int(record["sample"]))
 
     def _load(self) -> list[dict[str, Any]]:
-        """Read finished records. A last line without its newline is what a kill mid-write leaves: it is dropped and
-        cut from the file, so that later appends start on a clean line. A bad line elsewhere is an error."""
+        """The finished records. A last line without its newline (a kill mid-write) is cut from the file, so that later
+        appends start on a clean line; a bad line elsewhere is an error."""
         if not self.path.is_file():
             return []
         data = self.path.read_bytes()

@@ -10,14 +10,9 @@ from typing import Any
 from ..data.benchmarks import BENCHMARKS
 from .paper_results import PAPER_BENCHMARKS, PAPER_SOURCE, paper_row
 
-COLUMN_TITLES = {
-    "aime24": "AIME24",
-    "aime25": "AIME25",
-    "amc23": "AMC23",
-    "math500": "MATH500",
-    "minerva": "Minerva",
-    "olympiadbench": "Olympiad",
-}
+COLUMN_TITLES = dict(
+    zip(PAPER_BENCHMARKS, ("AIME24", "AIME25", "AMC23", "MATH500", "Minerva", "Olympiad"), strict=True)
+)
 PARTIAL_MARK = "*"
 OTHER_K_MARK = "†"
 SUBSET_AVERAGE_MARK = "‡"
@@ -46,46 +41,24 @@ def summary_rows(summary: dict[str, Any], *, with_paper: bool = True) -> list[Ta
     rows = []
     model = summary["model"]
     for setting in summary["settings"]:
-        cells, notes = {}, set()
-        for name, score in setting["benchmarks"].items():
-            marks = ""
-            if score.get("partial") or not score.get("complete", True):
-                marks += PARTIAL_MARK
-                notes.add(PARTIAL_MARK)
-            if score["samples_per_problem"] != BENCHMARKS[name].samples_per_problem:
-                marks += OTHER_K_MARK
-                notes.add(OTHER_K_MARK)
+        scores, cells, notes = setting["benchmarks"], {}, set()
+        for name, score in scores.items():
+            partial = bool(score.get("partial")) or not score.get("complete", True)
+            other_k = score["samples_per_problem"] != BENCHMARKS[name].samples_per_problem
+            marks = PARTIAL_MARK * partial + OTHER_K_MARK * other_k
+            notes.update(marks)
             cells[name] = _format(score["avg_at_k"]) + marks
-        average = "–"
-        if setting["benchmarks"]:
-            average = _format(setting["average"])
-            if set(setting["benchmarks"]) != set(PAPER_BENCHMARKS):
-                average += SUBSET_AVERAGE_MARK
-                notes.add(SUBSET_AVERAGE_MARK)
-        rows.append(
-            TableRow(
-                model["label"],
-                setting["label"],
-                cells,
-                average,
-                notes=notes,
-                values={name: score["avg_at_k"] for name, score in setting["benchmarks"].items()},
-                average_value=setting["average"] if setting["benchmarks"] else None,
-            )
-        )
+        average, text = (setting["average"], _format(setting["average"])) if scores else (None, "–")
+        if scores and set(scores) != set(PAPER_BENCHMARKS):
+            text += SUBSET_AVERAGE_MARK
+            notes.add(SUBSET_AVERAGE_MARK)
+        values = {name: score["avg_at_k"] for name, score in scores.items()}
+        rows.append(TableRow(model["label"], setting["label"], cells, text, "ours", notes, values, average))
         paper = paper_row(model.get("size"), model.get("method"), setting["name"]) if with_paper else None
         if paper is not None:
-            rows.append(
-                TableRow(
-                    paper.label,
-                    setting["label"],
-                    {name: _format(value) for name, value in paper.scores.items()},
-                    _format(paper.average),
-                    source="paper",
-                    values=dict(paper.scores),
-                    average_value=paper.average,
-                )
-            )
+            cells = {name: _format(value) for name, value in paper.scores.items()}
+            text, values = _format(paper.average), dict(paper.scores)
+            rows.append(TableRow(paper.label, setting["label"], cells, text, "paper", set(), values, paper.average))
     return rows
 
 

@@ -1,8 +1,5 @@
-"""avg@k and pass@k from graded samples: pure functions over per-problem correctness.
-
-avg@k is the paper's metric (STAPO Table 2): the mean correctness of the k samples of each problem, averaged over
-problems. It estimates the expected accuracy of one sample, so it does not grow with k the way pass@k does.
-"""
+"""avg@k and pass@k from graded samples. avg@k is the paper's metric (STAPO Table 2): the mean correctness of the k
+samples of each problem, averaged over problems, an estimate of one sample's accuracy that does not grow with k."""
 
 from __future__ import annotations
 
@@ -11,12 +8,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .grading import accepts
+
 
 def avg_at_k(correct_by_problem: Sequence[Sequence[bool]]) -> float:
-    """Mean over problems of the fraction of that problem's samples that are correct, in [0, 1].
-
-    Each problem is weighted equally even when problems have different numbers of samples.
-    """
+    """Mean over problems of the fraction of that problem's samples that are correct, in [0, 1], each problem weighted
+    equally whatever its number of samples."""
     if not correct_by_problem:
         raise ValueError("avg@k needs at least one problem.")
     if any(len(samples) == 0 for samples in correct_by_problem):
@@ -49,13 +46,9 @@ def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
 
 @dataclass
 class BenchmarkScore:
-    """What one benchmark scored under one sampling setting; percentages are in [0, 100].
-
-    `grader_correct` counts the samples each grader accepted, and `correct` those that any grader accepted (the
-    samples that count for avg@k). `grader_answered` counts the samples from which each grader extracted an answer
-    at all (for `boxed`, the format rate), and `truncated` those that stopped at the token limit instead of at the
-    end-of-sequence token.
-    """
+    """What one benchmark scored under one sampling setting; percentages are in [0, 100]. `grader_correct` counts the
+    samples each grader accepted, `correct` those any grader accepted (which count for avg@k), `grader_answered` those
+    from which each grader extracted an answer, and `truncated` those stopped by the token limit."""
 
     benchmark: str
     problems: int
@@ -89,11 +82,7 @@ def score_benchmark(
     expected_samples: int | None = None,
 ) -> BenchmarkScore:
     """Aggregate graded sample records (`problem_id`, `correct`, `grades`, `extracted`, `finish_reason`,
-    `num_tokens`) of one benchmark into avg@k, pass@k and per-grader counts.
-
-    A grader accepts a sample when its score is positive (`boxed` and `dapo` score +1/-1, `math_verify` 1/0).
-    pass@k uses the smallest number of samples any problem has, so it is defined for every problem.
-    """
+    `num_tokens`) of one benchmark into avg@k, pass@k (k: the fewest samples any problem has) and per-grader counts."""
     by_problem: dict[str, list[bool]] = {}
     grader_correct = dict.fromkeys(graders, 0)
     grader_answered = dict.fromkeys(graders, 0)
@@ -102,9 +91,7 @@ def score_benchmark(
     for record in records:
         by_problem.setdefault(str(record["problem_id"]), []).append(bool(record["correct"]))
         for grader in graders:
-            score = record["grades"].get(grader)
-            if score is not None and score > 0:
-                grader_correct[grader] += 1
+            grader_correct[grader] += accepts(record["grades"].get(grader))
             if record.get("extracted", {}).get(grader) is not None:
                 grader_answered[grader] += 1
         truncated += record.get("finish_reason") == "length"
