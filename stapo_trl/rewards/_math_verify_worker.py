@@ -1,13 +1,6 @@
-"""Child process that runs math-verify for `stapo_trl.rewards.math_verify`.
-
-It is started as a script (`python _math_verify_worker.py`), so it imports nothing from the parent program. It reads
-one JSON request per line on stdin and writes one JSON verdict per line on stdout. Running in its own main thread,
-it can bound each request with SIGALRM; the parent kills it if even that does not return in time.
-
-Request: {"gold": str, "prediction": str, "timeout": float}
-Verdict: {"verdict": "correct" | "incorrect" | "no_answer" | "gold_unparsable" | "timeout" | "error",
-          "stage": "gold" | "prediction" | "verify", "parsed": str | null, "detail": str | null}
-"""
+"""Child process that runs math-verify for `stapo_trl.rewards.math_verify`, started as a script (it imports nothing
+from the parent program). One JSON request per line on stdin (``{"gold", "prediction", "timeout"}``), one JSON
+`Verdict` per line on stdout; each request is bounded by SIGALRM in the child's main thread."""
 
 import json
 import logging
@@ -21,7 +14,7 @@ sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or os.curdir
 
 
 class _Deadline(BaseException):
-    """Raised by SIGALRM. A BaseException, so math-verify's `except Exception` blocks cannot swallow it."""
+    """Raised by SIGALRM; a BaseException, which math-verify's `except Exception` blocks do not swallow."""
 
 
 def _on_alarm(signum, frame):

@@ -1,6 +1,6 @@
-"""Blame where it belongs: an exception raised in training by the user's own reward function is reported as coming
-from that function, at that step (`reward_function_error`, which `stapo-trl train` applies to what training raised);
-rewards that are infinite are reported with the function that returned them (`InfiniteRewardWarningCallback`)."""
+"""Blame where it belongs: an exception raised in training by a user's reward function is reported as coming from that
+function, at that step (`reward_function_error`); infinite rewards are warned about with the function that returned
+them (`InfiniteRewardWarningCallback`)."""
 
 from __future__ import annotations
 
@@ -28,9 +28,8 @@ def _code_objects(function: Any) -> set:
 def reward_function_error(
     error: BaseException, functions: Sequence[Any], names: Sequence[str], step: int
 ) -> UserCodeError | None:
-    """A `UserCodeError` that names the reward function behind ``error`` and the step, or None when the error came
-    from elsewhere. The function is the one whose code raised ``error`` (a frame of its traceback runs that function's
-    code), or whose output TRL refused (TRL's message names it)."""
+    """A `UserCodeError` naming the reward function whose code raised ``error`` (a frame of its traceback) or whose
+    output TRL refused (TRL's message names it), and the step; None when the error came from elsewhere."""
     codes = {code: name for function, name in zip(functions, names, strict=True) for code in _code_objects(function)}
     name = next(
         (codes[frame.f_code] for frame, _ in traceback.walk_tb(error.__traceback__) if frame.f_code in codes), None
@@ -47,25 +46,19 @@ def reward_function_error(
 
 
 def warn_about_infinite_rewards(rewards: torch.Tensor, names: Sequence[str], step: int) -> list[str]:
-    """Warn, naming the function, when a reward function returned +inf or -inf: TRL averages it into the reward and
-    the advantages, so the step's mean reward is infinite and the advantages are NaN. Returns the names warned about.
-    (None, which TRL turns into NaN, is how a function says a completion is not its to score, and is not warned
-    about.)"""
+    """Warn, naming the function, when a reward function returned +inf or -inf (TRL's mean reward and advantages
+    become inf and NaN; None, a completion not scored, is not warned about). Returns the names warned about."""
     warned = []
     for column, name in enumerate(names):
         infinite = torch.isinf(rewards[:, column])
         if bool(infinite.any()):
             warned.append(name)
+            first = int(infinite.nonzero()[0, 0])
             logger.warning(
-                "Reward function %r returned %d infinite reward(s) of %d at optimizer step %d (the first at completion "
-                "%d: %s). TRL's mean reward and advantages become inf and NaN. Return finite scores, or None for a "
-                "completion the function does not score.",
-                name,
-                int(infinite.sum()),
-                infinite.numel(),
-                step,
-                int(infinite.nonzero()[0, 0]),
-                float(rewards[infinite.nonzero()[0, 0], column]),
+                f"Reward function {name!r} returned {int(infinite.sum())} infinite reward(s) of {infinite.numel()} at "
+                f"optimizer step {step} (the first at completion {first}: {float(rewards[first, column])}). TRL's mean "
+                "reward and advantages become inf and NaN. Return finite scores, or None for a completion the function "
+                "does not score."
             )
     return warned
 

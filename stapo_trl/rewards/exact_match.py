@@ -45,12 +45,8 @@ def dapo_reward(
     log_extra: Callable[[str, list], None] | None = None,
     **kwargs: Any,
 ) -> list[float | None]:
-    """+1 when the last `Answer: ...` line in the final 300 characters matches the gold answer, else -1.
-
-    Both sides go through `normalize_final_answer` and are compared as strings, as DAPO does (arXiv 2503.14476,
-    §2.4 "Rule-based Reward Modeling"). A gold answer that is missing or normalizes to nothing gives None,
-    which TRL skips.
-    """
+    """+1 when the last `Answer: ...` line in the final 300 characters equals the gold answer after
+    `normalize_final_answer` (DAPO, arXiv 2503.14476, §2.4), else -1; None (which TRL skips) without a gold answer."""
     return _grade(completions, solution, "dapo_reward", DAPO_WINDOW_CHARS, last_answer_line, log_extra)
 
 
@@ -61,10 +57,6 @@ def boxed_reward(
     log_extra: Callable[[str, list], None] | None = None,
     **kwargs: Any,
 ) -> list[float | None]:
-    """+1 when the last `\\boxed{...}` in the final 100 characters matches the gold answer, else -1.
-
-    The box content (nested braces allowed) and the gold answer are normalized with `normalize_final_answer` and
-    compared exactly: the strict-box rule JustRL trains with. A gold answer that is missing or normalizes to nothing
-    gives None, which TRL skips.
-    """
+    """+1 when the last `\\boxed{...}` in the final 100 characters equals the gold answer after
+    `normalize_final_answer` (JustRL's strict-box rule), else -1; None (skipped by TRL) for a missing gold answer."""
     return _grade(completions, solution, "boxed_reward", BOXED_WINDOW_CHARS, last_boxed_content, log_extra)

@@ -1,10 +1,6 @@
-"""Answer extraction and normalization shared by the exact-match rewards.
-
-These are pure string functions. `normalize_final_answer` is the answer normalization of Minerva (Lewkowycz et al.,
-2022, arXiv 2206.14858, appendix D) in the form that DAPO's verifier uses (Yu et al., 2025, arXiv 2503.14476, and
-its veRL reward `math_dapo`). Exact-match rewards must follow it literally to reproduce the papers, quirks included:
-a trailing period is kept, `\\dfrac` is not `\\frac`, and a comma inside a negative number stays.
-"""
+"""Answer extraction and normalization for the exact-match rewards. `normalize_final_answer` is Minerva's (Lewkowycz
+et al., 2022, arXiv 2206.14858, appendix D) as DAPO's verifier uses it (arXiv 2503.14476, veRL's `math_dapo`), quirks
+included: a trailing period is kept, `\\dfrac` is not `\\frac`, and a comma inside a negative number stays."""
 
 from __future__ import annotations
 
@@ -35,12 +31,9 @@ _SHORT_SQRT = re.compile(r"sqrt([^{])")
 
 
 def normalize_final_answer(answer: str) -> str:
-    """Minerva/DAPO normalization of a final answer, for exact string comparison.
-
-    Keeps the part after the last "=", drops spaces, articles and common unit words, unwraps `$...$`, `\\text{}`,
-    `\\textbf{}`, `\\overline{}` and `\\boxed{}`, expands `\\fracab` and `\\sqrta`, and removes thousands separators
-    from plain non-negative integers.
-    """
+    """Minerva/DAPO normalization of a final answer, for exact string comparison: the part after the last "=", without
+    spaces, articles and unit words, `$...$`, `\\text{}`, `\\textbf{}`, `\\overline{}` and `\\boxed{}` unwrapped,
+    `\\fracab` and `\\sqrta` expanded, and thousands separators removed from plain non-negative integers."""
     text = answer.split("=")[-1]
     for old, new in _SUBSTITUTIONS:
         text = text.replace(old, new)
@@ -65,11 +58,7 @@ def last_answer_line(text: str) -> str | None:
 
 
 def last_boxed_content(text: str) -> str | None:
-    """Content of the last `\\boxed{...}` in `text`, braces balanced, or None.
-
-    Only the last `\\boxed{` counts: if its braces never close (a truncated answer), the result is None even when an
-    earlier box is complete.
-    """
+    """Content of the last `\\boxed{...}` in `text`, braces balanced, or None (also when the last box never closes)."""
     opener = "\\boxed{"
     start = text.rfind(opener)
     if start < 0:

@@ -1,11 +1,7 @@
-"""The `math_verify` reward: symbolic equivalence via Hugging Face's math-verify library, bounded in time.
-
-math-verify bounds its own work with `signal.alarm`, which only works in a process's main thread; TRL's
-`accuracy_reward` therefore turns the bound off in worker threads, where a pathological answer such as
-`\\boxed{9^{9^{9^{9}}}}` can then hang the trainer. This reward runs math-verify in child processes instead: each
-child bounds a request with its own alarm, and the parent kills a child that does not answer in time. So the same
-scores come back from any thread, in the same bounded time.
-"""
+"""The `math_verify` reward: symbolic equivalence via Hugging Face's math-verify library, bounded in time from any
+thread. math-verify bounds its work with `signal.alarm`, which works only in a main thread (TRL's `accuracy_reward`
+turns the bound off in worker threads, where `\\boxed{9^{9^{9^{9}}}}` can hang the trainer); this reward runs it in
+child processes, each bounding a request with its own alarm, and kills a child that does not answer in time."""
 
 from __future__ import annotations
 
@@ -39,12 +35,9 @@ class MathVerifyError(RuntimeError):
 
 @dataclass(frozen=True)
 class Verdict:
-    """What math-verify concluded for one completion.
-
-    `verdict` is one of "correct", "incorrect", "no_answer" (nothing to extract from the completion),
-    "gold_unparsable", "gold_missing", "timeout" or "error"; `stage` says where a timeout or error happened
-    ("gold", "prediction", "verify", or "worker" when the child process had to be killed).
-    """
+    """What math-verify concluded for one completion: `verdict` is "correct", "incorrect", "no_answer",
+    "gold_unparsable", "gold_missing", "timeout" or "error"; `stage` ("gold", "prediction", "verify", or "worker" when
+    the child process was killed) says where."""
 
     verdict: str
     stage: str | None = None
@@ -189,21 +182,12 @@ _SCORES = {"correct": 1.0, "incorrect": 0.0, "no_answer": 0.0}
 
 
 class MathVerifyReward:
-    """1.0 when math-verify finds the completion's answer equivalent to the gold answer, else 0.0.
-
-    As in TRL's `accuracy_reward`, the gold answer is parsed first. It is wrapped in `\\boxed{}` unless it already
-    has `$` or `\\boxed`, so that a bare gold answer such as `2^{1009}` is read whole (unwrapped, math-verify reads it
-    as 2). What each outcome scores:
-
-    - equivalent: 1.0; not equivalent, or no answer in the completion: 0.0;
-    - gold answer missing or unparsable: None, so TRL leaves the sample out of this reward;
-    - the completion takes longer than `timeout_seconds` to parse or verify: 0.0, counted and logged;
-    - math-verify raises on the completion: None with a warning (or `MathVerifyError` with `on_error="raise"`),
-      never a silent 0.0.
-
-    Inside a trainer the counts are logged as `math_verify/timeout_fraction` and `math_verify/error_fraction`, and
-    the answer math-verify extracted goes to the completions table as `math_verify_reward/extracted`.
-    """
+    """1.0 when math-verify finds the completion's answer equivalent to the gold answer (wrapped in `\\boxed{}` unless
+    it has `$` or `\\boxed`, so that `2^{1009}` is read whole), 0.0 when not, when the completion has no answer or
+    takes longer than `timeout_seconds`; None (left out by TRL) for a missing or unparsable gold answer, and with a
+    warning where math-verify raises on the completion (`MathVerifyError` with `on_error="raise"`). Logs
+    `math_verify/timeout_fraction` and `math_verify/error_fraction`, and `math_verify_reward/extracted` to the
+    completions table."""
 
     def __init__(self, timeout_seconds: float = 5.0, *, on_error: Literal["skip", "raise"] = "skip") -> None:
         if not timeout_seconds > 0:
@@ -256,34 +240,27 @@ class MathVerifyReward:
                 )
             else:
                 scores.append(None)
-        counts = Counter(verdict.verdict for verdict in verdicts)
+        counts, total = Counter(verdict.verdict for verdict in verdicts), len(verdicts)
         if counts["timeout"]:
             logger.warning(
-                "math_verify_reward: %d of %d completions hit the %.1f s bound and scored 0.0 (or None for a gold "
-                "answer).",
-                counts["timeout"],
-                len(verdicts),
-                self.timeout_seconds,
+                f"math_verify_reward: {counts['timeout']} of {total} completions hit the {self.timeout_seconds:.1f} s "
+                "bound and scored 0.0 (or None for a gold answer)."
             )
         errors = [v for v in verdicts if v.verdict == "error"]
         if errors:
             logger.warning(
-                "math_verify_reward: math-verify raised on %d of %d completions; they score None. First: stage %s, %s",
-                len(errors),
-                len(verdicts),
-                errors[0].stage,
-                errors[0].detail,
+                f"math_verify_reward: math-verify raised on {len(errors)} of {total} completions; they score None. "
+                f"First: stage {errors[0].stage}, {errors[0].detail}"
             )
         gold_problems = counts["gold_unparsable"] + counts["gold_missing"]
         if gold_problems:
             logger.warning(
-                "math_verify_reward: %d of %d completions have a missing or unparsable gold answer and score None.",
-                gold_problems,
-                len(verdicts),
+                f"math_verify_reward: {gold_problems} of {total} completions have a missing or unparsable gold answer "
+                "and score None."
             )
         if log_metric is not None and verdicts:
-            log_metric("math_verify/timeout_fraction", counts["timeout"] / len(verdicts))
-            log_metric("math_verify/error_fraction", counts["error"] / len(verdicts))
+            log_metric("math_verify/timeout_fraction", counts["timeout"] / total)
+            log_metric("math_verify/error_fraction", counts["error"] / total)
         if log_extra is not None:
             log_extra(f"{self.__name__}/extracted", [verdict.parsed for verdict in verdicts])
         return scores

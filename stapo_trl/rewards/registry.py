@@ -67,13 +67,10 @@ def _import_object(path: str) -> Any:
 
 
 def get_reward_func(name: str | Callable, **options: Any) -> Callable:
-    """A TRL reward callable `f(completions, solution, **kwargs) -> list[float | None]`.
-
-    `name` is a registered name (see `available_rewards()`), or a dotted import path (`pkg.module.func` or
-    `pkg.module:func`) to your own reward. `options` configure rewards that take them, for example
-    `get_reward_func("soft_overlong_punishment", max_completion_len=1024, soft_punish_cache=256)`; with a dotted path,
-    options mean the object is a factory and is called with them. A callable is returned unchanged.
-    """
+    """A TRL reward callable `f(completions, solution, **kwargs) -> list[float | None]` from a registered name
+    (`available_rewards()`) or a dotted import path (`pkg.module.func`, `pkg.module:func`); a callable is returned
+    unchanged. `options` configure a registered reward that takes them (`get_reward_func("soft_overlong_punishment",
+    max_completion_len=1024, soft_punish_cache=256)`), or are passed to the object at a dotted path, a factory."""
     if callable(name):
         if options:
             raise TypeError("Options are only accepted with a reward name, not with a callable.")
@@ -101,11 +98,8 @@ def get_reward_func(name: str | Callable, **options: Any) -> Callable:
 
 
 class PlainTextCompletions:
-    """Lets a reward written for conversational completions also take plain-string completions.
-
-    Strings become one assistant message; message lists pass through. The wrapped reward's `__name__` is kept, and
-    this is a class rather than a closure so that it pickles like TRL's own rewards.
-    """
+    """A reward for conversational completions that also takes plain strings (as one assistant message); it keeps the
+    reward's `__name__` and pickles like TRL's rewards."""
 
     def __init__(self, reward: Callable) -> None:
         self.reward = reward

@@ -1,9 +1,5 @@
-"""Turn TRL's completion and gold-answer values into plain text.
-
-TRL hands a reward function its completions either as strings (standard format) or as lists of message dicts
-(conversational format), and passes dataset columns through unchanged, so a gold answer may be a string, a number
-or a list. Every reward goes through these two functions, so the rules below hold for all of them.
-"""
+"""TRL's completions (strings, or lists of message dicts) and gold answers (any dataset column value) as plain text,
+for every reward."""
 
 from __future__ import annotations
 
@@ -52,14 +48,8 @@ def content_text(content: Any) -> str:
 
 
 def completion_text(completion: Any) -> str:
-    """The text a reward should grade.
-
-    - a string is used as is;
-    - a list of messages (TRL's conversational format) gives the content of its last assistant message, or of its
-      last message when no message has a role, so tool turns before the final answer are skipped;
-    - a single message dict gives its content;
-    - None or an empty list gives "".
-    """
+    """The text a reward grades: a string as is; of a list of messages, the content of the last assistant message
+    (of the last message when none has a role, so tool turns are skipped); a message dict's content; "" for None."""
     if completion is None:
         return ""
     if isinstance(completion, str):

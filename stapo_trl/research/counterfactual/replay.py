@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 from contextlib import nullcontext
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -50,13 +49,6 @@ def snapshot(trainer) -> dict[str, Any]:
     }
 
 
-@dataclass
-class ReplayedStep:
-    grad_norm: float
-    """The gradient norm before clipping, as transformers logs it."""
-    num_silenced: int
-
-
 def record_frozen_inputs(trainer, step: SavedStep) -> list[list[torch.Tensor]] | None:
     """The first trainable layer's inputs in TRL's loss over each micro-batch of ``step`` (one list per micro-batch,
     one tensor per forward call), for `replay_step` to skip the frozen layers, which hold no trainable parameter and
@@ -80,10 +72,11 @@ def record_frozen_inputs(trainer, step: SavedStep) -> list[list[torch.Tensor]] |
 
 def replay_step(
     trainer, step: SavedStep, silenced: torch.Tensor, frozen_inputs: list[list[torch.Tensor]] | None = None
-) -> ReplayedStep:
+) -> float:
     """Apply ``step`` again from the trainer's current state with ``silenced`` (bool, the step's micro-batches' rows
     concatenated) removed from the loss; with ``frozen_inputs`` (`record_frozen_inputs`) the frozen layers are not
-    run. The saved batches are not modified."""
+    run. The saved batches are not modified. Returns the gradient norm before clipping, as transformers logs it (NaN
+    without clipping)."""
     batches = [dict(batch) for batch in step.batches]
     trainer.set_kept_tokens(batches, silenced)
     model = trainer.model
@@ -100,4 +93,4 @@ def replay_step(
     trainer.optimizer.step()
     trainer.lr_scheduler.step()
     model.zero_grad()
-    return ReplayedStep(grad_norm=grad_norm, num_silenced=int(silenced.sum()))
+    return grad_norm

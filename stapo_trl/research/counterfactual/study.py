@@ -302,7 +302,7 @@ def run_generation(trainer, generation: SavedGeneration, probe: ProbeSet, option
             profiles.append(_silenced_profile(step_tokens(step.batches), silenced))
             if index < first:
                 continue
-            grad_norms.append(replay_step(trainer, step, silenced, frozen_inputs[index]).grad_norm)
+            grad_norms.append(replay_step(trainer, step, silenced, frozen_inputs[index]))
             if arm == NONE_ARM:
                 now = trainable_parameters(model)
                 reproduction.append(

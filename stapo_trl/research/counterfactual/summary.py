@@ -97,15 +97,19 @@ def _value(record: dict, point: str, measure: str) -> float | None:
 
 
 def paired_differences_by_run(
-    records: list[dict], first: str, second: str, point: str, measure: str
+    records: list[dict], first: str, second: str, point: str, measure: str, per_silenced_token: bool = False
 ) -> dict[str, list[float]]:
     """``first`` minus ``second`` per (run, generation) where ``first`` silenced a token up to ``point`` (for the
-    count-matched arms, exactly where the arm they match did), grouped by run in the order runs first appear."""
+    count-matched arms, exactly where the arm they match did), divided by that count with ``per_silenced_token``,
+    grouped by run in the order runs first appear."""
     differences: dict[str, list[float]] = {}
     for arms in _states_where_silenced(records, first, point):
         values = [_value(arms[arm], point, measure) for arm in (first, second) if arm in arms]
         if len(values) == 2 and None not in values:
-            differences.setdefault(arms[first].get("run"), []).append(values[0] - values[1])
+            difference = values[0] - values[1]
+            if per_silenced_token:
+                difference /= _silenced_up_to(arms[first], point)
+            differences.setdefault(arms[first].get("run"), []).append(difference)
     return differences
 
 
@@ -118,17 +122,15 @@ def paired_differences(records: list[dict], first: str, second: str, point: str,
     ]
 
 
-def _two_level_cell(by_run: dict[str, list[float]]) -> dict:
-    """The mean with two 95% t-intervals: over generations, and at the seed level (each run's mean one draw), which
-    does not assume that successive generations of one run are independent."""
+def comparison_cell(
+    records: list[dict], first: str, second: str, point: str, measure: str, per_silenced_token: bool = False
+) -> dict:
+    """The mean `paired_differences_by_run` with two 95% t-intervals: over generations, and at the seed level (each
+    run's mean one draw), which does not assume that successive generations of one run are independent."""
+    by_run = paired_differences_by_run(records, first, second, point, measure, per_silenced_token)
     cell = mean_interval([value for values in by_run.values() for value in values]).__dict__
     seed_level = mean_interval([statistics.fmean(values) for values in by_run.values()]).__dict__
     return cell | {"seed_level": seed_level | {"runs": list(by_run)}}
-
-
-def comparison_cell(records: list[dict], first: str, second: str, point: str, measure: str) -> dict:
-    """The mean paired difference with `_two_level_cell`'s intervals."""
-    return _two_level_cell(paired_differences_by_run(records, first, second, point, measure))
 
 
 def arm_values(records: list[dict], arm: str, selecting_arm: str, point: str, measure: str) -> list[float]:
@@ -143,15 +145,9 @@ def arm_values(records: list[dict], arm: str, selecting_arm: str, point: str, me
 
 
 def per_silenced_token_cell(records: list[dict], arm: str) -> dict:
-    """``arm``'s entropy change after a generation's last step minus ``none``'s, divided by the tokens ``arm`` silenced
-    in the generation, per generation where it silenced any, with the same two intervals as `comparison_cell`."""
-    by_run: dict[str, list[float]] = {}
-    for arms in _states_where_silenced(records, arm, "generation"):
-        values = [_value(arms[name], "generation", "entropy_change") for name in (arm, NONE_ARM) if name in arms]
-        if len(values) == 2 and None not in values:
-            ratio = (values[0] - values[1]) / _silenced_up_to(arms[arm], "generation")
-            by_run.setdefault(arms[arm].get("run"), []).append(ratio)
-    return _two_level_cell(by_run)
+    """``arm``'s entropy change after a generation's last step minus ``none``'s, per token ``arm`` silenced in the
+    generation, with `comparison_cell`'s intervals."""
+    return comparison_cell(records, arm, NONE_ARM, "generation", "entropy_change", per_silenced_token=True)
 
 
 def grad_norm_ratios(records: list[dict], arm: str) -> dict:
