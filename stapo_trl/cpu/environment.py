@@ -1,17 +1,10 @@
-"""Environment variables for torch on the CPU, which take effect only when set before torch loads.
+"""Environment variables for torch on the CPU, read only when torch loads (docs/training.md):
+``OMP_WAIT_POLICY=PASSIVE`` (OpenMP worker threads sleep between parallel regions instead of spinning, which on shared
+cores multiplies CPU and wall time) and ``THP_MEM_ALLOC_ENABLE=1`` (transparent huge pages for large tensors).
 
-- ``OMP_WAIT_POLICY=PASSIVE``: torch's OpenMP worker threads sleep when a parallel region ends instead of spinning
-  for it to start again. A spinning thread burns a core; when other processes share the cores, it also takes them
-  from the thread that has work, and a run's CPU time and wall time both grow several-fold (docs/benchmarks.md).
-- ``THP_MEM_ALLOC_ENABLE=1``: torch's CPU allocator asks the kernel for transparent huge pages for large tensors,
-  which cuts the minor page faults of fresh activations and buffers.
-
-Both are read once, when torch's libraries load. `stapo-trl train` calls `set_cpu_environment` before it imports
-torch; in your own script, call it before anything imports torch (``from stapo_trl.cpu.environment import
-set_cpu_environment`` imports neither torch nor TRL), or set the variables in the shell. Once torch is loaded,
-`set_cpu_environment` sets nothing, and `cpu_environment_not_in_effect` says which defaults are missing. A variable
-you set (``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT`` or ``THP_MEM_ALLOC_ENABLE``, any value) is left as it is;
-``STAPO_TRL_CPU_ENVIRONMENT=0`` leaves them all alone.
+`stapo-trl train` calls `set_cpu_environment` before it imports torch; in a script, call it before anything imports
+torch (this module imports neither torch nor TRL). A variable you set (``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT`` or
+``THP_MEM_ALLOC_ENABLE``) is left as it is; ``STAPO_TRL_CPU_ENVIRONMENT=0`` leaves them all alone.
 """
 
 from __future__ import annotations
@@ -51,7 +44,6 @@ def set_cpu_environment(
 
 
 def cpu_environment_not_in_effect(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
-    """The defaults of `CPU_ENVIRONMENT` missing from the environment: neither set (by `set_cpu_environment` or the
-    user) nor overridden by a variable of the user's. Empty with ``STAPO_TRL_CPU_ENVIRONMENT=0``. It reads the
-    environment as it is now: a variable set after torch loaded counts as present, although torch never read it."""
+    """The defaults of `CPU_ENVIRONMENT` that the environment neither sets nor overrides now (a variable set after
+    torch loaded counts as present, although torch never read it); empty with ``STAPO_TRL_CPU_ENVIRONMENT=0``."""
     return _unset_defaults(os.environ if environ is None else environ)

@@ -1,43 +1,14 @@
-"""The frozen bottom layers of the policy, computed once per distinct sequence instead of three times per sample.
-
-With LoRA on the last layers only (the CPU quickstart adapts the last 8 of 30), the layers below the first adapted
-one have no trainable parameter and no active dropout: their output for a sequence is a fixed function of its tokens.
-A GRPO step nevertheless runs them on each prompt once per sample at `generate()`'s first forward (16 identical
-prompts per group in the quickstart), then on every prompt and completion again in TRL's loss pass.
-`FrozenPrefixReplay` does that work once:
-
-- at `generate()`'s first forward, the decoder layers run on one row per distinct prompt (and attention mask), and
-  their outputs and key/value cache entries are copied to the repeats: every layer when none has active dropout (the
-  repeats of a prompt then compute the same thing), otherwise only the frozen ones, so that the layers above run on
-  every row and their dropout draws independently per sample;
-- during `generate()`, the input of the first trainable layer is recorded at every position;
-- when `generate()` did not produce the sequences (colocated vLLM samples them), a fused-head pass without gradients
-  over them (TRL's old-log-prob pass) runs every layer and records that input; the rows of consecutive such passes
-  (TRL runs it in chunks) join one recording, until a pass with gradients replays from it;
-- when TRL's fused LM head later scores sequences that were recorded, the recording is handed to the first trainable
-  layer instead of running the frozen ones.
-
-What it gives: the same hidden states up to floating-point rounding (incremental decoding with a KV cache against
-one full forward; on the CPU quickstart the log-probabilities moved by at most 2e-5), for a fraction of the frozen
-layers' cost. It draws no random numbers, so the run's random streams are unchanged.
-
-When the replay steps aside (the loss pass then runs every layer): a sequence of the batch that the recording does
-not hold (the last `generate()`'s, or the passes without gradients since the last pass with them), with the same
-tokens at every position its attention mask keeps and at the same column; a frozen layer's parameters changed in
-place since the recording; positions scored without TRL's shift (``shift_labels``, used under context parallelism),
-since the last sampled token was never fed back and has no recording, and TRL's shifted head drops that position; a
-call made inside `generate()`. The shared prefill steps aside when every prompt is distinct, when a cache is handed
-to `generate()`, or when the cache is not one whose entries can be re-indexed.
-Neither is installed (`replay_frozen_prefix` yields None) when the model has no frozen bottom layer, when a frozen
-layer has active dropout, with gradient checkpointing, under `torch.distributed` with several processes, or when the
-backbone does not loop over its decoder layers as transformers' decoder-only models do.
+"""The frozen bottom layers of a LoRA policy (no trainable parameter, no active dropout), computed once per distinct
+sequence instead of once per sample at `generate()`'s first forward and again in TRL's loss pass: `FrozenPrefixReplay`
+(installed by `replay_frozen_prefix`) shares the prefill between repeated prompts and hands the first trainable layer
+the input it recorded. Same hidden states up to floating-point rounding; no random number drawn.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -50,20 +21,84 @@ logger = logging.getLogger(__name__)
 
 
 class _StandIn(torch.nn.Module):
-    """Stands in for a frozen layer: returns ``recorded`` (for the first frozen layer, the recorded input of the first
-    trainable layer), or its input unchanged when there is none (the other frozen layers)."""
+    """Stands in for a frozen layer: passes its input through or, given ``recorded`` inputs (for the first frozen
+    layer), returns the next one at each call, refusing one whose shape is not the call's."""
 
-    def __init__(self, recorded: torch.Tensor | None = None):
+    def __init__(self, recorded: list[torch.Tensor] | None = None):
         super().__init__()
-        self.recorded = recorded
+        self.recorded = None if recorded is None else list(recorded)
 
     def forward(self, hidden_states, *args, **kwargs):
-        return hidden_states if self.recorded is None else self.recorded
+        if self.recorded is None:
+            return hidden_states
+        if not self.recorded:
+            raise RuntimeError("frozen layers skipped: more forward calls than recorded inputs")
+        recorded = self.recorded.pop(0)
+        if recorded.shape != hidden_states.shape:
+            raise RuntimeError(
+                f"frozen layers skipped: a recorded input of shape {tuple(recorded.shape)} for a call of shape "
+                f"{tuple(hidden_states.shape)}: the sequences are not the recorded ones"
+            )
+        return recorded
+
+
+def wrap_methods(model: torch.nn.Module, **wrappers: Callable) -> Callable[[], None]:
+    """Set each ``model.<name>`` to ``wrapper(original)``, with the original's name and signature (`generate()` reads
+    the forward's to decide what to pass); returns the function that puts the originals back."""
+    own = {name: vars(model).get(name) for name in wrappers}
+    for name, wrapper in wrappers.items():
+        original = getattr(model, name)
+        setattr(model, name, functools.wraps(original)(wrapper(original)))
+
+    def restore() -> None:
+        for name, method in own.items():
+            if method is None:
+                delattr(model, name)
+            else:
+                setattr(model, name, method)
+
+    return restore
+
+
+def _put_back(layers: torch.nn.ModuleList, originals: list[torch.nn.Module]) -> None:
+    for index, layer in enumerate(originals):
+        layers[index] = layer
+
+
+@contextmanager
+def _frozen_layers_skipped(layers: torch.nn.ModuleList, first_trainable: int, recorded: list[torch.Tensor]):
+    """Within, the frozen layers do not run: the first trainable layer gets the ``recorded`` inputs, one per call."""
+    frozen = list(layers[:first_trainable])
+    try:
+        for index in range(first_trainable):
+            layers[index] = _StandIn(recorded if index == 0 else None)
+        yield
+    finally:
+        _put_back(layers, frozen)
+
+
+@contextmanager
+def _layer_inputs(layer: torch.nn.Module, inverse: Callable[[], torch.Tensor | None] = lambda: None):
+    """The input of ``layer`` at each of its calls inside the block, detached; a call on fewer rows than ``inverse()``
+    (the distinct rows of a shared prefill) is copied out to every row."""
+    inputs: list[torch.Tensor] = []
+
+    def record(module, args, kwargs):
+        hidden_states = (args[0] if args else kwargs["hidden_states"]).detach()
+        rows = inverse()
+        if rows is not None and hidden_states.shape[0] < rows.shape[0]:
+            hidden_states = hidden_states.index_select(0, rows)
+        inputs.append(hidden_states)
+
+    handle = layer.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        yield inputs
+    finally:
+        handle.remove()
 
 
 def _rows(value, index: torch.Tensor, batch: int):
-    """``value`` with only the rows ``index`` of its batch dimension, for the tensors (alone or in a tuple) whose
-    first dimension is the batch; everything else unchanged."""
+    """``value`` (a tensor, or a tuple of them) with only the rows ``index`` where its first dimension is the batch."""
     if isinstance(value, torch.Tensor):
         return value.index_select(0, index) if value.dim() and value.shape[0] == batch else value
     if isinstance(value, tuple):
@@ -72,9 +107,8 @@ def _rows(value, index: torch.Tensor, batch: int):
 
 
 class _SharedPrefill(torch.nn.Module):
-    """Stands in for the first decoder layer at `generate()`'s first forward: runs ``layers`` (the first few decoder
-    layers, in order) on one row per distinct prompt, copies their keys and values in the cache to the repeats, and
-    returns every row's output."""
+    """Stands in for the first decoder layer at `generate()`'s first forward: runs ``layers`` on one row per distinct
+    prompt, copies their cache entries to the repeats, and returns every row's output."""
 
     def __init__(self, layers: list[torch.nn.Module], first: torch.Tensor, inverse: torch.Tensor, on_call):
         super().__init__()
@@ -102,8 +136,8 @@ class _SharedPrefill(torch.nn.Module):
 
 
 def distinct_rows(*tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(first, inverse)`` over the rows of ``tensors`` side by side: the index of each distinct row's first
-    occurrence, and for every row the position of its distinct row in ``first``. None when every row is distinct."""
+    """``(first, inverse)`` over the rows of ``tensors`` side by side: each distinct row's first index, and for every
+    row the position of its distinct row in ``first``. None when every row is distinct."""
     rows = torch.cat([tensor.reshape(tensor.shape[0], -1).long() for tensor in tensors], dim=1)
     _, inverse = torch.unique(rows, dim=0, return_inverse=True)
     count = int(inverse.max()) + 1 if inverse.numel() else 0
@@ -117,11 +151,9 @@ def distinct_rows(*tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] |
 @dataclass
 class _Recording:
     sequences: torch.Tensor
-    """``[B, S]``: the prompts and the sampled tokens, as `generate()` returned them or a pass without gradients
-    read them."""
+    """``[B, S]``: the prompts and sampled tokens of `generate()`, or the rows of passes without gradients."""
     hidden_states: torch.Tensor
-    """``[B, S', H]``: the first trainable layer's input at every position fed to the model (``S' = S - 1`` from
-    `generate()`, whose last sampled token is never fed back; ``S`` from a forward pass)."""
+    """``[B, S', H]``: the first trainable layer's input (``S' = S - 1`` from `generate()`, ``S`` from a forward)."""
     frozen_version: int
     open_to_more_rows: bool = False
     """A recording of passes without gradients that the next such pass extends."""
@@ -136,7 +168,7 @@ def first_trainable_layer(layers: torch.nn.ModuleList) -> int:
 
 
 def active_dropout(model: torch.nn.Module, layers: list[torch.nn.Module]) -> list[str]:
-    """Dropout that would make the frozen layers' output random in training: modules and config rates above 0."""
+    """Dropout that would make the layers' output random in training: modules and config rates above 0."""
     found = [
         f"{type(module).__name__}(p={module.p})"
         for layer in layers
@@ -151,10 +183,16 @@ def active_dropout(model: torch.nn.Module, layers: list[torch.nn.Module]) -> lis
 
 
 class FrozenPrefixReplay:
-    """The shared prefill and the frozen-layer replay of the module docstring, on one model; build it with
-    `replay_frozen_prefix`. `shared_prefills` counts the generations whose prefill was shared, `shared_layers` the
-    decoder layers the last shared prefill covered, `replayed` and `computed` the fused-head passes that used the
-    recording and those that ran every layer."""
+    """The shared prefill and the frozen-layer replay on one model (build it with `replay_frozen_prefix`). At
+    `generate()`'s first forward, the layers (all when none has active dropout, else the frozen ones) run on one row
+    per distinct prompt and their cache entries are copied to the repeats. The first trainable layer's input is
+    recorded during `generate()`, or by the fused-head passes without gradients (TRL's old-log-prob pass, when vLLM
+    sampled); a fused-head pass over recorded sequences (same tokens where the attention mask keeps them) replays it
+    instead of running the frozen layers. Anything else runs every layer.
+
+    `shared_prefills` counts the generations whose prefill was shared, `shared_layers` the layers the last one
+    covered, `replayed` and `computed` the fused-head passes that used the recording and those that ran every layer.
+    """
 
     def __init__(self, model: torch.nn.Module, layers: torch.nn.ModuleList, first_trainable: int):
         self.model = model
@@ -169,30 +207,12 @@ class FrozenPrefixReplay:
         self.generating = False
         self.restore_model = None
 
-    # ----------------------------------------------------------------------- install
     def attach(self) -> None:
-        own = {name: vars(self.model)[name] for name in ("generate", "forward") if name in vars(self.model)}
-        generate, forward = self.model.generate, self.model.forward
-
-        # `generate()` reads the forward's signature to decide what to pass (logits_to_keep among others): keep it.
-        @functools.wraps(generate)
-        def recording_generate(*args, **kwargs):
-            return self._generate(generate, *args, **kwargs)
-
-        @functools.wraps(forward)
-        def replaying_forward(*args, **kwargs):
-            return self._forward(forward, *args, **kwargs)
-
-        self.model.generate, self.model.forward = recording_generate, replaying_forward
-
-        def restore():
-            for name in ("generate", "forward"):
-                if name in own:
-                    setattr(self.model, name, own[name])
-                else:
-                    delattr(self.model, name)
-
-        self.restore_model = restore
+        self.restore_model = wrap_methods(
+            self.model,
+            generate=lambda generate: functools.partial(self._generate, generate),
+            forward=lambda forward: functools.partial(self._forward, forward),
+        )
 
     def detach(self) -> None:
         if self.computed:
@@ -207,30 +227,13 @@ class FrozenPrefixReplay:
             self.restore_model = None
         self.recording = None
 
-    # ----------------------------------------------------------------------- recording
     def _frozen_version(self) -> int:
         return sum(
             parameter._version for layer in self.layers[: self.first_trainable] for parameter in layer.parameters()
         )
 
-    @contextmanager
-    def _first_trainable_inputs(self) -> Iterator[list[torch.Tensor]]:
-        """The first trainable layer's input at each of its calls inside the block, detached; a call on the distinct
-        rows of a shared prefill is copied out to every row."""
-        inputs: list[torch.Tensor] = []
-
-        def record(module, args, kwargs):
-            hidden_states = args[0].detach() if args else kwargs["hidden_states"].detach()
-            inverse = self.prefill_inverse
-            if inverse is not None and hidden_states.shape[0] < inverse.shape[0]:
-                hidden_states = hidden_states.index_select(0, inverse)
-            inputs.append(hidden_states)
-
-        handle = self.layers[self.first_trainable].register_forward_pre_hook(record, with_kwargs=True)
-        try:
-            yield inputs
-        finally:
-            handle.remove()
+    def _first_trainable_inputs(self):
+        return _layer_inputs(self.layers[self.first_trainable], lambda: self.prefill_inverse)
 
     def _generate(self, generate, *args, **kwargs):
         with self._first_trainable_inputs() as chunks:
@@ -241,7 +244,7 @@ class FrozenPrefixReplay:
             finally:
                 self.generating, self.prefill_inverse = False, None
                 if shared is not None:
-                    self._put_back(shared)
+                    _put_back(self.layers, shared)
         sequences = output if isinstance(output, torch.Tensor) else getattr(output, "sequences", None)
         if sequences is None or not chunks:
             return output
@@ -251,9 +254,8 @@ class FrozenPrefixReplay:
         return output
 
     def _share_prefill(self, args, kwargs) -> list[torch.nn.Module] | None:
-        """Swap in `_SharedPrefill` for `generate()`'s first forward when prompts repeat (GRPO samples each prompt
-        ``num_generations`` times) and no cache is handed in. It covers every decoder layer when none has active
-        dropout, else the frozen ones. Returns the layers it stands in for (None when it is not swapped in)."""
+        """Swap in `_SharedPrefill` for `generate()`'s first forward when prompts repeat and no cache is handed in;
+        returns the layers it stands in for (None when it is not swapped in)."""
         input_ids = kwargs.get("input_ids", args[0] if args else None)
         given_cache = any(kwargs.get(name) is not None for name in ("past_key_values", "cache"))
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or given_cache:
@@ -272,7 +274,7 @@ class FrozenPrefixReplay:
         first, inverse = found
 
         def back_to_the_layers(shared: bool):
-            self._put_back(covered)
+            _put_back(self.layers, covered)
             if shared:
                 self.shared_prefills += 1
                 self.shared_layers = len(covered)
@@ -283,15 +285,10 @@ class FrozenPrefixReplay:
             self.layers[index] = _StandIn()
         return covered
 
-    def _put_back(self, layers: list[torch.nn.Module]) -> None:
-        for index, layer in enumerate(layers):
-            self.layers[index] = layer
-
-    # ----------------------------------------------------------------------- replay
     def recorded_input(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-        """The first trainable layer's input for ``input_ids`` ``[b, T]`` from the recording, or None when a row was
-        not generated by the last `generate()` (compared at every position ``attention_mask`` keeps). The last column,
-        never fed to the model by `generate()`, is zeros when it was not recorded."""
+        """The first trainable layer's input for ``input_ids`` ``[b, T]`` from the recording, or None when a row is
+        not in it (compared at every position ``attention_mask`` keeps). The last column, never fed to the model by
+        `generate()`, is zeros when it was not recorded."""
         recording = self.recording
         if recording is None or input_ids.dim() != 2 or recording.frozen_version != self._frozen_version():
             return None
@@ -324,17 +321,12 @@ class FrozenPrefixReplay:
                 return forward(*args, **kwargs)
             return self._recording_forward(forward, input_ids, args, kwargs)
         self.replayed += 1
-        frozen = list(self.layers[: self.first_trainable])
-        try:
-            for index in range(self.first_trainable):
-                self.layers[index] = _StandIn(hidden_states if index == 0 else None)
+        with _frozen_layers_skipped(self.layers, self.first_trainable, [hidden_states]):
             return forward(*args, **kwargs)
-        finally:
-            self._put_back(frozen)
 
     def _recording_forward(self, forward, input_ids: torch.Tensor, args: tuple, kwargs: dict):
-        """Run every layer, and keep the first trainable layer's input for the rows of ``input_ids``: a recording
-        of its own, or more rows of the open one."""
+        """Run every layer and record the first trainable layer's input for the rows of ``input_ids``: a recording of
+        its own, or more rows of the open one."""
         with self._first_trainable_inputs() as inputs:
             output = forward(*args, **kwargs)
         if len(inputs) != 1 or inputs[0].shape[:2] != input_ids.shape:
@@ -376,8 +368,8 @@ def replay_blockers(model: torch.nn.Module) -> list[str]:
 @contextmanager
 def replay_frozen_prefix(model: torch.nn.Module) -> Iterator[FrozenPrefixReplay | None]:
     """`FrozenPrefixReplay` on ``model`` (the transformers model whose ``generate`` and fused-head ``forward`` TRL
-    calls; for a PEFT model, ``model.get_base_model()``) inside the block, or None (and a log line saying why) when it
-    cannot run there."""
+    calls; for a PEFT model, ``model.get_base_model()``) inside the block, or None (and a log line saying why) when
+    `replay_blockers` finds a reason."""
     blockers = replay_blockers(model)
     if blockers:
         logger.info("Frozen-layer replay is off: %s.", "; ".join(blockers))
@@ -392,27 +384,8 @@ def replay_frozen_prefix(model: torch.nn.Module) -> Iterator[FrozenPrefixReplay 
         replay.detach()
 
 
-class _RecordedInputs(torch.nn.Module):
-    """Stands in for the first frozen layer over several forward calls: returns the next recorded input of the first
-    trainable layer at each call, refusing one whose shape is not the call's."""
-
-    def __init__(self, recorded: list[torch.Tensor]):
-        super().__init__()
-        self.recorded = list(recorded)
-
-    def forward(self, hidden_states, *args, **kwargs):
-        if not self.recorded:
-            raise RuntimeError("frozen_layers_replaced: more forward calls than recorded inputs")
-        recorded = self.recorded.pop(0)
-        if recorded.shape != hidden_states.shape:
-            raise RuntimeError(
-                f"frozen_layers_replaced: a recorded input of shape {tuple(recorded.shape)} for a call of shape "
-                f"{tuple(hidden_states.shape)}: the sequences are not the recorded ones"
-            )
-        return recorded
-
-
-def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+def policy_of(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model under PEFT's wrapper (``model`` itself when there is none)."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
@@ -420,35 +393,19 @@ def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
 def recording_first_trainable_input(model: torch.nn.Module) -> Iterator[list[torch.Tensor] | None]:
     """The input of ``model``'s first trainable decoder layer at each call inside the block, detached, in call order;
     None (and nothing recorded) when `replay_blockers` says the frozen layers cannot be skipped."""
-    if replay_blockers(_unwrapped(model)):
+    if replay_blockers(policy_of(model)):
         yield None
         return
-    layers, _ = decoder_layers(_unwrapped(model))
-    inputs: list[torch.Tensor] = []
-
-    def record(module, args, kwargs):
-        inputs.append((args[0] if args else kwargs["hidden_states"]).detach())
-
-    handle = layers[first_trainable_layer(layers)].register_forward_pre_hook(record, with_kwargs=True)
-    try:
+    layers, _ = decoder_layers(policy_of(model))
+    with _layer_inputs(layers[first_trainable_layer(layers)]) as inputs:
         yield inputs
-    finally:
-        handle.remove()
 
 
 @contextmanager
 def frozen_layers_replaced(model: torch.nn.Module, recorded: list[torch.Tensor]) -> Iterator[None]:
     """Within, ``model``'s frozen bottom decoder layers are not run: the first trainable layer receives, call after
-    call, the inputs `recording_first_trainable_input` recorded for the same sequences. For sequences read many times
-    under different trainable weights (`stapo-trl counterfactual`): the frozen layers hold no trainable parameter and
-    no active dropout, so their output is the recorded one."""
-    layers, _ = decoder_layers(_unwrapped(model))
-    first_trainable = first_trainable_layer(layers)
-    frozen = list(layers[:first_trainable])
-    try:
-        for index in range(first_trainable):
-            layers[index] = _RecordedInputs(recorded) if index == 0 else _StandIn(None)
+    call, the inputs `recording_first_trainable_input` recorded for the same sequences (`stapo-trl counterfactual`
+    reads the same sequences under many trainable weights)."""
+    layers, _ = decoder_layers(policy_of(model))
+    with _frozen_layers_skipped(layers, first_trainable_layer(layers), recorded):
         yield
-    finally:
-        for index, layer in enumerate(frozen):
-            layers[index] = layer

@@ -1,21 +1,11 @@
-"""A key/value cache for `generate()` whose full-attention layers grow in place instead of by concatenation.
-
-transformers' default cache (`DynamicCache` of `DynamicLayer`) appends each decoding step's keys and values with
-``torch.cat``: every step copies everything cached so far, in every layer. In the CPU quickstart (48 rows, 3 key/value
-heads of 64, prompts of 98 tokens, 40 new tokens, 30 layers) that is about 0.26 GB copied per decoding step, 10 GB
-per generation. `InPlaceLayer` keeps a layer's keys and values in buffers with room for the positions to come, writes
-each step's new positions into them, and hands attention views of the filled part: the same numbers, laid out with the
-buffer's strides. `inplace_kv_cache` gives a model's `generate()` such a cache whenever the call leaves the cache to
-transformers.
-
-Attention then reads keys and values that are not contiguous. On the CPU, torch's attention gives bit-identical
-outputs for them (`tests/unit/test_kv_cache.py` compares generations token for token and logits bit for bit, with the
-frozen-layer replay's shared prefill and without), so the tokens a seed samples do not change.
+"""A key/value cache for `generate()` whose full-attention layers grow in place instead of by concatenation
+(docs/training.md). transformers' `DynamicLayer` appends each decoding step with ``torch.cat``, copying the whole cache
+of every layer at every step; `InPlaceLayer` writes each step into buffers with room for the positions to come and
+hands attention views of the filled part. On the CPU the logits are bit-identical, so a seed samples the same tokens.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -24,26 +14,22 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from ..trl_boundary.helpers import DECODER_CACHE_ARGUMENT
+from .frozen_layer_replay import wrap_methods
 
 GIVEN_CACHE_ARGUMENTS = (DECODER_CACHE_ARGUMENT, "past_key_values")
-"""The `generate()` arguments through which a caller hands in a cache of its own (then `inplace_kv_cache` steps
-aside)."""
+"""The `generate()` arguments that hand in a cache of the caller's (then `inplace_kv_cache` steps aside)."""
 
 
 class InPlaceLayer(DynamicLayer):
-    """A `DynamicLayer` whose keys and values live in ``[batch, heads, capacity, head_dim]`` buffers.
-
-    ``keys`` and ``values`` are views of the buffers' first ``get_seq_length()`` positions. A position beyond the
-    capacity moves the layer to buffers twice as long. When something other than `update` replaces ``keys`` or
-    ``values`` (transformers' ``crop``, ``batch_select_indices``, offloading), the next `update` copies them into new
-    buffers; `reorder_cache` (beam search, and the shared prefill of `stapo_trl.cpu.frozen_layer_replay`) reorders
-    the buffers themselves.
-    """
+    """A `DynamicLayer` whose ``keys`` and ``values`` are views of the first ``get_seq_length()`` positions of
+    ``[batch, heads, capacity, head_dim]`` buffers, which double when full. When something other than `update` replaces
+    them (``crop``, ``batch_select_indices``, offloading), the next `update` copies them into new buffers;
+    `reorder_cache` (beam search, the shared prefill) reorders the buffers themselves."""
 
     def __init__(self, capacity: int = 0):
         super().__init__()
         self.capacity = capacity
-        """Positions the buffers hold when first allocated (at least as many as the first update brings)."""
+        """Positions the buffers hold when first allocated (at least the first update's)."""
         self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def _views_of_buffers(self) -> bool:
@@ -102,9 +88,8 @@ class InPlaceLayer(DynamicLayer):
 
 
 def inplace_cache(model: torch.nn.Module, capacity: int) -> DynamicCache:
-    """The cache `generate()` would build for ``model`` (a `DynamicCache` from its text config), with each plain
-    full-attention `DynamicLayer` replaced by an `InPlaceLayer` of ``capacity`` positions; sliding-window and other
-    layer kinds are kept as transformers builds them."""
+    """The `DynamicCache` `generate()` would build for ``model``, with each plain full-attention `DynamicLayer`
+    replaced by an `InPlaceLayer` of ``capacity`` positions (other layer kinds kept)."""
     cache = DynamicCache(config=model.config.get_text_config(decoder=True))
     for index, layer in enumerate(cache.layers):
         if type(layer) is DynamicLayer:
@@ -118,8 +103,8 @@ def _generation_config_of_call(args: tuple, kwargs: dict):
 
 
 def _cache_left_to_transformers(model: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
-    """Whether this `generate()` call leaves the cache to transformers' default `DynamicCache`: no cache handed in,
-    no ``cache_implementation`` or ``use_cache=False`` asked for, and a model that takes the default cache."""
+    """Whether this `generate()` call leaves the cache to transformers' default `DynamicCache`: none handed in, no
+    ``cache_implementation`` or ``use_cache=False``, and a model that takes the default cache."""
     if any(kwargs.get(name) is not None for name in GIVEN_CACHE_ARGUMENTS):
         return False
     configs = [_generation_config_of_call(args, kwargs), getattr(model, "generation_config", None)]
@@ -131,8 +116,7 @@ def _cache_left_to_transformers(model: torch.nn.Module, args: tuple, kwargs: dic
 
 
 def _capacity(model: torch.nn.Module, args: tuple, kwargs: dict) -> int:
-    """The positions one row can reach in this call: the prompt's length plus ``max_new_tokens`` when both are known
-    (0 otherwise: the layers then size their buffers from the first update and double them as needed)."""
+    """The positions one row can reach in this call: the prompt's length plus ``max_new_tokens`` (0 when unknown)."""
     input_ids = kwargs.get("input_ids", args[0] if args else None)
     config = _generation_config_of_call(args, kwargs) or getattr(model, "generation_config", None)
     max_new_tokens = kwargs.get("max_new_tokens", getattr(config, "max_new_tokens", None))
@@ -143,24 +127,20 @@ def _capacity(model: torch.nn.Module, args: tuple, kwargs: dict) -> int:
 
 @contextmanager
 def inplace_kv_cache(model: torch.nn.Module) -> Iterator[None]:
-    """Inside the block, ``model.generate`` (``model`` is the transformers model; for a PEFT model, its base model)
-    builds its cache with `inplace_cache` whenever the call leaves the cache to transformers (`_cache_left_to_transformers`)
-    and the model is on the CPU; other calls run unchanged."""
-    own = vars(model).get("generate")
-    generate = model.generate
+    """Inside the block, ``model.generate`` (the transformers model; for PEFT, its base model) builds its cache with
+    `inplace_cache` when the model is on the CPU and the call leaves the cache to transformers."""
 
-    @functools.wraps(generate)
-    def generate_with_inplace_cache(*args, **kwargs):
-        on_cpu = all(parameter.device.type == "cpu" for parameter in model.parameters())
-        if on_cpu and _cache_left_to_transformers(model, args, kwargs):
-            kwargs[DECODER_CACHE_ARGUMENT] = inplace_cache(model, _capacity(model, args, kwargs))
-        return generate(*args, **kwargs)
+    def with_inplace_cache(generate):
+        def generate_with_inplace_cache(*args, **kwargs):
+            on_cpu = all(parameter.device.type == "cpu" for parameter in model.parameters())
+            if on_cpu and _cache_left_to_transformers(model, args, kwargs):
+                kwargs[DECODER_CACHE_ARGUMENT] = inplace_cache(model, _capacity(model, args, kwargs))
+            return generate(*args, **kwargs)
 
-    model.generate = generate_with_inplace_cache
+        return generate_with_inplace_cache
+
+    restore = wrap_methods(model, generate=with_inplace_cache)
     try:
         yield
     finally:
-        if own is not None:
-            model.generate = own
-        else:
-            del model.generate
+        restore()

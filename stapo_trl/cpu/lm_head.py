@@ -1,20 +1,11 @@
-"""stapo-trl's CPU path for TRL's fused LM head, opt-in as Liger's ``apply_liger_kernel_to_*`` functions are.
+"""stapo-trl's CPU path for TRL's fused LM head (docs/training.md).
 
-TRL's trainers (`GRPOTrainer`, and so `STAPOTrainer`; also SFT, DPO, KTO, RLOO) patch the model with
-``trl.trainer.utils.add_fused_lm_head``, which computes per-token log-probabilities and entropies with TRL's
-``ChunkedLogProbFunction``: Triton on GPUs, and on the CPU a torch fallback that scores every position, prompt and
-padding included, in 4096 x 32768 tiles with several full-tile temporaries each. `apply_cpu_lm_head` makes that head
-score only the labelled positions on the CPU, with `CPULogProbEntropy` (see :mod:`stapo_trl.core.token_stats.torch_backend`).
-Results agree with TRL's fallback to float tolerance (``tests/unit/test_cpu_head.py``).
-
-`FusedHeadOp.apply` takes the arguments of TRL's ``ChunkedLogProbFunction.apply`` and returns its five outputs. It
-runs `CPULogProbEntropy` for CPU tensors in fp32 or fp64 outside autocast, when only log-probabilities and entropies
-are asked for; everything else (GPUs, autocast, the head's other outputs ``log_sum_sq_probs``, ``mean_logits`` and
-``is_top1``, a DeepSpeed ZeRO-3 partitioned head) goes to TRL's own op unchanged.
-
-Importing stapo_trl changes nothing. `stapo_trl.cpu.cpu_runtime` turns the CPU head on for its block when the trainer's
-arguments train on the CPU (so ``stapo-trl train`` does, whatever the method; ``cpu_lm_head: false`` turns it off);
-on its own, `apply_cpu_lm_head` turns it on, process-wide, for models patched before or after the call.
+TRL's trainers patch the model with ``trl.trainer.utils.add_fused_lm_head``, whose op (``ChunkedLogProbFunction``)
+falls back on the CPU to a torch path that scores every position, prompt and padding included, in large tiles.
+`apply_cpu_lm_head` makes that head score only the labelled positions on the CPU, with `CPULogProbEntropy`
+(`stapo_trl.core.token_stats.torch_backend`), for models patched before or after the call, process-wide; results
+agree with TRL's fallback to float tolerance. Importing stapo-trl changes nothing; `stapo_trl.cpu.cpu_runtime` turns
+it on for its block when the arguments train on the CPU.
 """
 
 from __future__ import annotations
@@ -29,27 +20,17 @@ import torch
 from ..core.token_stats.torch_backend import (
     DEFAULT_BLOCK_ROWS,
     DEFAULT_KEEP_LOGITS_BYTES,
-    CPULogProbEntropy,
+    CPULogProbEntropy,  # noqa: F401 - re-exported for the CPU head's users
     cpu_logprob_entropy,
 )
 from ..trl_boundary.patches import fused_head_op, install_fused_head_op
-
-__all__ = [
-    "CPULogProbEntropy",
-    "FusedHeadOp",
-    "apply_cpu_lm_head",
-    "cpu_lm_head",
-    "cpu_logprob_entropy",
-    "is_cpu_lm_head_applied",
-    "revert_cpu_lm_head",
-]
 
 HANDLED_OUTPUTS = frozenset({"entropy"})
 """TRL's optional outputs this op computes; a request for any other goes to TRL's op."""
 
 
 def handles(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, outputs: tuple[str, ...]) -> bool:
-    """Whether `CPULogProbEntropy` computes this call rather than TRL's op."""
+    """Whether `CPULogProbEntropy` computes this call rather than TRL's op (see `FusedHeadOp`)."""
     tensors = [hidden, weight] + ([] if bias is None else [bias])
     return (
         all(tensor.device.type == "cpu" for tensor in tensors)
@@ -63,7 +44,10 @@ def handles(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 @dataclass(eq=False)
 class FusedHeadOp:
-    """A drop-in for TRL's ``ChunkedLogProbFunction`` in `add_fused_lm_head`: same ``apply`` arguments, same outputs."""
+    """A drop-in for TRL's ``ChunkedLogProbFunction`` in `add_fused_lm_head`: same ``apply`` arguments and outputs.
+    `CPULogProbEntropy` computes CPU tensors in fp32 or fp64 outside autocast when only log-probabilities and
+    entropies are asked for; everything else (GPUs, autocast, other outputs, a ZeRO-3 partitioned head) goes to
+    ``fallback``, TRL's op."""
 
     fallback: Any
     _: KW_ONLY

@@ -10,12 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import transformers.trainer
-from accelerate.utils import is_peft_model
 from transformers import TrainerCallback
 
 from .colocated_vllm import CPUEngineSettings, colocated_vllm_on_cpu, needs_cpu_adapter
 from .environment import SWITCH, cpu_environment_not_in_effect
-from .frozen_layer_replay import FrozenPrefixReplay, replay_frozen_prefix
+from .frozen_layer_replay import FrozenPrefixReplay, policy_of, replay_frozen_prefix
 from .kv_cache import inplace_kv_cache
 from .lm_head import cpu_lm_head
 
@@ -35,9 +34,9 @@ class CPURuntime:
     colocated_vllm: CPUEngineSettings | None = None
     """The settings of colocated vLLM on vLLM's CPU backend, when the arguments ask for colocated vLLM."""
     replay_frozen_layers: bool = False
-    """Trainers attached in the block get the shared prefill and frozen-layer replay (where their model allows)."""
+    """Attached trainers get the shared prefill and frozen-layer replay (where their model allows)."""
     inplace_kv_cache: bool = False
-    """Trainers attached in the block get the in-place key/value cache for their `generate()`."""
+    """Attached trainers get the in-place key/value cache for their `generate()`."""
     environment_not_in_effect: dict[str, str] = field(default_factory=dict)
     """The CPU environment defaults (`stapo_trl.cpu.environment`) missing from this process's environment."""
     replays: dict[int, FrozenPrefixReplay | None] = field(default_factory=dict)
@@ -45,18 +44,16 @@ class CPURuntime:
     _stack: ExitStack = field(default_factory=ExitStack, repr=False)
 
     def attach(self, trainer) -> FrozenPrefixReplay | None:
-        """Turn on what needs the built trainer, on its policy model (the transformers model under its DDP and PEFT
-        wrappers), until the block ends: the in-place key/value cache for its `generate()`, then the frozen-layer
-        replay around it (whose shared prefill reorders that cache). Every trainer built inside the block is attached
-        when its training begins (`AttachAtTrainBegin`); call this to attach one that does not train, as `stapo-trl
-        counterfactual` does. Returns the replay (None when it is off or the model does not allow it); attaching a
-        model twice returns its first replay and turns on nothing more."""
+        """Turn on, until the block ends, what needs the trainer's policy model (under its DDP and PEFT wrappers): the
+        in-place key/value cache, then the frozen-layer replay. Trainers built in the block are attached when their
+        training begins; call this for one that does not train (``stapo-trl counterfactual``). Returns the replay
+        (None when off or not allowed); a model attached twice keeps its first replay."""
         return self.attach_model(trainer.accelerator.unwrap_model(trainer.model))
 
     def attach_model(self, model) -> FrozenPrefixReplay | None:
         if not (self.replay_frozen_layers or self.inplace_kv_cache):
             return None
-        policy = model.get_base_model() if is_peft_model(model) else model
+        policy = policy_of(model)
         if id(policy) not in self.replays:
             self.replays[id(policy)] = None
             if self.inplace_kv_cache:
@@ -67,13 +64,12 @@ class CPURuntime:
 
     def replay_of(self, trainer) -> FrozenPrefixReplay | None:
         """The frozen-layer replay attached to ``trainer``'s policy model, or None."""
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        return self.replays.get(id(model.get_base_model() if is_peft_model(model) else model))
+        return self.replays.get(id(policy_of(trainer.accelerator.unwrap_model(trainer.model))))
 
 
 class AttachAtTrainBegin(TrainerCallback):
-    """Attaches a trainer's policy model to the `CPURuntime` when its training begins. While a `cpu_runtime` block
-    runs it is one of transformers' ``DEFAULT_CALLBACKS``, which every `Trainer` built in the block takes."""
+    """Attaches a trainer's policy model to the `CPURuntime` when its training begins (one of transformers'
+    ``DEFAULT_CALLBACKS`` while a `cpu_runtime` block runs)."""
 
     def __init__(self, runtime: CPURuntime):
         self.runtime = runtime
@@ -92,32 +88,19 @@ def active_cpu_runtime() -> CPURuntime | None:
 def cpu_runtime(
     args: Any, *, lm_head: bool = True, replay_frozen_layers: bool = True, inplace_kv_cache: bool = True
 ) -> Iterator[CPURuntime]:
-    """Turn on stapo-trl's CPU speed-ups for the trainers built and trained inside the block::
+    """Turn on stapo-trl's CPU speed-ups for the trainers built and trained inside the block (docs/training.md)::
 
         with cpu_runtime(args):
             trainer = STAPOTrainer(model=..., reward_funcs=..., args=args, train_dataset=...)
             trainer.train()
 
-    `stapo-trl train` runs every method through this block (``run_training``). ``args`` are the arguments the
-    trainer gets (a `STAPOConfig` or `GRPOConfig`); when ``args.device`` is not the CPU, the block changes nothing.
-    On the CPU, each part as its module describes:
-
-    - the CPU LM head (`stapo_trl.cpu.lm_head`; ``lm_head=False`` leaves it off), process-wide while the block runs;
-    - colocated vLLM on vLLM's CPU backend (`stapo_trl.cpu.colocated_vllm`), when ``args`` ask for ``use_vllm=True``
-      with ``vllm_mode="colocate"``: build the trainer inside the block, where TRL builds its engine;
-    - the shared prefill and frozen-layer replay (`stapo_trl.cpu.frozen_layer_replay`; ``replay_frozen_layers=False``
-      leaves it off), until the block ends. It needs the built model: every trainer built inside the block (TRL's
-      or stapo-trl's) is attached when its training begins (`AttachAtTrainBegin`; `CPURuntime.attach` attaches one
-      that does not train);
-    - the in-place key/value cache for the attached trainers' `generate()` (`stapo_trl.cpu.kv_cache`;
-      ``inplace_kv_cache=False`` leaves it off), attached with the replay: the same tokens and logits, without copying
-      the whole cache at every decoding step;
-    - torch's environment (`stapo_trl.cpu.environment`), which takes effect only when set before torch loads, as
-      `stapo-trl train` does. By the time a script has its ``args``, torch is loaded: the block sets nothing, and
-      logs one warning naming the defaults missing (`CPURuntime.environment_not_in_effect`) and how to set them.
-      Neither default changes torch's thread count.
-
-    Yields the `CPURuntime` that says what is on.
+    ``args`` are the trainer's arguments; when ``args.device`` is not the CPU, the block changes nothing. On the CPU:
+    the CPU LM head (`stapo_trl.cpu.lm_head`), process-wide while the block runs; colocated vLLM on vLLM's CPU backend
+    (`stapo_trl.cpu.colocated_vllm`) when ``args`` ask for ``use_vllm=True`` with ``vllm_mode="colocate"``; the shared
+    prefill and frozen-layer replay (`stapo_trl.cpu.frozen_layer_replay`) and the in-place key/value cache
+    (`stapo_trl.cpu.kv_cache`) for every trainer attached (see `CPURuntime.attach`). The keyword arguments turn each
+    off. torch's environment (`stapo_trl.cpu.environment`) takes effect only when set before torch loads: the block
+    sets nothing and logs one warning naming the defaults missing. Yields the `CPURuntime` that says what is on.
     """
     runtime = CPURuntime(on_cpu=args.device.type == "cpu")
     with runtime._stack:
