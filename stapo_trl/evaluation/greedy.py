@@ -51,6 +51,14 @@ class GreedyAccuracy:
         return text
 
 
+def render_prompt(tokenizer, messages: list[dict], chat_template: bool = True) -> tuple[int, ...]:
+    """The prompt's token ids: the chat template with the generation prompt, or the plain message text."""
+    if chat_template:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return tuple(tokenizer("\n\n".join(message["content"] for message in messages))["input_ids"])
+
+
 @torch.no_grad()
 def greedy_accuracy(
     model,
@@ -84,12 +92,9 @@ def greedy_accuracy(
     try:
         batches = range(0, len(dataset), batch_size)
         for start in tqdm(batches, desc=description, disable=not show_progress, unit="batch"):
-            rows = dataset[start : start + batch_size]
-            texts = [
-                tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-                for prompt in rows["prompt"]
+            token_ids = [
+                list(render_prompt(tokenizer, prompt)) for prompt in dataset[start : start + batch_size]["prompt"]
             ]
-            token_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
             inputs = prompt_prefix_cache(model, token_ids, pad_token_id, device) if share_prompt_prefix else None
             if inputs is None:
                 inputs = tokenizer.pad({"input_ids": token_ids}, padding=True, return_tensors="pt").to(device)

@@ -31,6 +31,7 @@ from .backends import (
 from .chart import plot_results
 from .config import EvalConfig, EvalConfigError
 from .grading import Grader
+from .greedy import render_prompt
 from .models import ModelNotFoundError, ResolvedModel, resolve_model
 from .paper_results import FULL_SIZES
 from .records import SampleStore
@@ -86,15 +87,6 @@ def load_tokenizer(model: ResolvedModel, trust_remote_code: bool = False):
             f"Could not load {model.tokenizer!r}: it is not a local directory, and loading it from the Hugging Face "
             f"Hub failed ({str(error).splitlines()[0]}). Check the name, or pass a local checkpoint directory."
         ) from error
-
-
-def render_prompt(tokenizer, messages: list[dict], chat_template: bool) -> tuple[int, ...]:
-    """The prompt's token ids: the chat template with the generation prompt, or the plain message text."""
-    if chat_template:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
-    text = "\n\n".join(message["content"] for message in messages)
-    return tuple(tokenizer(text)["input_ids"])
 
 
 def load_problems(config: EvalConfig, tokenizer) -> dict[str, list[Problem]]:
@@ -220,8 +212,7 @@ def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) ->
     also written to summary.json and results.md."""
     started = time.perf_counter()
     model = resolve_model(config.model, adapter=config.adapter, base_model=config.base_model, label=config.label)
-    overrides = {"method": config.method, "size": config.model_size}
-    model = replace(model, **{key: value for key, value in overrides.items() if value is not None})
+    model = replace(model, method=config.method or model.method, size=config.model_size or model.size)
     output_dir = Path(config.output_dir or Path("evals") / model.label)
     backend_name = backend.name if backend is not None else choose_backend(config)
     tokenizer = load_tokenizer(model, config.trust_remote_code)
@@ -283,9 +274,7 @@ def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) ->
         "model": {key: getattr(model, key) for key in ("label", "reference", "weights", "adapter", "method", "size")},
         "settings": settings_summary,
         "datasets": {name: _dataset_record(config, name) for name in config.benchmarks},
-        "max_new_tokens": config.max_new_tokens,
-        "prompt_style": config.prompt_style,
-        "graders": list(config.graders),
+        **{key: getattr(config, key) for key in ("max_new_tokens", "prompt_style", "graders")},
         "backend": backend_name,
         "seed": config.seed,
         "seconds_this_run": round(time.perf_counter() - started, 1),
@@ -331,14 +320,9 @@ def _problems_done(problems: dict[str, list[Problem]], config: EvalConfig, store
 
 def _build_backend(config: EvalConfig, model: ResolvedModel, backend_name: str) -> GenerationBackend:
     same = ("dtype", "trust_remote_code", "device", "tensor_parallel_size", "gpu_memory_utilization", "max_model_len")
-    spec = BackendSpec(
-        kind=backend_name,
-        weights=model.weights,
-        tokenizer=model.tokenizer,
-        adapter=model.adapter,
-        batch_size=config.batch_size or DEFAULT_BATCH_SIZE["transformers"],
-        **{name: getattr(config, name) for name in same},
-    )
+    batch_size = config.batch_size or DEFAULT_BATCH_SIZE["transformers"]
+    options = {name: getattr(config, name) for name in same}
+    spec = BackendSpec(backend_name, model.weights, model.tokenizer, model.adapter, batch_size=batch_size, **options)
     if config.data_parallel_size > 1:
         devices = config.tensor_parallel_size if backend_name == "vllm" else None
         return DataParallelBackend(spec, config.data_parallel_size, devices_per_rank=devices)

@@ -83,11 +83,7 @@ def parameter_size(*names: str | None) -> str | None:
 
 
 def resolve_model(
-    model: str,
-    *,
-    adapter: str | None = None,
-    base_model: str | None = None,
-    label: str | None = None,
+    model: str, *, adapter: str | None = None, base_model: str | None = None, label: str | None = None
 ) -> ResolvedModel:
     """Resolve the `model` and `adapter` (a LoRA directory for the base `model`) of an evaluation. `model` may itself
     be an adapter directory: its base is then `base_model`, else the GGUF file it was trained on (`trained_on_gguf`),
@@ -97,12 +93,11 @@ def resolve_model(
     if adapter is None and model_path.is_dir() and (model_path / ADAPTER_CONFIG).is_file():
         adapter = model
         recorded_base = _read_json(model_path / ADAPTER_CONFIG).get("base_model_name_or_path")
-        base_model = base_model or trained_on_gguf(model_path, recorded_base) or recorded_base
-        if not base_model:
+        base_reference = base_model or trained_on_gguf(model_path, recorded_base) or recorded_base
+        if not base_reference:
             raise ModelNotFoundError(
                 f"The adapter {model!r} records no base_model_name_or_path; pass the base model with --base_model."
             )
-        base_reference = base_model
     else:
         if base_model is not None and adapter is None:
             raise ValueError("base_model is only used with a LoRA adapter; pass --adapter or drop --base_model.")
@@ -118,21 +113,15 @@ def resolve_model(
                 "model instead."
             )
     weights = _resolve_weights(base_reference, "base model" if adapter_dir is not None else "model")
-    tokenizer = weights
-    if adapter_dir is not None and (adapter_dir / "tokenizer_config.json").is_file():
-        tokenizer = str(adapter_dir.resolve())
+    own_tokenizer = adapter_dir is not None and (adapter_dir / "tokenizer_config.json").is_file()
+    tokenizer = str(adapter_dir.resolve()) if own_tokenizer else weights
     own_dir = adapter_dir if adapter_dir is not None else (model_path if model_path.is_dir() else None)
     summary = _read_json(own_dir / RUN_SUMMARY_FILE) if own_dir is not None else {}
     base_name = summary.get("model") or base_reference
     name = label or (own_dir.resolve().name if own_dir is not None else model.rstrip("/").split("/")[-1])
     if is_gguf_reference(name):
         name = name[: -len(".gguf")]
+    adapter = str(adapter_dir.resolve()) if adapter_dir is not None else None
     return ResolvedModel(
-        reference=model,
-        weights=weights,
-        tokenizer=tokenizer,
-        adapter=str(adapter_dir.resolve()) if adapter_dir is not None else None,
-        label=name,
-        method=summary.get("method"),
-        size=parameter_size(base_name, model),
+        model, weights, tokenizer, adapter, name, summary.get("method"), parameter_size(base_name, model)
     )
