@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import traceback
@@ -12,14 +13,19 @@ from importlib.metadata import PackageNotFoundError, version
 
 from ..core.errors import UsageError
 
-# Each command's module is imported when the command runs, so that `stapo-trl -h` loads no torch.
-
 COMMANDS = {
     "train": "Train with a YAML recipe (STAPO, GRPO, 20-Entropy, JustRL or STARE); --dry_run prints the plan.",
     "eval": "avg@k on AIME24/25, AMC23, MATH500, Minerva and OlympiadBench, beside the paper's numbers.",
     "report": "Plots and a summary of training runs: entropy, reward, the mask, p-H density, silenced tokens.",
     "counterfactual": "Apply a run's saved updates again with other tokens silenced, and read what each did.",
 }
+MODULES = {"train": "train", "eval": "evaluate", "report": "report", "counterfactual": "counterfactual"}
+"""Each command's module, imported when the command runs (so that `stapo-trl -h` loads no torch); its function is
+``<command>_command(argv)``."""
+
+TRACEBACK_FLAG = "--traceback"
+TRACEBACK_ENVIRONMENT = "STAPO_TRL_TRACEBACK"
+"""Print an error's traceback as well as its message. (Not `--debug`: that is a transformers training argument.)"""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,12 +41,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-TRACEBACK_FLAG = "--traceback"
-TRACEBACK_ENVIRONMENT = "STAPO_TRL_TRACEBACK"
-"""Print an error's traceback as well as its message. (Not `--debug`: that is a transformers training argument,
-which `stapo-trl train` passes on to `TrainingArguments` like any other.)"""
-
-
 def _versions() -> str:
     found = []
     for package in ("stapo-trl", "trl", "transformers", "torch"):
@@ -54,35 +54,19 @@ def _versions() -> str:
 def _run(command: str, argv: list[str]) -> int:
     if command == "train":
         from ..cpu.environment import set_cpu_environment
-
-        set_cpu_environment()
         from .help import train_help
 
+        set_cpu_environment()  # before torch is imported
         if train_help(argv):
             return 0
-        from .train import train_command
-
-        return train_command(argv)
-    if command == "eval":
-        from .evaluate import eval_command
-
-        return eval_command(argv)
-    if command == "report":
-        from .report import report_command
-
-        return report_command(argv)
-    if command == "counterfactual":
-        from .counterfactual import counterfactual_command
-
-        return counterfactual_command(argv)
-    raise AssertionError(command)
+    module = importlib.import_module(f".{MODULES[command]}", __name__)
+    return getattr(module, f"{command}_command")(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command. Every mistake in the input (a `UsageError`) becomes one line on stderr and exit code 2; with
-    `--traceback` anywhere on the command line, or `STAPO_TRL_TRACEBACK=1`, its traceback is printed too. Ctrl-C exits
-    with 130 (`train` and `eval` first say how to resume). Any other exception is a bug: its traceback is printed under a
-    line that says how to report it."""
+    """Run one command. A mistake in the input (a `UsageError`) becomes one line on stderr and exit code 2 (with its
+    traceback under `--traceback` or `STAPO_TRL_TRACEBACK=1`); Ctrl-C exits with 130; any other exception is a bug,
+    whose traceback is printed under a line that says how to report it."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = TRACEBACK_FLAG in argv or os.environ.get(TRACEBACK_ENVIRONMENT, "") not in ("", "0")
     argv = [token for token in argv if token != TRACEBACK_FLAG]

@@ -19,21 +19,11 @@ from ..diagnostics.run_record import step_line_parts
 from ..storage import append_text, read_json_lines, write_text_atomically
 
 
-def _clean(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 class MetricsFileCallback(TrainerCallback):
-    """Appends every log record of the main process to ``path`` (`output_dir/metrics.jsonl` in `stapo-trl train`),
-    with its step and wall time: the same records as the log history in ``trainer_state.json``, on disk as they are
-    logged rather than only with a checkpoint or at the end.
-
-    A fresh run (global step 0) starts the file over. A resumed run first drops the records of steps after the
-    checkpoint it resumes from (a killed run logged them, and the resumed run logs them again), and the line a kill
-    cut off mid-write, then appends: after any kill and resume, each step is in the file once.
-    """
+    """Appends every log record of the main process, with its step and wall time, to ``path`` as it is logged (the
+    log history of ``trainer_state.json``, live). A fresh run starts the file over; a resumed run first drops the
+    records after its checkpoint and a line cut off mid-write, so that after any kill and resume each step is there
+    once."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -53,13 +43,13 @@ class MetricsFileCallback(TrainerCallback):
         if not state.is_world_process_zero or not logs:
             return
         record = {"step": state.global_step, "epoch": state.epoch, "wall_seconds": time.perf_counter() - self.start}
-        record.update({key: _clean(value) for key, value in logs.items()})
+        for key, value in logs.items():  # NaN and infinity as null: JSON has neither
+            record[key] = None if isinstance(value, float) and not math.isfinite(value) else value
         append_text(self.path, json.dumps(record) + "\n")
 
 
 def step_summary(logs: dict, step: int, max_steps: int) -> str:
-    """One line for one logged training step: reward, entropy, what each token rule logged (in its own words,
-    `RulePresentation.step`), length and loss."""
+    """One line for one logged training step: reward, entropy, what each token rule logged, length and loss."""
 
     def shown(*formats: tuple[str, str]) -> list[str]:
         return [pattern.format(logs[key]) for key, pattern in formats if key in logs]
@@ -87,23 +77,16 @@ class StepSummaryProgressCallback(ProgressCallback):
 
 
 STOPPING_SIGNALS = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
-"""The signals that stop training at a checkpoint: Ctrl-C, and SIGTERM, which Slurm, Kubernetes and spot preemption
-send before they kill a job."""
+"""The signals that stop training at a checkpoint (Slurm, Kubernetes and spot preemption send SIGTERM first)."""
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
-"""The exit code of a run stopped by each signal: 128 + the signal number, as a shell reports a process it killed."""
+"""128 + the signal number, as a shell reports a process it killed."""
 
 
 class StopAtCheckpointOnSignal(TrainerCallback):
-    """The first Ctrl-C (SIGINT) or SIGTERM ends training after the current optimizer step, and the trainer saves a
-    checkpoint the usual way (weights, optimizer, scheduler, RNG and STAPO's state), even with ``save_strategy:
-    "no"``, so that ``resume_from_checkpoint: last`` continues exactly there. A second one raises
-    ``KeyboardInterrupt`` at once, without a checkpoint.
-
-    With several processes, each installs the handler, and at the end of every optimizer step they agree (one small
-    all-reduce) whether any of them was signalled, so that all stop after the same step and save one checkpoint
-    together, whichever process the signal reached. Install it on the main thread. ``signal_received`` is the signal
-    that stopped training, or None.
-    """
+    """The first Ctrl-C or SIGTERM ends training after the current optimizer step with a checkpoint (even with
+    ``save_strategy: "no"``) that ``resume_from_checkpoint: last`` continues; a second raises ``KeyboardInterrupt`` at
+    once. With several processes, an all-reduce after every step makes all stop after the same one, whichever process
+    was signalled. Install it on the main thread. ``signal_received``: the signal that stopped training, or None."""
 
     def __init__(self) -> None:
         self.signal_received: int | None = None
@@ -127,7 +110,6 @@ class StopAtCheckpointOnSignal(TrainerCallback):
         )
 
     def restore(self) -> None:
-        """Put back the handlers that were there before training began (a no-op once done)."""
         for signum, handler in self._previous_handlers.items():
             signal.signal(signum, handler)
         self._previous_handlers = {}

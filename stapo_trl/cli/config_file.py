@@ -1,7 +1,7 @@
-"""The YAML config file of a command (`stapo-trl train`'s recipe, `stapo-trl eval`'s settings), read and checked
-before anything is loaded, the same way for every command: a key given twice, a key the command does not know, a value
-of the wrong type or an ``env`` that is not a mapping is refused in a message that names the file, the key and what to
-write instead. Each command says how it names its file and which error it raises (`ConfigFileKind`)."""
+"""The YAML config file of a command (`stapo-trl train`'s recipe, `stapo-trl eval`'s settings), read and checked before
+anything is loaded: a key given twice, a key the command does not know, a value of the wrong type or an ``env`` that is
+not a mapping is refused in a message that names the file, the key and what to write instead. The checked values
+become the defaults of the command's `TrlParser` (`set_defaults_with_config`); flags override them."""
 
 from __future__ import annotations
 
@@ -26,16 +26,18 @@ class ConfigFileKind:
     """How one command names its config file in messages, and the error it raises for a bad one."""
 
     command: str
-    """The command, as a user types it: ``stapo-trl train``."""
     noun: str
-    """What the file is called: ``recipe``, ``config file``."""
     example: str
     """Where to find or how to write one, for the message about a missing file."""
     error: type[UsageError]
 
+    def refuse(self, message: str):
+        """`argparse`'s error handler: raise instead of printing the usage of every option and exiting."""
+        raise self.error(message)
+
 
 class _DuplicateKey(Exception):
-    """A mapping repeats a key (raised by the loader, turned into the command's error by `read_config_file`)."""
+    pass
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -55,19 +57,14 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def read_config_file(path: str | os.PathLike, kind: ConfigFileKind) -> dict[str, Any]:
-    """The mapping in the YAML file ``path`` (``{}`` for an empty file); a directory, a missing file, YAML that does not
-    parse, a repeated key or a document that is not a mapping raises ``kind.error``."""
+    """The mapping in the YAML file ``path`` (``{}`` for an empty file), or ``kind.error``."""
     path = Path(path)
     if path.is_dir():
         found = sorted(str(child) for child in path.glob("*.yaml"))
-        raise kind.error(
-            f"{path} is a directory; --config takes one YAML {kind.noun}"
-            + (f", for example {found[0]}." if found else ".")
-        )
+        example = f", for example {found[0]}." if found else "."
+        raise kind.error(f"{path} is a directory; --config takes one YAML {kind.noun}{example}")
     if not path.is_file():
-        raise kind.error(
-            f"{kind.noun[0].upper()}{kind.noun[1:]} not found: {path}. Pass the path of a YAML file, {kind.example}."
-        )
+        raise kind.error(f"{kind.noun.capitalize()} not found: {path}. Pass the path of a YAML file, {kind.example}.")
     try:
         config = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as error:
@@ -120,8 +117,8 @@ def suggest(name: str, candidates: Iterable[str]) -> str:
 
 
 def parser_actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
-    """Each destination of ``parser`` and the action of its ``--name`` option: for a boolean field that defaults to
-    true, `HfArgumentParser` adds a ``--no_name`` action with the same destination, which takes no value."""
+    """Each destination of ``parser`` and the action of its ``--name`` option (not the ``--no_name`` action that
+    `HfArgumentParser` adds, with the same destination, for a boolean that defaults to true)."""
     actions: dict[str, argparse.Action] = {}
     for action in parser._actions:
         if action.dest != "help":
@@ -138,26 +135,16 @@ def refuse_unknown_keys(
     reasons: Mapping[str, str] | None = None,
     candidates: Iterable[str] = (),
 ) -> None:
-    """Raise ``kind.error`` listing every key of ``config`` not in ``known``, each with its reason (``reasons``: a key
-    the command refuses or that was renamed, and what to use instead) or the closest of ``candidates``."""
+    """Raise ``kind.error`` listing every key of ``config`` not in ``known``, each with its reason (``reasons``: what
+    to use instead) or the closest of ``candidates``."""
     known, reasons, candidates = set(known), reasons or {}, list(candidates)
-    unknown = [key for key in config if key not in known]
-    if not unknown:
-        return
-    lines = []
-    for key in unknown:
-        reason = reasons.get(key)
-        lines.append(f"  {key}: " + (reason + "." if reason else "not a known key." + suggest(str(key), candidates)))
-    raise kind.error(f"{where} has keys that {kind.command} does not know:\n" + "\n".join(lines))
-
-
-def field_annotation(dataclass_types, name: str) -> str:
-    """The annotation of the field ``name`` of the first of ``dataclass_types`` that has one, as text."""
-    for dataclass_type in dataclass_types:
-        for item in fields(dataclass_type):
-            if item.name == name:
-                return item.type.__name__ if isinstance(item.type, type) else str(item.type)
-    return ""
+    lines = [
+        f"  {key}: " + (f"{reasons[key]}." if key in reasons else "not a known key." + suggest(str(key), candidates))
+        for key in config
+        if key not in known
+    ]
+    if lines:
+        raise kind.error(f"{where} has keys that {kind.command} does not know:\n" + "\n".join(lines))
 
 
 def checked_values(
@@ -167,56 +154,58 @@ def checked_values(
     where: str,
     kind: ConfigFileKind,
 ) -> dict[str, Any]:
-    """The keys of ``config`` that name an argument of the parser (``actions``), each value converted to what the
-    parser expects for it (`checked_value`); other keys are left out."""
-    return {
-        key: checked_value(key, value, actions[key], field_annotation(dataclass_types, key), where, kind)
-        for key, value in config.items()
-        if key in actions
-    }
+    """The keys of ``config`` that name an argument of the parser (``actions``), each value converted as the parser
+    converts a flag's (a wrong type is ``kind.error`` naming the key); other keys are left out."""
+    annotations = {}
+    for dataclass_type in reversed(dataclass_types):  # the first dataclass that has a field names its type
+        for item in fields(dataclass_type):
+            annotations[item.name] = item.type.__name__ if isinstance(item.type, type) else str(item.type)
+    checked = {}
+    for key, value in config.items():
+        if key in actions:
+            checked[key] = _checked_value(key, value, actions[key], annotations.get(key, ""), f"{where}: {key}", kind)
+    return checked
 
 
-def checked_value(key: str, value: Any, action: argparse.Action, annotation: str, where: str, kind: ConfigFileKind):
-    """``value`` converted to what the parser expects for ``key``, or ``kind.error`` naming the key and its type."""
-    type_function = action.type
-    type_name = getattr(type_function, "__name__", "")
+def _checked_value(key: str, value: Any, action: argparse.Action, annotation: str, where: str, kind: ConfigFileKind):
+    expected = annotation or getattr(action.type, "__name__", "")
     if value is None:
         if "None" in annotation or action.default is None:
             return None
-        raise kind.error(f"{where}: {key} has no value; it needs a {annotation or type_name}.")
+        raise kind.error(f"{where} has no value; it needs a {expected}.")
     if action.nargs in ("+", "*"):
         items = value if isinstance(value, list) else [value]
         for item in items:
             if isinstance(item, dict | list):
                 raise kind.error(
-                    f"{where}: {key} takes a list of single values ({annotation}); an entry is a "
-                    f"{type(item).__name__}: {item!r}."
+                    f"{where} takes a list of single values ({annotation}); an entry is a {type(item).__name__}: "
+                    f"{item!r}."
                 )
-        return [_checked_scalar(key, item, action, annotation, where, kind) for item in items]
+        return [_checked_scalar(item, action, annotation, where, kind) for item in items]
     if isinstance(value, dict | list):
         # Several TrainingArguments fields typed `str` also take a list or a dict (report_to, fsdp, *_kwargs).
-        if type_function is str or "dict" in annotation or "list" in annotation:
+        if action.type is str or "dict" in annotation or "list" in annotation:
             return value
-        raise kind.error(f"{where}: {key} must be a single value ({annotation}), not a {type(value).__name__}.")
-    return _checked_scalar(key, value, action, annotation, where, kind)
+        raise kind.error(f"{where} must be a single value ({annotation}), not a {type(value).__name__}.")
+    return _checked_scalar(value, action, annotation, where, kind)
 
 
-def _checked_scalar(key, value, action, annotation, where, kind):
+def _checked_scalar(value, action, annotation, where, kind):
     type_function = action.type
     type_name = getattr(type_function, "__name__", "")
 
     def fail(reason: str) -> UsageError:
-        return kind.error(f"{where}: {key}: {reason} (got {value!r}; expected {annotation or type_name}).")
+        return kind.error(f"{where}: {reason} (got {value!r}; expected {annotation or type_name}).")
 
     if type_name == "string_to_bool":
         if isinstance(value, bool):
             return value
-        if isinstance(value, str):
-            try:
-                return type_function(value)
-            except (ValueError, argparse.ArgumentTypeError):
-                raise fail("not a boolean") from None
-        raise fail("not a boolean; write true or false")
+        if not isinstance(value, str):
+            raise fail("not a boolean; write true or false")
+        try:
+            return type_function(value)
+        except (ValueError, argparse.ArgumentTypeError):
+            raise fail("not a boolean") from None
     if isinstance(value, bool) and annotation.split("|")[0].strip() in ("int", "float"):
         raise fail("a boolean where a number is needed; YAML reads an unquoted yes, no, on, off, true or false as one")
     if type_function is int and isinstance(value, float) and not value.is_integer():
@@ -229,7 +218,7 @@ def _checked_scalar(key, value, action, annotation, where, kind):
             raise fail("wrong type") from None
     if action.choices is not None and converted not in action.choices:
         raise kind.error(
-            f"{where}: {key} must be one of {list(action.choices)}, got {value!r}."
+            f"{where} must be one of {list(action.choices)}, got {value!r}."
             + suggest(str(value), [str(choice) for choice in action.choices])
         )
     return converted

@@ -19,39 +19,25 @@ from .config_file import (
     refuse_unknown_keys,
     suggest,
 )
-from .help import HELP_ALL_FLAG, eval_help
-
-# TRL's parser is imported where the command line is parsed, so that `stapo-trl eval -h` loads no TRL.
+from .help import eval_help
 
 PROG = "stapo-trl eval"
-
-
-EVAL_CONFIG = ConfigFileKind(
-    "stapo-trl eval", "config file", "whose keys are the options of `stapo-trl eval -h`", EvalConfigError
-)
-"""How `stapo-trl eval` reads its ``--config`` file: checked as `stapo-trl train` checks a recipe."""
-
-
-def _refuse(message: str):
-    """`argparse`'s error handler, raising instead of printing the usage of every option and exiting."""
-    raise EvalConfigError(message)
+EVAL_CONFIG = ConfigFileKind(PROG, "config file", "whose keys are the options of `stapo-trl eval -h`", EvalConfigError)
 
 
 def parse_eval_args(argv: list[str]) -> EvalConfig:
-    """An `EvalConfig` from the command line, with `--config FILE.yaml` read first as in `stapo-trl train`: its keys
-    set the defaults, flags override them. The file's keys and values are checked as a recipe's are
-    (`stapo_trl.cli.config_file`)."""
+    """An `EvalConfig` from the command line, with ``--config FILE.yaml`` read first and checked as a recipe is: its
+    keys set the defaults, flags override them. TRL is imported here, so that `stapo-trl eval -h` loads none."""
     from trl import TrlParser
 
     path, cli_args = config_path(argv, EVAL_CONFIG)
     values = read_config_file(path, EVAL_CONFIG) if path is not None else {}
-    where = str(path)
     parser = TrlParser(dataclass_types=[EvalConfig], prog=PROG)
-    parser.error = _refuse
+    parser.error = EVAL_CONFIG.refuse
     actions = parser_actions(parser)
-    refuse_unknown_keys(values, {*actions, ENV_KEY}, where, EVAL_CONFIG, candidates=actions)
-    parser.set_defaults_with_config(**checked_values(values, actions, parser.dataclass_types, where, EVAL_CONFIG))
-    apply_environment(values, where, EVAL_CONFIG)
+    refuse_unknown_keys(values, {*actions, ENV_KEY}, str(path), EVAL_CONFIG, candidates=actions)
+    parser.set_defaults_with_config(**checked_values(values, actions, parser.dataclass_types, str(path), EVAL_CONFIG))
+    apply_environment(values, str(path), EVAL_CONFIG)
     config, remaining = parser.parse_args_into_dataclasses(args=cli_args, return_remaining_strings=True)
     if remaining:
         unknown = next((token for token in remaining if token.startswith("--")), remaining[0])
@@ -80,15 +66,8 @@ def describe_setting(label: str, setting: dict[str, Any], graders: list[str]) ->
 
 
 def eval_command(argv: list[str]) -> int:
-    if HELP_ALL_FLAG in argv:
-        from trl import TrlParser
-
-        TrlParser(dataclass_types=[EvalConfig], prog=PROG).print_help()
+    if eval_help(argv):
         return 0
-    if "-h" in argv or "--help" in argv:
-        print(eval_help())
-        return 0
-
     try:
         config = parse_eval_args(argv)
         result = evaluation.evaluate(config)

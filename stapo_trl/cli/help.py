@@ -1,16 +1,16 @@
-"""`stapo-trl train -h` and `stapo-trl eval -h`: options grouped, one line or one paragraph each. `--help-all`
-prints the raw parser's listing of every option."""
+"""`stapo-trl train -h` and `stapo-trl eval -h`: the options grouped (argparse argument groups), one line or one
+paragraph each. `--help-all` prints the raw parser's listing of every option."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-import textwrap
+import functools
 
 from ..core.token_rules import switched_rules
 from ..methods import METHOD_NAMES
-from .recipe import make_train_parser
 
-# The evaluation package is imported by `eval_help` only, so that `stapo-trl train -h` does not load it.
+# The evaluation package and TRL's parser are imported where they are used, so that `-h` loads neither.
 
 HELP_ALL_FLAG = "--help-all"
 
@@ -70,77 +70,69 @@ GROUPS: dict[str, dict[str, str]] = {
         "push_to_hub": "upload the model and its card to the Hub",
     },
 }
-"""{group title: {option: one-line description}}. Each token rule adds its own group (its spec's
-``presentation.help_title`` and ``presentation.help_options``) after "data and rewards". A test checks that every
-option exists."""
+"""{group title: {option: one-line description}} of ``train -h``; a test checks that every option exists."""
 
 
 def option_groups() -> list[tuple[str, tuple[tuple[str, str], ...]]]:
-    """The groups of ``train -h``: the fixed ones, with each token rule's group after "data and rewards"."""
+    """The groups of ``train -h``: `GROUPS`, with each token rule's (``spec.presentation``) after "data and rewards"."""
     groups = [(title, tuple(options.items())) for title, options in GROUPS.items()]
     split = list(GROUPS).index("data and rewards") + 1
     rules = [(spec.presentation.help_title, spec.presentation.help_options) for spec in switched_rules()]
     return groups[:split] + [rule for rule in rules if rule[0]] + groups[split:]
 
 
-WIDTH = 30
-
-
-def short_help() -> str:
-    lines = [
-        "usage: stapo-trl train --config RECIPE.yaml [--option value ...]",
-        "",
-        "Train with a YAML recipe; any key of the recipe can also be given as --key value. The options people",
-        "change most are below; `stapo-trl train --help-all` lists all of them, with TRL's and transformers' own.",
-        "`--traceback` prints the traceback of an error as well as its message.",
-    ]
-    for title, options in option_groups():
-        lines += ["", f"{title}:"]
-        lines += [f"  --{name:<{WIDTH}} {text}" for name, text in options]
-    lines += [
-        "",
-        "examples:",
-        "  stapo-trl train --config recipes/quickstart/smollm2-135m-cpu.yaml",
-        "  stapo-trl train --config recipes/dapo_math_17k/qwen3-8b-base/stapo.yaml --dry_run",
-        "  stapo-trl train --config RECIPE.yaml --method grpo --seed 1 --output_dir outputs/grpo-seed1",
-    ]
-    return "\n".join(lines)
+def grouped_help(usage: str, description: str, groups, examples: list[str], help_position: int) -> str:
+    """The help of a command: ``groups`` is ``[(title, [(name, metavar or None, text)])]``; help text starts at column
+    ``help_position`` (on the option's line where it fits, else on the next)."""
+    formatter = functools.partial(argparse.RawDescriptionHelpFormatter, width=119, max_help_position=help_position)
+    epilog = "\n".join(["examples:", *(f"  {example}" for example in examples)])
+    parser = argparse.ArgumentParser(
+        usage=usage, description=description, epilog=epilog, add_help=False, formatter_class=formatter
+    )
+    for title, options in groups:
+        group = parser.add_argument_group(title)
+        for name, metavar, text in options:
+            settings = {"action": "store_true"} if metavar is None else {"metavar": metavar}
+            group.add_argument(f"--{name}", help=text.replace("%", "%%"), **settings)
+    return parser.format_help().rstrip()
 
 
 def train_help(argv: list[str]) -> bool:
     """Print ``train -h``, or for ``--help-all`` the parser's listing of every option, if ``argv`` asks for it."""
     if HELP_ALL_FLAG in argv:
+        from .recipe import make_train_parser
+
         make_train_parser().print_help()
     elif "-h" in argv or "--help" in argv:
-        print(short_help())
+        groups = [(title, [(name, None, text) for name, text in options]) for title, options in option_groups()]
+        description = (
+            "Train with a YAML recipe; any key of the recipe can also be given as --key value. The options people\n"
+            "change most are below; `stapo-trl train --help-all` lists all of them, with TRL's and transformers' own."
+            "\n`--traceback` prints the traceback of an error as well as its message."
+        )
+        examples = [
+            "stapo-trl train --config recipes/quickstart/smollm2-135m-cpu.yaml",
+            "stapo-trl train --config recipes/dapo_math_17k/qwen3-8b-base/stapo.yaml --dry_run",
+            "stapo-trl train --config RECIPE.yaml --method grpo --seed 1 --output_dir outputs/grpo-seed1",
+        ]
+        usage = "stapo-trl train --config RECIPE.yaml [--option value ...]"
+        print(grouped_help(usage, description, groups, examples, help_position=35))
     else:
         return False
     return True
 
 
-EVAL_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("model", ("model", "adapter", "base_model", "label", "method", "model_size")),
-    (
-        "benchmarks and data",
-        ("benchmarks", "benchmark_source", "benchmark_sources", "benchmark_splits", "max_problems"),
-    ),
-    ("sampling", ("presets", "temperature", "top_p", "samples_per_problem", "samples", "max_new_tokens", "seed")),
-    ("prompt and grading", ("prompt_style", "system_prompt", "chat_template", "graders")),
-    (
-        "generation backend",
-        (
-            "backend",
-            "batch_size",
-            "tensor_parallel_size",
-            "data_parallel_size",
-            "gpu_memory_utilization",
-            "max_model_len",
-            "dtype",
-            "device",
-            "trust_remote_code",
-        ),
-    ),
-    ("output", ("output_dir", "overwrite", "compare", "paper_comparison", "show_progress")),
+EVAL_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = tuple(
+    (title, tuple(names.split()))
+    for title, names in {
+        "model": "model adapter base_model label method model_size",
+        "benchmarks and data": "benchmarks benchmark_source benchmark_sources benchmark_splits max_problems",
+        "sampling": "presets temperature top_p samples_per_problem samples max_new_tokens seed",
+        "prompt and grading": "prompt_style system_prompt chat_template graders",
+        "generation backend": "backend batch_size tensor_parallel_size data_parallel_size gpu_memory_utilization "
+        "max_model_len dtype device trust_remote_code",
+        "output": "output_dir overwrite compare paper_comparison show_progress",
+    }.items()
 )
 """The groups of ``eval -h``, by `EvalConfig` field; a test checks that every field is in exactly one."""
 
@@ -157,38 +149,43 @@ def _metavar(item) -> str:
     return "INT" if "int" in kind else "FLOAT" if "float" in kind else "TEXT"
 
 
-def eval_help() -> str:
-    """``stapo-trl eval -h``: every option once (a boolean as ``--name true|false``, not twice as ``--name`` and
-    ``--no_name``), grouped, each with its help and default."""
+def eval_help(argv: list[str]) -> bool:
+    """Print ``eval -h`` (every option once: a boolean as ``--name true|false``, not as ``--name`` and ``--no_name``,
+    each with its help and default), or for ``--help-all`` the raw parser's listing, if ``argv`` asks for it."""
     from ..evaluation import EvalConfig
 
+    if HELP_ALL_FLAG in argv:
+        from trl import TrlParser
+
+        TrlParser(dataclass_types=[EvalConfig], prog="stapo-trl eval").print_help()
+        return True
+    if "-h" not in argv and "--help" not in argv:
+        return False
     fields = {item.name: item for item in dataclasses.fields(EvalConfig)}
-    lines = [
-        "usage: stapo-trl eval --model MODEL [--option value ...]",
-        "",
-        "avg@k on AIME24/25, AMC23, MATH500, Minerva and OlympiadBench under the paper's two sampling settings, with",
-        "the paper's numbers beside ours. The defaults are the paper's protocol. `--traceback` prints the traceback of",
-        "an error as well as its message; `stapo-trl eval --help-all` prints the raw parser's listing.",
-        "",
-        "config:",
-        "  --config FILE.yaml",
-        "      read options from a YAML file of option: value pairs; flags on the command line override it. It is",
-        "      checked as a train recipe is: a key given twice, an unknown key or a value of the wrong type is an error",
-    ]
+    config_text = (
+        "read options from a YAML file of option: value pairs; flags on the command line override it. It is checked as"
+        " a train recipe is: a key given twice, an unknown key or a value of the wrong type is an error"
+    )
+    groups = [("config", [("config", "FILE.yaml", config_text)])]
     for title, names in EVAL_GROUPS:
-        lines += ["", f"{title}:"]
+        options = []
         for name in names:
             item = fields[name]
             default = item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default
             text = item.metadata.get("help", "")
             if default not in (None, [], "") and "default" not in text.lower():
                 text += f" Default: {' '.join(default) if isinstance(default, list) else default}."
-            lines.append(f"  --{name} {_metavar(item)}")
-            lines += textwrap.wrap(text, width=116, initial_indent="      ", subsequent_indent="      ")
-    lines += [
-        "",
-        "examples:",
-        "  stapo-trl eval --model outputs/quickstart-smollm2-135m-cpu --benchmark_source sample --max_new_tokens 160",
-        "  stapo-trl eval --model my-org/qwen3-8b-base-grpo --method grpo --data_parallel_size 8",
+            options.append((name, _metavar(item), text))
+        groups.append((title, options))
+    description = (
+        "avg@k on AIME24/25, AMC23, MATH500, Minerva and OlympiadBench under the paper's two sampling settings, with\n"
+        "the paper's numbers beside ours. The defaults are the paper's protocol. `--traceback` prints the traceback of\n"
+        "an error as well as its message; `stapo-trl eval --help-all` prints the raw parser's listing."
+    )
+    examples = [
+        "stapo-trl eval --model outputs/quickstart-smollm2-135m-cpu --benchmark_source sample --max_new_tokens 160",
+        "stapo-trl eval --model my-org/qwen3-8b-base-grpo --method grpo --data_parallel_size 8",
     ]
-    return "\n".join(lines)
+    usage = "stapo-trl eval --model MODEL [--option value ...]"
+    print(grouped_help(usage, description, groups, examples, help_position=6))
+    return True

@@ -12,11 +12,9 @@ from ..methods import describe_token_rule, method_preset
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """How completions flow through one generation and its optimizer steps, across all processes.
-
-    A generation samples `completions_per_generation` completions (`num_generations` per prompt); they are split into
-    micro-batches of `per_device_train_batch_size` on each process, and every `gradient_accumulation_steps`
-    micro-batches make one optimizer step. TRL reuses a generation `num_iterations` times."""
+    """How completions flow through one generation (`num_generations` per prompt, micro-batches of
+    `per_device_train_batch_size` per process) and its optimizer steps (`gradient_accumulation_steps` micro-batches
+    each; TRL reuses a generation `num_iterations` times), across all processes."""
 
     world_size: int
     per_device_train_batch_size: int
@@ -43,15 +41,14 @@ class BatchPlan:
 
     @property
     def optimizer_steps_per_generation(self) -> Fraction:
+        """A fraction (`stapo_trl.core.config.optimizer_steps_per_generation` rounds down), which the plan flags."""
         return Fraction(self.steps_per_generation * self.num_iterations, self.gradient_accumulation_steps)
 
 
 def batch_plan(config: Any, *, world_size: int, generation_batch_size_given: bool) -> BatchPlan:
-    """The `BatchPlan` of a `GRPOConfig` run on `world_size` processes.
-
-    `config` may have been built in a process of another size (a dry run on a laptop for an 8-GPU node), so its
-    derived `steps_per_generation` is recomputed here: from `generation_batch_size` when the recipe gave that, and
-    taken as given otherwise. Raises `ValueError` when the sizes do not divide, naming the values to change."""
+    """The `BatchPlan` of a `GRPOConfig` run on `world_size` processes, which may not be the size `config` was built
+    at (a dry run on a laptop for an 8-GPU node): `steps_per_generation` is recomputed from a `generation_batch_size`
+    the recipe gave. Raises `ValueError` when the sizes do not divide, naming the values to change."""
     if world_size < 1:
         raise ValueError(f"The world size must be at least 1 process, got {world_size}.")
     per_device = config.per_device_train_batch_size
@@ -122,20 +119,17 @@ def describe_model(model_args: Any, training: Any, script: Any = None) -> str:
 
 
 def describe_frozen_layer_replay(training: Any, script: Any, world_size: int) -> str:
-    """Where the CPU loss pass gets the frozen layers' states from: `generate()`, TRL's old-log-prob pass (which TRL
-    runs with vLLM's importance-sampling correction, or when the optimizer steps do not line up with the
-    generations), or nowhere."""
-    generate_every = training.steps_per_generation * training.num_iterations
-    old_log_prob_pass = training.gradient_accumulation_steps % generate_every != 0 or (
-        training.use_vllm and training.vllm_importance_sampling_correction
-    )
+    """Where the CPU loss pass gets the frozen layers' states from: `generate()`, TRL's old-log-prob pass (run with
+    vLLM's importance-sampling correction, or when the optimizer steps do not line up with the generations), or
+    nowhere."""
     if not script.replay_frozen_layers:
         return "every layer in the loss"
     if world_size > 1:
         return "every layer in the loss: the frozen-layer replay is off with several processes"
     if not training.use_vllm:
         return "frozen layers replayed from generate()"
-    if old_log_prob_pass:
+    generate_every = training.steps_per_generation * training.num_iterations
+    if training.gradient_accumulation_steps % generate_every or training.vllm_importance_sampling_correction:
         return "frozen layers replayed from TRL's old-log-prob pass"
     return (
         "every layer in the loss: vLLM samples and TRL runs no old-log-prob pass, so nothing records the frozen layers"
@@ -144,7 +138,7 @@ def describe_frozen_layer_replay(training: Any, script: Any, world_size: int) ->
 
 def format_plan(request: Any) -> str:
     """The dry-run plan: method, model, data, rewards, token rule, loss, generation, world size and batch arithmetic."""
-    script, training, model, plan = request.script, request.training, request.model, request.plan
+    script, training, plan = request.script, request.training, request.plan
     preset = method_preset(script.method)
     data = f"{script.dataset_name} (split {script.dataset_train_split}, prompt style {script.prompt_style}"
     if script.max_prompt_tokens:
@@ -153,76 +147,62 @@ def format_plan(request: Any) -> str:
         data += f", {script.num_train_problems} problems"
     if script.heldout_problems:
         data += f", {script.heldout_problems} held out for greedy accuracy before and after"
-    data += ")"
     warmup = training.warmup_steps
     warmup_text = f", {int(warmup) if warmup >= 1 else warmup} warm-up steps" if warmup else ""
-    scheduler = training.lr_scheduler_type
+    scheduler = getattr(training.lr_scheduler_type, "value", training.lr_scheduler_type)
+    delta = f", dual-clip delta {training.delta}" if training.delta is not None else ""
     loss = (
-        f"{training.loss_type}, epsilon {training.epsilon}/{training.epsilon_high}, beta {training.beta}"
-        + (f", dual-clip delta {training.delta}" if training.delta is not None else "")
-        + f", lr {training.learning_rate:g} {getattr(scheduler, 'value', scheduler)}{warmup_text}, grad clip "
-        f"{training.max_grad_norm}, weight decay {training.weight_decay}"
+        f"{training.loss_type}, epsilon {training.epsilon}/{training.epsilon_high}, beta {training.beta}{delta}, lr "
+        f"{training.learning_rate:g} {scheduler}{warmup_text}, grad clip {training.max_grad_norm}, weight decay "
+        f"{training.weight_decay}"
     )
-    if training.use_vllm:
-        engine = f"vLLM {training.vllm_mode}"
-        if training.vllm_mode == "colocate" and training.use_cpu and not request.cpu_stand_in:
-            engine += (
-                " on the CPU (stapo-trl's CPU adapter: one engine per process, the policy's dtype, KV cache 1 GiB)"
-            )
-        elif training.vllm_mode == "colocate":
-            engine += (
-                f" (tensor parallel {training.vllm_tensor_parallel_size}, gpu memory "
-                f"{training.vllm_gpu_memory_utilization})"
-            )
-    else:
-        engine = "transformers generate"
-    generation = (
-        f"{engine}, temperature {training.temperature}, top_p {training.top_p}, max completion "
-        f"{training.max_completion_length} tokens"
-    )
-    precision = "bf16" if training.bf16 else "fp16" if training.fp16 else "fp32"
     on_cpu = training.use_cpu and not request.cpu_stand_in
+    engine = "transformers generate"
+    if training.use_vllm and training.vllm_mode == "colocate" and on_cpu:
+        engine = "vLLM colocate on the CPU (stapo-trl's CPU adapter: one engine per process, the policy's dtype, KV "
+        engine += "cache 1 GiB)"
+    elif training.use_vllm and training.vllm_mode == "colocate":
+        engine = (
+            f"vLLM colocate (tensor parallel {training.vllm_tensor_parallel_size}, gpu memory "
+            f"{training.vllm_gpu_memory_utilization})"
+        )
+    elif training.use_vllm:
+        engine = f"vLLM {training.vllm_mode}"
+    precision = "bf16" if training.bf16 else "fp16" if training.fp16 else "fp32"
     if on_cpu:
         head = "stapo-trl's CPU LM head" if script.cpu_lm_head else "TRL's torch fallback of its fused LM head"
         precision += f", CPU ({head}; {describe_frozen_layer_replay(training, script, plan.world_size)})"
-    stop = f"{training.max_steps} optimizer steps" if training.max_steps > 0 else f"{training.num_train_epochs} epochs"
     rewards = ", ".join(script.reward_funcs)
     if script.reward_model_name_or_path:
         rewards += f", reward model {script.reward_model_name_or_path}"
-    rows = [
-        ("recipe", str(request.recipe_path) if request.recipe_path else "(command line only)"),
-        ("method", f"{preset.name}: {preset.summary}"),
-        ("model", describe_model(model, training, script)),
-        ("dataset", data),
-        ("rewards", rewards),
-        ("token rule", describe_token_rule(training)),
-        ("loss", loss),
-        ("generation", generation),
-        ("precision", precision),
-        ("world size", f"{plan.world_size} ({request.world_size_source})"),
-        ("launch", "accelerate launch " + " ".join(request.launch_args) if request.launch_args else "this process"),
-        (
-            "per step",
-            f"{plan.per_device_train_batch_size} per device x {plan.world_size} processes x "
-            f"{plan.gradient_accumulation_steps} accumulation = {plan.completions_per_step} completions per optimizer "
-            f"step ({_number(plan.prompts_per_step)} prompts x {plan.num_generations})",
-        ),
-        (
-            "per generation",
-            f"{plan.per_device_train_batch_size} x {plan.world_size} x {plan.steps_per_generation} micro-batches = "
-            f"{plan.completions_per_generation} completions per generation ({plan.prompts_per_generation} prompts x "
-            f"{plan.num_generations})",
-        ),
-        (
-            "steps/generation",
-            f"{_number(plan.optimizer_steps_per_generation)} optimizer steps per generation"
-            + (f" (num_iterations {plan.num_iterations})" if plan.num_iterations != 1 else ""),
-        ),
-        ("stop after", stop),
-        ("output", f"{training.output_dir} (report_to {', '.join(training.report_to) or 'none'})"),
-    ]
-    width = max(len(label) for label, _ in rows)
+    per_device, world = plan.per_device_train_batch_size, plan.world_size
+    epochs = training.num_train_epochs
+    iterations = f" (num_iterations {plan.num_iterations})" if plan.num_iterations != 1 else ""
+    rows = {
+        "recipe": str(request.recipe_path) if request.recipe_path else "(command line only)",
+        "method": f"{preset.name}: {preset.summary}",
+        "model": describe_model(request.model, training, script),
+        "dataset": data + ")",
+        "rewards": rewards,
+        "token rule": describe_token_rule(training),
+        "loss": loss,
+        "generation": f"{engine}, temperature {training.temperature}, top_p {training.top_p}, max completion "
+        f"{training.max_completion_length} tokens",
+        "precision": precision,
+        "world size": f"{world} ({request.world_size_source})",
+        "launch": "accelerate launch " + " ".join(request.launch_args) if request.launch_args else "this process",
+        "per step": f"{per_device} per device x {world} processes x {plan.gradient_accumulation_steps} accumulation = "
+        f"{plan.completions_per_step} completions per optimizer step ({_number(plan.prompts_per_step)} prompts x "
+        f"{plan.num_generations})",
+        "per generation": f"{per_device} x {world} x {plan.steps_per_generation} micro-batches = "
+        f"{plan.completions_per_generation} completions per generation ({plan.prompts_per_generation} prompts x "
+        f"{plan.num_generations})",
+        "steps/generation": f"{_number(plan.optimizer_steps_per_generation)} optimizer steps per generation{iterations}",
+        "stop after": f"{training.max_steps} optimizer steps" if training.max_steps > 0 else f"{epochs} epochs",
+        "output": f"{training.output_dir} (report_to {', '.join(training.report_to) or 'none'})",
+    }
+    width = max(map(len, rows))
     lines = ["stapo-trl train: dry run, nothing loaded"]
-    lines += [f"  {label:<{width}}  {value}" for label, value in rows]
+    lines += [f"  {label:<{width}}  {value}" for label, value in rows.items()]
     lines += [f"  note: {note}" for note in request.notes]
     return "\n".join(lines)

@@ -1,9 +1,7 @@
-"""What `stapo-trl train` checks before it loads a model: the output directory (and that no other run holds it), the
-checkpoint to resume from, vLLM, and the policy model itself: that it can be found (a Hub id missing from an offline
-cache is named), that every weight shard its index lists is on disk, that it is a decoder-only model that generates
-text (not a reward model or an encoder-decoder), and that its tokenizer has a chat template for the conversational
-prompts. Each check refuses input that would otherwise fail minutes later, deep inside transformers or TRL, or
-overwrite an earlier run."""
+"""What `stapo-trl train` checks before it loads a model, refusing input that would otherwise fail minutes later deep
+inside transformers or TRL, or overwrite an earlier run: the output directory (and that no other run holds it), vLLM,
+and the policy (found, offline too; every weight shard on disk; a decoder-only model that generates; a tokenizer with a
+chat template)."""
 
 from __future__ import annotations
 
@@ -42,26 +40,25 @@ RUN_FILES = (
     ADAPTER_WEIGHTS_FILE,
     MODEL_WEIGHTS_FILE,
 )
-"""Files that a finished or running `stapo-trl train` leaves in its output directory. Together with the
-``checkpoint-N`` directories they mark an earlier run, and they are what ``overwrite_output_dir`` deletes (the
-other files a run writes, such as the tokenizer and the model card, are written again by the new run)."""
-
-
+"""Files a `stapo-trl train` leaves in its output directory: with the ``checkpoint-N`` directories they mark an earlier
+run, and are what ``overwrite_output_dir`` deletes (the others, such as the tokenizer, a new run writes again)."""
 LOCK_FILE = ".stapo-trl.lock"
-"""Held (``flock``) by the main process of the `stapo-trl train` that uses the output directory, for as long as it
-runs; it holds that process's PID. The kernel releases the lock when the process ends, however it ends, so a killed
-run leaves no stale lock."""
+"""Held (``flock``, with the holder's PID) by the main process of the run using the output directory; the kernel
+releases it when the process ends, however it ends."""
+
+
+def _refuse_a_file(output_dir: str | Path) -> Path:
+    directory = Path(output_dir)
+    if directory.exists() and not directory.is_dir():
+        raise RecipeError(f"output_dir {str(output_dir)!r} is a file, not a directory. Choose another --output_dir.")
+    return directory
 
 
 class OutputDirLock:
     """An exclusive lock on an output directory for this process's lifetime (or until `release`)."""
 
     def __init__(self, output_dir: str | Path):
-        directory = Path(output_dir)
-        if directory.exists() and not directory.is_dir():
-            raise RecipeError(
-                f"output_dir {str(output_dir)!r} is a file, not a directory. Choose another --output_dir."
-            )
+        directory = _refuse_a_file(output_dir)
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / LOCK_FILE
         self._file = open(self.path, "a+")  # noqa: SIM115 (held open: the lock lives as long as the file)
@@ -102,9 +99,7 @@ def _shown(names: list[str], limit: int = 4) -> str:
 def check_output_dir(output_dir: str, resume_from_checkpoint, overwrite: bool) -> str | None:
     """Refuse an ``output_dir`` that is a file, or that holds an earlier run which would be overwritten. With
     ``overwrite``, delete that earlier run and return a note saying so; ``resume_from_checkpoint`` continues it."""
-    directory = Path(output_dir)
-    if directory.exists() and not directory.is_dir():
-        raise RecipeError(f"output_dir {output_dir!r} is a file, not a directory. Choose another --output_dir.")
+    directory = _refuse_a_file(output_dir)
     resuming = resume_from_checkpoint not in (None, False, "")
     if resuming and overwrite:
         raise RecipeError(
@@ -137,8 +132,7 @@ VLLM_MISSING = (
 
 
 def check_vllm(use_vllm: bool, dry_run_notes: list[str] | None = None) -> None:
-    """Refuse ``use_vllm`` without vLLM before loading anything (TRL would fail with an ImportError later); a dry run,
-    which loads nothing, gets a note in ``dry_run_notes`` instead."""
+    """Refuse ``use_vllm`` without vLLM (TRL would fail later), or for a dry run add a note to ``dry_run_notes``."""
     if use_vllm and importlib.util.find_spec("vllm") is None:
         if dry_run_notes is None:
             raise RecipeError(f"{VLLM_MISSING}. Install it, or set use_vllm: false to generate with transformers.")
@@ -153,12 +147,12 @@ NOT_GENERATIVE_HEADS = (
     "ForMaskedLM",
     "Model",
 )
-"""Architecture name endings of checkpoints without a language-modeling head that generates: reward models
-(sequence classification), taggers, extractive QA, fill-mask models (ForMaskedLM) and bare encoders or decoders."""
+"""Architecture name endings of checkpoints without a generating language-modeling head (reward models, taggers,
+extractive QA, fill-mask models, bare encoders or decoders)."""
 
 
 def check_shards(model_path: str) -> None:
-    """Refuse a local checkpoint whose shard index lists weight files that are missing, or that cannot be read."""
+    """Refuse a local checkpoint whose shard index cannot be read or lists missing weight files."""
     directory = Path(model_path).expanduser()
     if not directory.is_dir():
         return
@@ -202,7 +196,7 @@ def check_architecture(config, name: str) -> None:
 
 
 def load_checked_tokenizer_and_config(model_path: str, name: str, *, revision, trust_remote_code: bool):
-    """The tokenizer and config of the policy, after every check above; Hub and cache misses are named."""
+    """The tokenizer and config of the policy, after the checks above; Hub and cache misses are named."""
     check_shards(model_path)
     try:
         config = AutoConfig.from_pretrained(model_path, revision=revision, trust_remote_code=trust_remote_code)

@@ -1,10 +1,10 @@
-"""Reading a `stapo-trl train` recipe: YAML plus command-line overrides, checked before anything is loaded.
+"""Reading a `stapo-trl train` recipe: YAML plus command-line flags, checked before anything is loaded.
 
-Precedence, lowest first: `STAPOConfig`'s defaults, the selected method's preset (`stapo_trl.methods`), the recipe's
-keys, then command-line flags. The parser is TRL's `TrlParser` over `TrainScriptArguments`, `STAPOConfig` and TRL's
-`ModelConfig`. Keys that none of them defines are accepted only when they are `accelerate launch` options (as
-`trl grpo` hands them to accelerate) or `accelerate_config`; anything else fails with the closest valid name. The file
-is read and its keys and values checked by `stapo_trl.cli.config_file`, as `stapo-trl eval` reads its own."""
+Precedence, lowest first: `STAPOConfig`'s defaults, the method's preset (`stapo_trl.methods`), the recipe's keys, then
+flags. The parser is TRL's `TrlParser` over `TrainScriptArguments`, `STAPOConfig`, TRL's `ModelConfig` and the tools'
+settings; other keys are taken only when they are `accelerate launch` options (as `trl grpo` hands them to accelerate)
+or `accelerate_config`. TRL's parser, `STAPOConfig` and accelerate's launcher are imported where a recipe is parsed, so
+that `stapo-trl train -h` loads none of them."""
 
 from __future__ import annotations
 
@@ -31,12 +31,10 @@ from .config_file import (
     parser_actions,
     read_config_file,
     refuse_unknown_keys,
+    split_flags,
     suggest,
 )
 from .plan import BatchPlan, batch_plan
-
-# TRL's parser, `STAPOConfig` (which imports TRL) and accelerate's launcher are imported where a recipe is parsed,
-# so that `stapo-trl train -h` loads none of them.
 
 STALE_KEYS = {
     "max_prompt_length": "TRL 1.x removed it: GRPOTrainer no longer truncates prompts. Use max_prompt_tokens, which "
@@ -62,6 +60,9 @@ class RecipeError(UsageError, ValueError):
     """A recipe or command line that cannot be run as written; the message says what to change."""
 
 
+RECIPE = ConfigFileKind("stapo-trl train", "recipe", "for example one in recipes/quickstart/", RecipeError)
+
+
 @dataclass
 class TrainRequest:
     """Everything `stapo-trl train` resolved from a recipe and the command line, before loading anything."""
@@ -76,19 +77,18 @@ class TrainRequest:
     world_size_source: str
     plan: BatchPlan
     tools: tuple = ()
-    """The settings of the tools `stapo-trl train` attaches as callbacks (`TOOL_ARGUMENTS`, in that order)."""
+    """The settings of the tools attached as callbacks (`tool_arguments`, in that order)."""
     notes: list[str] = field(default_factory=list)
     cpu_stand_in: bool = False
     """A dry run without a GPU resolved a GPU recipe with `use_cpu=True`."""
     launch_environment: dict[str, str] = field(default_factory=dict)
-    """Environment variables `accelerate launch` is given for its processes (see `cpu_multi_process_launch`)."""
+    """Environment variables for the processes of `accelerate launch` (`cpu_multi_process_launch`)."""
     argv: list[str] = field(default_factory=list)
-    """The arguments of `stapo-trl train` as given."""
 
 
 def tool_arguments() -> tuple[type, ...]:
-    """The settings of the tools `stapo-trl train` attaches to the trainer as callbacks (the silenced-token dump, the
-    gradient probe, the saved generation states), each its own dataclass beside `STAPOConfig`."""
+    """The settings of the silenced-token dump, the gradient probe and the saved generation states: each tool is a
+    callback with its own dataclass, parsed beside `STAPOConfig`."""
     from ..diagnostics.token_dump import TokenDumpArguments
     from ..research.generation_states import GenerationStatesArguments
     from ..research.gradient_probe import GradientProbeArguments
@@ -97,8 +97,6 @@ def tool_arguments() -> tuple[type, ...]:
 
 
 def make_train_parser(prog: str = "stapo-trl train"):
-    """TRL's `TrlParser` over the argument dataclasses of `stapo-trl train`: the script's, `STAPOConfig`, TRL's
-    `ModelConfig` and the tools' (`tool_arguments`)."""
     from trl import ModelConfig, TrlParser
 
     from ..core.config import STAPOConfig
@@ -108,7 +106,6 @@ def make_train_parser(prog: str = "stapo-trl train"):
 
 @functools.cache
 def _launch_parser() -> argparse.ArgumentParser:
-    """`accelerate launch`'s parser, built once: it defines over a hundred options."""
     from accelerate.commands.launch import launch_command_parser
 
     return launch_command_parser()
@@ -123,22 +120,8 @@ def _option_names(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]
     }
 
 
-RECIPE = ConfigFileKind("stapo-trl train", "recipe", "for example one in recipes/quickstart/", RecipeError)
-"""How `stapo-trl train` reads its recipe (`stapo_trl.cli.config_file`)."""
-
-
 def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
-    """The keys of the recipe at ``path``, checked as every config file is (`read_config_file`)."""
     return read_config_file(path, RECIPE)
-
-
-def _flag_value(argv: list[str], name: str) -> str | None:
-    for index, token in enumerate(argv):
-        if token == f"--{name}" and index + 1 < len(argv):
-            return argv[index + 1]
-        if token.startswith(f"--{name}="):
-            return token.split("=", 1)[1]
-    return None
 
 
 def resolve_accelerate_config(name: str, recipe_path: Path | None) -> Path:
@@ -165,14 +148,6 @@ def resolve_accelerate_config(name: str, recipe_path: Path | None) -> Path:
     )
 
 
-def _launch_tokens(key: str, value: Any, action: argparse.Action) -> list[str]:
-    if action.nargs == 0:
-        return [f"--{key}"] if value else []
-    if isinstance(value, bool):
-        value = str(value).lower()
-    return [f"--{key}", str(value)]
-
-
 def _world_size(launch_args: list[str]) -> tuple[int, str]:
     if is_launched() and os.environ.get("WORLD_SIZE"):
         return int(os.environ["WORLD_SIZE"]), "from WORLD_SIZE of this launch"
@@ -196,11 +171,8 @@ def cpu_multi_process_launch(
     """The launch arguments and environment that start ``world_size`` processes on the CPU.
 
     ``accelerate launch --num_processes N`` with no config and no launcher flag picks its multi-process launcher only
-    when it sees several GPUs; on a CPU it starts one process and the others are lost without a word (with ``--cpu``
-    too). For such a launch on the CPU this adds ``--multi_gpu``, accelerate's multi-process launcher
-    (`torch.distributed.run`, whatever the device), and ``ACCELERATE_USE_CPU=true``, so that each process's
-    accelerate state is a CPU one and the processes join through gloo. A launch that names its launcher or config is
-    left as it is."""
+    when it sees several GPUs; on a CPU it starts one process. For such a launch this adds ``--multi_gpu`` (accelerate's
+    multi-process launcher, whatever the device) and ``ACCELERATE_USE_CPU=true`` (the processes join through gloo)."""
     if world_size <= 1 or not on_cpu or any(token.split("=", 1)[0] in LAUNCHER_CHOICES for token in launch_args):
         return launch_args, {}
     return [*launch_args, "--multi_gpu"], {"ACCELERATE_USE_CPU": "true"}
@@ -211,25 +183,19 @@ def is_launched() -> bool:
     return any(os.environ.get(name) for name in ("STAPO_TRL_LAUNCHED", "LOCAL_RANK", "WORLD_SIZE"))
 
 
-def _refuse(message: str):
-    """`argparse`'s error handler, raising instead of printing the usage of every option and exiting."""
-    raise RecipeError(message)
-
-
 CHECKPOINTING_NAMES = {
     "activation_checkpointing": "gradient_checkpointing",
     "activation_checkpointing_kwargs": "gradient_checkpointing_kwargs",
 }
-"""transformers 5.24 renamed ``gradient_checkpointing*`` to ``activation_checkpointing*`` and deprecates the old
-names; the recipes use the new ones."""
+"""transformers 5.24 renamed ``gradient_checkpointing*`` to ``activation_checkpointing*``; the recipes use the new
+names."""
 
 
 def _spell_checkpointing_for_this_transformers(
     recipe: dict[str, Any], cli_args: list[str], actions: dict[str, argparse.Action]
 ) -> tuple[dict[str, Any], list[str]]:
     """The recipe and flags with ``activation_checkpointing*`` written as ``gradient_checkpointing*`` when the
-    installed transformers predates the new names (before 5.24), so that one recipe runs on every transformers the
-    package supports. With 5.24 or newer, nothing changes."""
+    installed transformers predates the new names (``actions`` lacks them); otherwise unchanged."""
     missing = {new: old for new, old in CHECKPOINTING_NAMES.items() if new not in actions}
     if not missing:
         return recipe, cli_args
@@ -242,33 +208,29 @@ def _spell_checkpointing_for_this_transformers(
 
 
 def _refuse_stray_arguments(remaining: list[str], actions: dict, launch_options: dict[str, argparse.Action]) -> None:
-    """Refuse a token left over after parsing that is neither an `accelerate launch` option nor that option's value,
-    an unknown option first: `stapo-trl train` takes no positional arguments (`trl grpo` refuses them too), and a
-    leftover would otherwise reach the `accelerate launch` command line."""
+    """Refuse a leftover token that is neither an `accelerate launch` option nor its value (an unknown option
+    first): `stapo-trl train`, like `trl grpo`, takes no positional arguments."""
     for token in remaining:
-        if token.startswith("-"):
-            name = token.lstrip("-").split("=", 1)[0]
-            if name != ACCELERATE_CONFIG_KEY and (name not in launch_options or name in actions):
-                hint = STALE_KEYS.get(name) or TRL_GRPO_REFUSED.get(name)
-                raise RecipeError(
-                    f"Unknown argument {token}."
-                    + (f" {hint}." if hint else suggest(name, list(actions) + list(launch_options)))
-                )
+        name = token.lstrip("-").split("=", 1)[0]
+        if token.startswith("-") and name != ACCELERATE_CONFIG_KEY and (name not in launch_options or name in actions):
+            hint = STALE_KEYS.get(name) or TRL_GRPO_REFUSED.get(name)
+            raise RecipeError(
+                f"Unknown argument {token}." + (f" {hint}." if hint else suggest(name, [*actions, *launch_options]))
+            )
     expects_value = False
     for token in remaining:
         if expects_value:
             expects_value = False
-            continue
-        if token.startswith("-"):
-            name, has_value = token.lstrip("-").split("=", 1)[0], "=" in token
+        elif token.startswith("-"):
+            name = token.lstrip("-").split("=", 1)[0]
             action = launch_options.get(name)
             takes_value = name == ACCELERATE_CONFIG_KEY or (action is not None and action.nargs != 0)
-            expects_value = takes_value and not has_value
-            continue
-        raise RecipeError(
-            f"unexpected argument {token!r}: stapo-trl train takes no positional arguments, only --key value "
-            "options (recipe keys, or accelerate launch options); quote a value that holds spaces."
-        )
+            expects_value = takes_value and "=" not in token
+        else:
+            raise RecipeError(
+                f"unexpected argument {token!r}: stapo-trl train takes no positional arguments, only --key value "
+                "options (recipe keys, or accelerate launch options); quote a value that holds spaces."
+            )
 
 
 def parse_train_args(argv: list[str]) -> TrainRequest:
@@ -278,20 +240,14 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
     where = str(recipe_path) if recipe_path is not None else "command line"
 
     parser = make_train_parser()
-    parser.error = _refuse
+    parser.error = RECIPE.refuse
     actions = parser_actions(parser)
     recipe, cli_args = _spell_checkpointing_for_this_transformers(recipe, cli_args, actions)
     launch_options = _option_names(_launch_parser())
     launch_actions = {name: action for name, action in launch_options.items() if name not in actions}
 
-    refuse_unknown_keys(
-        recipe,
-        {*actions, *launch_actions, ENV_KEY, ACCELERATE_CONFIG_KEY},
-        where,
-        RECIPE,
-        reasons={**STALE_KEYS, **TRL_GRPO_REFUSED},
-        candidates=actions,
-    )
+    known = {*actions, *launch_actions, ENV_KEY, ACCELERATE_CONFIG_KEY}
+    refuse_unknown_keys(recipe, known, where, RECIPE, reasons={**STALE_KEYS, **TRL_GRPO_REFUSED}, candidates=actions)
     if "method" in recipe:
         try:
             recipe["method"] = method_preset(recipe["method"]).name
@@ -302,24 +258,25 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
     for key, value in recipe.items():
         if key == ACCELERATE_CONFIG_KEY:
             launch_args += ["--config_file", str(resolve_accelerate_config(str(value), recipe_path))]
+        elif key in launch_actions and launch_actions[key].nargs == 0:
+            launch_args += [f"--{key}"] if value else []
         elif key in launch_actions:
-            launch_args += _launch_tokens(key, value, launch_actions[key])
+            launch_args += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
     apply_environment(recipe, where, RECIPE)
 
-    method_name = _flag_value(cli_args, "method") or recipe.get("method") or "stapo"
+    method = split_flags(cli_args, ("--method",))[0].get("--method") or recipe.get("method", "stapo")
     try:
-        preset = method_preset(method_name)
+        preset = method_preset(method)
     except ValueError as error:
         raise RecipeError(str(error)) from None
 
     given_keys = set(recipe) | {token[2:].split("=", 1)[0] for token in cli_args if token.startswith("--")}
     notes = []
-    cpu_stand_in = False
     dry_run = "--dry_run" in cli_args or bool(dataclass_values.get("dry_run"))
     wants_half = any(dataclass_values.get(key) or f"--{key}" in cli_args for key in ("bf16", "fp16"))
-    if dry_run and wants_half and "use_cpu" not in given_keys and not torch.cuda.is_available():
+    cpu_stand_in = dry_run and wants_half and "use_cpu" not in given_keys and not torch.cuda.is_available()
+    if cpu_stand_in:
         dataclass_values["use_cpu"] = True
-        cpu_stand_in = True
         notes.append("no GPU here: the plan was resolved with use_cpu=true, so bf16 and devices were not checked")
 
     parser.set_defaults_with_config(**preset.defaults)

@@ -1,5 +1,5 @@
 """The end of `stapo-trl train`: what a finished run writes beside its weights (the held-out results, the training
-curves, and its record, ``run_summary.json``) and the summary it prints, which renders the record."""
+curves, its record ``run_summary.json``) and the summary it prints."""
 
 from __future__ import annotations
 
@@ -28,48 +28,28 @@ DATASET_DESCRIPTIONS = {
 """How the model card names the datasets that have no Hub page."""
 
 
-def dataset_reference(dataset_name: str) -> str:
-    """How the run's record names its data: ``dataset_name`` as given (a Hub id, ``arithmetic``, ``sample``), but a
-    local file or directory by its name alone, never by a path on this machine."""
-    path = Path(dataset_name).expanduser()
-    return path.name if path.exists() else dataset_name
-
-
-def plot_model_name(base_model: str | None, model_name_or_path: str) -> str:
-    """How a plot's title names the model: the Hub id, else the local directory's or file's name (never its path)."""
-    if base_model and not Path(base_model).expanduser().exists():
-        return base_model
-    return Path(model_name_or_path).name
-
-
 def record_finished_run(
-    log_history: list[dict[str, Any]],
-    output_dir: str,
-    *,
-    plot_label: str,
-    plot_title: str,
-    heldout=None,
-    heldout_results: dict | None = None,
-    dump_silenced_tokens: bool = False,
-    started: float,
-    **given: Any,
+    request, log_history: list[dict], base_model: str, heldout, heldout_results: dict, started: float, seconds_training
 ) -> RunRecord:
-    """Write the training curves, the held-out results (``heldout_results.jsonl``: each held-out problem with its greedy
-    result before and after training, for paired comparisons between runs) and the run's record into ``output_dir``
-    (main process only) and return the record. ``given`` holds what only `stapo-trl train` knows (`build_run_record`'s);
-    ``started`` is the run's start (`time.perf_counter`), for its total time. File names are relative to ``output_dir``:
-    run_summary.json is pushed to the Hub with the model."""
-    directory = Path(output_dir)
+    """Write the training curves, the held-out results (``heldout_results.jsonl``: each held-out problem's greedy
+    result before and after training, for paired comparisons between runs) and the run's record into the output
+    directory (main process only), and return the record. ``started``: the run's `time.perf_counter`. File names are
+    relative to the output directory, which is pushed to the Hub."""
+    script, training, model = request.script, request.training, request.model.model_name_or_path
+    directory = Path(training.output_dir)
     files = {
         "checkpoint": ".",
         "model card": "README.md",
         "log": f"{TRAINER_STATE_FILE} (log_history; {METRICS_FILE} is its live copy)",
     }
     if log_history:
-        plot_training_curves(log_history, directory / TRAINING_CURVES_FILE, label=plot_label, title=plot_title)
+        # Plots name the model by its Hub id, else by the local directory's or file's name (never its path).
+        shown = base_model if not Path(base_model).expanduser().exists() else Path(model).name
+        label, title = f"{script.method}, seed {training.seed}", f"{script.method} on {shown}"
+        plot_training_curves(log_history, directory / TRAINING_CURVES_FILE, label=label, title=title)
         files["plot"] = TRAINING_CURVES_FILE
     silenced_tokens = dump_stats = None
-    if dump_silenced_tokens:
+    if request.tools[0].dump_silenced_tokens:
         files["silenced tokens"] = SILENCED_TOKENS_FILE
         silenced_tokens, dump_stats = read_dump(directory)
     if heldout_results:
@@ -79,14 +59,21 @@ def record_finished_run(
         write_text_atomically(directory / HELDOUT_RESULTS_FILE, "".join(json.dumps(r) + "\n" for r in records))
         files["held-out results"] = HELDOUT_RESULTS_FILE
     files["summary"] = RUN_SUMMARY_FILE
+    dataset = Path(script.dataset_name).expanduser()  # a local file or directory is named without its path
     record = build_run_record(
         log_history,
         silenced_tokens=silenced_tokens,
         dump_stats=dump_stats,
         files=files,
-        output_dir=output_dir,
+        output_dir=str(training.output_dir),
         seconds_total=time.perf_counter() - started,
-        **given,
+        seconds_training=seconds_training,
+        method=script.method,
+        model=model,
+        base_model=base_model,
+        model_source=model,
+        dataset_description=DATASET_DESCRIPTIONS.get(script.dataset_name),
+        dataset_reference=dataset.name if dataset.exists() else script.dataset_name,
     )
     write_run_record(record, directory)
     return record

@@ -41,56 +41,39 @@ from .config_file import split_flags
 from .plan import format_plan
 from .preflight import OutputDirLock, check_output_dir, check_vllm, load_checked_tokenizer_and_config
 from .recipe import RecipeError, TrainRequest, is_launched, parse_train_args
-from .run_summary import (
-    DATASET_DESCRIPTIONS,
-    console_summary,
-    dataset_reference,
-    plot_model_name,
-    record_finished_run,
-)
+from .run_summary import console_summary, record_finished_run
 
-# `stapo-trl train -h` is answered before this module is imported (`stapo_trl.cli.help.train_help`). The trainer, the
-# evaluation package and the CPU runtime are imported where they are used, so that `--dry_run` loads no more than
-# TRL's argument parser needs.
+# The trainer, the evaluation package and the CPU runtime are imported where they are used, so that `--dry_run` loads
+# no more than TRL's argument parser needs.
 
 logger = logging.getLogger("stapo_trl")
 
 
-def _subtract_subsequence(tokens: list[str], subsequence: list[str]) -> list[str]:
-    """`tokens` without the ordered `subsequence` (the launcher's flags) in it."""
-    remaining, pending = [], iter(subsequence)
+def launch(request: TrainRequest, argv: list[str], launch_tokens: list[str]) -> int:
+    """Run `accelerate launch <launch args> -m stapo_trl train <argv without launch_tokens>`, as `trl grpo` does."""
+    child_args, pending = [], iter(launch_tokens)
     current = next(pending, None)
-    for token in tokens:
+    for token in argv:  # argv without the ordered launch tokens
         if current is not None and token == current:
             current = next(pending, None)
         else:
-            remaining.append(token)
-    return remaining
-
-
-def launch(request: TrainRequest, argv: list[str], launch_tokens: list[str]) -> int:
-    """Run `accelerate launch <launch args> -m stapo_trl train <the rest>`, as `trl grpo` does for its scripts."""
-    child_args = _subtract_subsequence(list(argv), launch_tokens)
+            child_args.append(token)
     parser = accelerate_launch.launch_command_parser()
     arguments = parser.parse_args([*request.launch_args, "-m", "stapo_trl", "train", *child_args])
-    # The variables reach the processes `accelerate launch` starts; this process's environment is restored after, so
-    # that a caller who runs `main` again in the same process (a notebook, a test) is not taken for a launched one.
+    # This process's environment is restored after, so that a later `main` in it is not taken for a launched one.
     with patch_environment(STAPO_TRL_LAUNCHED="1", **request.launch_environment):
         accelerate_launch.launch_command(arguments)
     return 0
 
 
 RENDEZVOUS_NOTE_SECONDS = 20.0
-"""How long the process group may take to form before `rendezvous_note` says what it is waiting for."""
 DISTRIBUTED_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 @contextmanager
 def rendezvous_note():
-    """While the process group forms: if it takes longer than ``RENDEZVOUS_NOTE_SECONDS`` (the environment variable
-    ``STAPO_TRL_RENDEZVOUS_NOTE_SECONDS`` overrides it), print once which distributed variables make this process
-    wait for others. Variables left in a shell from an earlier torchrun otherwise make a one-process run wait forever
-    without a word."""
+    """While the process group forms: past ``RENDEZVOUS_NOTE_SECONDS`` (or ``STAPO_TRL_RENDEZVOUS_NOTE_SECONDS``),
+    print once which distributed variables make this process wait for others (left in a shell from a torchrun?)."""
     world_size = os.environ.get("WORLD_SIZE", "1")
     if world_size in ("", "1"):
         yield
@@ -116,41 +99,27 @@ def rendezvous_note():
 
 
 class CurrentStderrHandler(logging.StreamHandler):
-    """Writes each record to ``sys.stderr`` as it is when the record is logged: notebooks and test runners replace
-    ``sys.stderr``, and a handler bound to an earlier one would write to a closed stream."""
+    """Writes to ``sys.stderr`` as it is at each record (notebooks and test runners replace it)."""
 
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value):
-        pass
+    stream = property(lambda self: sys.stderr, lambda self, value: None)
 
 
-def configure_logging(main_process: bool) -> None:
-    """INFO from stapo-trl on the main process (data reports, conversions), warnings only elsewhere."""
-    level = logging.INFO if main_process else logging.WARNING
+KNOWN_WARNINGS = (
+    # PEFT and TRL read this property (deprecated in transformers 5.24) on every run, whatever the recipe says.
+    (r"`is_gradient_checkpointing` is deprecated", FutureWarning),
+)
+
+
+def configure_logging(state) -> None:
+    """INFO from stapo-trl on the main process, warnings only elsewhere; silence the warnings every run would print
+    that say nothing about the recipe (`KNOWN_WARNINGS`, DeepSpeed's "Setting accelerator to CPU")."""
     package_logger = logging.getLogger("stapo_trl")
-    package_logger.setLevel(level)
+    package_logger.setLevel(logging.INFO if state.is_main_process else logging.WARNING)
     if not package_logger.handlers:
         handler = CurrentStderrHandler()
         handler.setFormatter(logging.Formatter("[stapo-trl] %(message)s"))
         package_logger.addHandler(handler)
         package_logger.propagate = False
-
-
-KNOWN_WARNINGS = (
-    # transformers 5.24 deprecates the property; PEFT's `PeftModel.__init__` and TRL's gradient-checkpointing helpers
-    # read it on every run, whatever the recipe says. Nothing a user can change, so it is filtered by its message.
-    (r"`is_gradient_checkpointing` is deprecated", FutureWarning),
-)
-
-
-def quiet_known_warnings(state) -> None:
-    """Silence, at their source, the warnings every `stapo-trl train` run would print that say nothing about the
-    user's recipe: DeepSpeed's "Setting accelerator to CPU" line on a one-process CPU run (by telling DeepSpeed the
-    accelerator, ``DS_ACCELERATOR=cpu``, unless it is already set), and `KNOWN_WARNINGS`."""
     for message, category in KNOWN_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category)
     if state.num_processes == 1 and state.device.type == "cpu":
@@ -158,10 +127,8 @@ def quiet_known_warnings(state) -> None:
 
 
 def resolve_model_path(name: str) -> str:
-    """`name` itself, or for a `.gguf` reference the cached safetensors conversion (made once, main process first).
-
-    A local path that does not exist, or a directory that holds no saved model, is a `RecipeError`; Hub ids are left to
-    `from_pretrained`."""
+    """`name` itself, or for a `.gguf` reference the cached safetensors conversion (made once, main process first). A
+    local path that does not exist or holds no saved model is a `RecipeError`; Hub ids are left to `from_pretrained`."""
     if is_gguf_reference(name):
         try:
             with PartialState().main_process_first():
@@ -185,24 +152,16 @@ def resolve_model_path(name: str) -> str:
 def load_datasets(script: Any, tokenizer, seed: int):
     """(train, held-out or None) as the recipe asks, with overlong prompts dropped."""
     heldout = None
+    style = {"prompt_style": script.prompt_style, "system_prompt": script.system_prompt}
     if script.dataset_name == ARITHMETIC:
-        options = {
-            "seed": seed,
-            "prompt_style": script.prompt_style,
-            "system_prompt": script.system_prompt,
-            "num_fewshot": script.num_fewshot,
-        }
-        train = load_arithmetic(script.num_train_problems or 1000, split="train", **options)
+        style.update(seed=seed, num_fewshot=script.num_fewshot)
+        train = load_arithmetic(script.num_train_problems or 1000, split="train", **style)
         if script.heldout_problems:
-            heldout = load_arithmetic(script.heldout_problems, split="heldout", **options)
+            heldout = load_arithmetic(script.heldout_problems, split="heldout", **style)
     else:
+        split, config_name = script.dataset_train_split, script.dataset_config
         train = load_dapo_math(
-            script.dataset_name,
-            split=script.dataset_train_split,
-            config_name=script.dataset_config,
-            prompt_style=script.prompt_style,
-            system_prompt=script.system_prompt,
-            dedupe=script.dedupe,
+            script.dataset_name, split=split, config_name=config_name, dedupe=script.dedupe, **style
         )
         if script.heldout_problems:
             train, heldout = split_heldout(train, script.heldout_problems, seed)
@@ -216,22 +175,9 @@ def load_datasets(script: Any, tokenizer, seed: int):
     return train, heldout
 
 
-def last_layers(config, count: int) -> list[int]:
-    """The indices of the model's last `count` transformer layers, read from its config."""
-    total = getattr(config.get_text_config(), "num_hidden_layers", None)
-    if total is None:
-        raise RecipeError(
-            f"lora_layers: the model's config has no num_hidden_layers, so the last {count} are unknown."
-        )
-    if count > total:
-        raise RecipeError(f"lora_layers is {count}, but the model has {total} layers.")
-    return list(range(total - count, total))
-
-
 def name_base_model(trainer, model_name_or_path: str) -> str:
-    """The base model as it resolves on another machine: the Hub id of a known GGUF file, otherwise
-    ``model_name_or_path`` as given (never the GGUF's conversion in this machine's cache). TRL's model card reads it
-    from the model's config, so it is set there; `save_final_model` writes it into the saved adapter's config."""
+    """The base model as it resolves on another machine (the Hub id of a known GGUF file, never its local conversion),
+    set in the model's config, where TRL's model card reads it."""
     name = hub_source(model_name_or_path) or model_name_or_path
     model = trainer.accelerator.unwrap_model(trainer.model)
     if isinstance(model, PeftModel):
@@ -244,13 +190,9 @@ FINAL_STAGING_DIR = ".final-model-staging"
 
 
 def save_final_model(trainer, output_dir: Path, base_model: str | None = None) -> None:
-    """``trainer.save_model(output_dir)``, written first into a staging directory inside ``output_dir`` and moved into
-    place file by file (each move is an atomic rename) only once every file is written and flushed to the storage
-    (``fsync``; ``output_dir`` itself after the moves). A save that fails (a full disk, a permission) raises and leaves
-    the weights already in ``output_dir`` as they were.
-
-    A saved adapter's ``base_model_name_or_path`` is set to ``base_model``. It is written into the file rather than
-    into the live PEFT config: PEFT looks a Hub id up on the Hub at every save."""
+    """``trainer.save_model(output_dir)`` through a staging directory whose files are moved into place (atomic renames)
+    once all are written and fsynced: a failed save leaves the weights already in ``output_dir`` as they were. A saved
+    adapter's ``base_model_name_or_path`` is set to ``base_model`` in the file (PEFT would look a Hub id up at save)."""
     staging = output_dir / FINAL_STAGING_DIR
     if trainer.accelerator.is_main_process and staging.exists():
         shutil.rmtree(staging)
@@ -274,8 +216,7 @@ def save_final_model(trainer, output_dir: Path, base_model: str | None = None) -
 
 
 def write_recipe(request: TrainRequest, output_dir: Path) -> Path:
-    """``output_dir/recipe.yaml``: the command line that started the run, then the recipe file as written. The model
-    card embeds it."""
+    """``output_dir/recipe.yaml``: the command line that started the run, then the recipe file as written."""
     output_dir.mkdir(parents=True, exist_ok=True)
     command = " ".join(["stapo-trl train", *request.argv])
     lines = [f"# {command}"]
@@ -286,9 +227,8 @@ def write_recipe(request: TrainRequest, output_dir: Path) -> Path:
 
 
 def log_at_train_begin(trainer, metrics: dict[str, float]):
-    """A callback that logs ``metrics`` at step 0 of a fresh run (a resumed run starts later and logs nothing). Like
-    the metrics logged after training, through transformers' `Trainer.log`: into the log history and the
-    ``report_to`` trackers, without TRL's averaging of its own training metrics."""
+    """A callback that logs ``metrics`` at step 0 of a fresh run through transformers' `Trainer.log` (not TRL's, which
+    averages its own metrics)."""
 
     class LogAtTrainBegin(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
@@ -299,9 +239,8 @@ def log_at_train_begin(trainer, metrics: dict[str, float]):
 
 
 def run_training(request: TrainRequest) -> RunRecord | None:
-    """Load, train, save (with TRL's model card), push if asked, and summarize, inside `stapo_trl.cpu.cpu_runtime`
-    (its CPU speed-ups), whatever the method. vLLM's presence is checked first, so that a missing vLLM is reported as
-    such before the runtime asks for its CPU build."""
+    """Train and summarize inside `stapo_trl.cpu.cpu_runtime` (its CPU speed-ups), whatever the method; a missing vLLM
+    is reported first, before the runtime asks for its CPU build."""
     from ..cpu.runtime import cpu_runtime  # imports vLLM where installed
 
     check_vllm(request.training.use_vllm)
@@ -311,7 +250,7 @@ def run_training(request: TrainRequest) -> RunRecord | None:
 
 
 def resolve_rewards_and_model(request: TrainRequest) -> tuple[list, str]:
-    """The recipe's reward functions, and the path its model loads from (a GGUF file converted once)."""
+    """The recipe's reward functions, and the path its model loads from."""
     script, model_args = request.script, request.model
     try:
         reward_funcs = [get_reward_func(name) for name in script.reward_funcs]
@@ -324,8 +263,7 @@ def resolve_rewards_and_model(request: TrainRequest) -> tuple[list, str]:
 
 
 def build_trainer(request: TrainRequest, reward_funcs: list, model_path: str):
-    """``(trainer, tokenizer, held-out dataset or None)``: the tokenizer, data, adapter and `STAPOTrainer` of the
-    recipe, as `stapo-trl train` builds them (`stapo-trl counterfactual` rebuilds a run's trainer with it)."""
+    """``(trainer, tokenizer, held-out dataset or None)`` of the recipe (`stapo-trl counterfactual` uses it too)."""
     from ..core.trainer import STAPOTrainer
 
     script, training, model_args = request.script, request.training, request.model
@@ -340,9 +278,16 @@ def build_trainer(request: TrainRequest, reward_funcs: list, model_path: str):
     except (FileNotFoundError, ValueError) as error:
         raise RecipeError(str(error)) from None
 
-    peft_config = get_peft_config(model_args)
-    if script.lora_layers is not None:
-        peft_config.layers_to_transform = last_layers(config, script.lora_layers)
+    peft_config, count = get_peft_config(model_args), script.lora_layers
+    if count is not None:  # the last `count` layers
+        total = getattr(config.get_text_config(), "num_hidden_layers", None)
+        if total is None:
+            raise RecipeError(
+                f"lora_layers: the model's config has no num_hidden_layers, so the last {count} are unknown."
+            )
+        if count > total:
+            raise RecipeError(f"lora_layers is {count}, but the model has {total} layers.")
+        peft_config.layers_to_transform = list(range(total - count, total))
 
     training.model_init_kwargs = {
         "revision": model_args.model_revision,
@@ -365,9 +310,8 @@ def build_trainer(request: TrainRequest, reward_funcs: list, model_path: str):
 
 
 def tool_callbacks(training, dump, probe, states) -> list:
-    """The callbacks of `stapo-trl train`'s tools that their settings (`tool_arguments`) turn on for a run with
-    ``training`` (the dump only where a token rule runs: `parse_train_args` warned otherwise), plus the whole model card
-    and the warning about infinite rewards, which every run gets."""
+    """The model card and the infinite-reward warning, plus the tools their settings turn on (the dump only where a
+    token rule runs: `parse_train_args` warned otherwise)."""
     from ..card.model_card import ModelCardCallback
     from ..diagnostics.token_dump import SilencedTokenDumpCallback
     from ..research.generation_states import GenerationStatesCallback
@@ -390,8 +334,7 @@ def train_and_summarize(request: TrainRequest) -> RunRecord | None:
     started = time.perf_counter()
     script, training, model_args = request.script, request.training, request.model
     state = PartialState()
-    configure_logging(state.is_main_process)
-    quiet_known_warnings(state)
+    configure_logging(state)
     if not model_args.model_name_or_path:
         raise RecipeError("No model: set model_name_or_path in the recipe or on the command line.")
     lock = OutputDirLock(training.output_dir) if state.is_main_process else None
@@ -418,8 +361,7 @@ def train_and_summarize(request: TrainRequest) -> RunRecord | None:
     heldout_results = {}
 
     def heldout_metrics(label: str) -> dict[str, float]:
-        """The held-out greedy evaluation as transformers names evaluation metrics (``eval_*``, `HELDOUT_METRICS`),
-        for the log history and the ``report_to`` trackers; the run's record reads them back."""
+        """The held-out greedy evaluation, named as transformers names evaluation metrics (`HELDOUT_METRICS`)."""
         result = heldout_results[label] = greedy_accuracy(
             trainer.model,
             tokenizer,
@@ -463,25 +405,9 @@ def train_and_summarize(request: TrainRequest) -> RunRecord | None:
     record = None
     if trainer.accelerator.is_main_process:
         record = record_finished_run(
-            trainer.state.log_history,
-            str(training.output_dir),
-            plot_label=f"{script.method}, seed {training.seed}",
-            plot_title=f"{script.method} on {plot_model_name(base_model, model_args.model_name_or_path)}",
-            heldout=heldout,
-            heldout_results=heldout_results,
-            dump_silenced_tokens=request.tools[0].dump_silenced_tokens,
-            started=started,
-            method=script.method,
-            model=model_args.model_name_or_path,
-            base_model=base_model,
-            model_source=model_args.model_name_or_path,
-            dataset_description=DATASET_DESCRIPTIONS.get(script.dataset_name),
-            dataset_reference=dataset_reference(script.dataset_name),
-            seconds_training=seconds_training,
+            request, trainer.state.log_history, base_model, heldout, heldout_results, started, seconds_training
         )
-
-    # The card (TRL's, plus the STAPO sections) reads run_summary.json for the model it names, so it is written after it.
-    # TRL's card links dataset_name to the Hub; local files and the built-in generator have no Hub page.
+    # The card reads run_summary.json, written above, and links dataset_name to the Hub: only a Hub id has a page.
     is_hub_id = "/" in script.dataset_name and not Path(script.dataset_name).expanduser().exists()
     dataset_name = script.dataset_name if is_hub_id else None
     model_name = training.hub_model_id.split("/")[-1] if training.hub_model_id else output_dir.name
@@ -500,8 +426,7 @@ def train_and_summarize(request: TrainRequest) -> RunRecord | None:
 
 
 class TrainingInterrupted(Exception):
-    """A signal (Ctrl-C or SIGTERM, ``signum``) stopped training after optimizer step ``step``, and the trainer saved
-    a checkpoint there."""
+    """A signal (``signum``) stopped training after optimizer step ``step``, at a saved checkpoint."""
 
     def __init__(self, step: int, signum: int):
         super().__init__(f"interrupted after optimizer step {step}")
@@ -542,8 +467,7 @@ def continue_hint(request: TrainRequest) -> str:
 
 
 def user_code_failure(request: TrainRequest, error: BaseException) -> str:
-    """The report of an exception raised by the user's own code: its traceback (the user's frames), then which code
-    it was, at which step, and how to continue."""
+    """The report of an exception raised by the user's own code: its traceback, what failed, and how to continue."""
     cause = error.__cause__ or error
     trace = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
     return (
