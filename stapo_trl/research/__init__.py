@@ -1,2 +1,1 @@
-"""Research tools built on the core: the gradient probe, saved generation states and `stapo-trl counterfactual`, and
-RANDOM silencing (a control rule)."""
+"""Research tools built on the core: the gradient probe, saved generation states and `stapo-trl counterfactual`."""

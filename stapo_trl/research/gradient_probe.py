@@ -260,13 +260,10 @@ class GradientProbeCallback(StepEventCallback):
             return
         model = trainer.accelerator.unwrap_model(trainer.model)
         checkpointing = disable_gradient_checkpointing(model, trainer.args.gradient_checkpointing_kwargs)
+        process = trainer.accelerator.process_index
         with trainer.metrics_untouched(), checkpointing:
             stats = self.probe.measure(
-                trainer.compute_loss,
-                model,
-                step_batches,
-                global_step=step,
-                process_index=trainer.accelerator.process_index,
+                trainer.compute_loss, model, step_batches, global_step=step, process_index=process
             )
         stats["steps_since_generation"] = step % optimizer_steps_per_generation(trainer.args)
         for key, value in stats.items():

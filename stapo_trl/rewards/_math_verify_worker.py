@@ -25,8 +25,7 @@ def main():
     try:
         from math_verify import parse, verify
     except Exception as error:  # reported to the parent, which raises it with the install hint
-        sys.stdout.write(json.dumps({"ready": False, "error": f"{type(error).__name__}: {error}"}) + "\n")
-        sys.stdout.flush()
+        print(json.dumps({"ready": False, "error": f"{type(error).__name__}: {error}"}), flush=True)
         return 1
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)
     signal.signal(signal.SIGALRM, _on_alarm)
@@ -58,8 +57,7 @@ def main():
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
 
-    sys.stdout.write(json.dumps({"ready": True}) + "\n")
-    sys.stdout.flush()
+    print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -67,8 +65,7 @@ def main():
             verdict = judge(json.loads(line))
         except _Deadline:
             verdict = {"verdict": "timeout", "stage": "verify"}
-        sys.stdout.write(json.dumps(verdict) + "\n")
-        sys.stdout.flush()
+        print(json.dumps(verdict), flush=True)
     return 0
 
 

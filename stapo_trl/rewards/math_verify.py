@@ -137,21 +137,18 @@ class _WorkerPool:
 
     @contextmanager
     def lease(self):
-        self._slots.acquire()
-        worker = None
-        try:
+        with self._slots:
             with self._lock:
                 worker = self._idle.pop() if self._idle else None
             if worker is None:
                 worker = _VerifierProcess()
                 with self._lock:
                     self._workers.append(worker)
-            yield worker
-        finally:
-            if worker is not None:
+            try:
+                yield worker
+            finally:
                 with self._lock:
                     self._idle.append(worker)
-            self._slots.release()
 
     def close(self) -> None:
         with self._lock:

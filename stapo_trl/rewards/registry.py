@@ -13,7 +13,6 @@ from typing import Any
 class RegisteredReward:
     """A registry entry: `build(**options)` returns the reward callable."""
 
-    name: str
     build: Callable[..., Callable]
     description: str
 
@@ -37,7 +36,7 @@ def register_reward(name: str, *, description: str = "", factory: bool = False):
                 return obj
 
         summary = description or (obj.__doc__ or "").strip().split("\n")[0]
-        REWARD_REGISTRY[name] = RegisteredReward(name=name, build=build, description=summary)
+        REWARD_REGISTRY[name] = RegisteredReward(build=build, description=summary)
         return obj
 
     return decorator

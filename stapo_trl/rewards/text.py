@@ -19,9 +19,8 @@ def _warn_once(kind: str, value: Any) -> None:
     if key not in _warned_types:
         _warned_types.add(key)
         logger.warning(
-            "A reward received a %s of type %s; it is read as str(value). Pass strings or chat messages instead.",
-            kind,
-            type(value).__name__,
+            f"A reward received a {kind} of type {type(value).__name__}; it is read as str(value). Pass strings or chat "
+            "messages instead."
         )
 
 
