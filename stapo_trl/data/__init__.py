@@ -1,8 +1,5 @@
-"""Math RL data for TRL: DAPO-Math-17K for training and the six benchmarks of the STAPO paper for evaluation.
-
-`load_dapo_math(prompt_style="boxed")` loads from the Hub (`source="sample"`: the copy shipped with stapo-trl), and
-`load_benchmark("aime24")` one benchmark.
-"""
+"""Math RL data for TRL: DAPO-Math-17K for training (`load_dapo_math`) and the six benchmarks of the STAPO paper for
+evaluation (`load_benchmark`), from the Hub, a local file, or (`source="sample"`) the copies shipped with stapo-trl."""
 
 from .benchmarks import BENCHMARKS, BenchmarkSpec, benchmark_answer, benchmark_spec, load_benchmark
 from .dapo_math import DAPO_MATH_HUB_ID, OPEN_R1_HUB_ID, DedupReport, dedupe_by_problem, load_dapo_math

@@ -1,12 +1,8 @@
-"""A built-in generator of arithmetic word problems, for the offline CPU quickstart.
-
-Each problem is one addition, subtraction or multiplication of small whole numbers told as a short story: easy enough
-that SmolLM2-135M-Instruct gets about a quarter right greedily before training, so that RL has a signal. Rows have the
-columns of DAPO-Math-17K (`stapo_trl.data.ROW_FEATURES`); `split="train"` and `split="heldout"` never give the same
-problem for the same seed. `num_fewshot` puts worked examples (`WORKED_EXAMPLES`) before the problem as earlier chat
-turns, so that a 135M model sampled at temperature 1.0 keeps to their answer format often enough for a group of
-samples to mix right and wrong answers.
-"""
+"""Arithmetic word problems for the offline CPU quickstart: one addition, subtraction or multiplication of small
+whole numbers told as a short story, easy enough that SmolLM2-135M-Instruct gets about a quarter right greedily before
+training. Rows have the columns of DAPO-Math-17K (`ROW_FEATURES`); `split="train"` and `split="heldout"` never share
+a problem. `num_fewshot` worked examples (`WORKED_EXAMPLES`) as earlier chat turns keep a 135M model sampled at
+temperature 1.0 to the answer format often enough for a group of samples to mix right and wrong answers."""
 
 from __future__ import annotations
 

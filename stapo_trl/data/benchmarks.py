@@ -15,11 +15,8 @@ from .sources import ROW_FEATURES, DatasetSchemaError, dataset_row, gold_text, l
 
 @dataclass(frozen=True)
 class BenchmarkSpec:
-    """Where a benchmark lives on the Hub and which of its fields hold the problem, answer and id.
-
-    Field lists are tried in order, so a local copy or a mirror with `question` instead of `problem` also loads.
-    `samples_per_problem` is the N of the paper's avg@N (32 for AIME and AMC, 4 for the rest).
-    """
+    """Where a benchmark lives on the Hub and which of its fields (tried in order, so that mirrors load too) hold the
+    problem, answer and id. `samples_per_problem` is the N of the paper's avg@N (32 for AIME and AMC, 4 for the rest)."""
 
     name: str
     title: str
@@ -116,13 +113,10 @@ def load_benchmark(
     prompt_style: str = "boxed",
     system_prompt: str | None = None,
 ) -> Dataset:
-    """One of aime24, aime25, amc23, math500, minerva, olympiadbench as rows `id`, `problem`, `answer`,
-    `solution` (the gold answer again, for the rewards), a conversational `prompt`, and `data_source`.
-
-    `source` overrides the Hub id: another Hub id (for example `yentinglin/aime_2025` with `split="train"`), a local
-    file or dataset directory, or `"sample"` for the few original problems shipped with stapo-trl. Rows without a
-    usable answer are an error, not silently dropped.
-    """
+    """One of aime24, aime25, amc23, math500, minerva, olympiadbench as rows `id`, `problem`, `answer`, `solution`
+    (the gold answer again, for the rewards), a conversational `prompt`, and `data_source`. `source` overrides the Hub
+    id: another Hub id (for example `yentinglin/aime_2025` with `split="train"`), a local file or dataset directory, or
+    `"sample"` for the few original problems shipped with stapo-trl. A row without a usable answer is an error."""
     spec = benchmark_spec(name)
     check_prompt_style(prompt_style)
     source = spec.hub_id if source is None else source

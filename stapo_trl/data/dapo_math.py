@@ -128,8 +128,7 @@ def dedupe_by_problem(dataset: Dataset, *, dedupe: bool = True) -> tuple[Dataset
     """Keep the first row of each problem (whitespace-insensitive; every row with `dedupe=False`) and drop rows
     without a gold answer or with an empty problem text. DAPO-Math-17K repeats each of its ~17.4k problems about 100
     times; a problem seen with different gold answers keeps its first and is counted in the report."""
-    problems = list(dataset["problem"])
-    answers = list(dataset["answer"])
+    problems, answers = list(dataset["problem"]), list(dataset["answer"])
     first_row: dict[str, int] = {}
     keep: list[int] = []
     conflicts: set[str] = set()
@@ -148,14 +147,7 @@ def dedupe_by_problem(dataset: Dataset, *, dedupe: bool = True) -> tuple[Dataset
             keep.append(row)
         elif answers[seen] != answer:
             conflicts.add(key)
-    report = DedupReport(
-        rows_before=len(dataset),
-        rows_after=len(keep),
-        rows_without_answer=without_answer,
-        conflicting_problems=len(conflicts),
-        rows_without_problem=without_problem,
-    )
-    return dataset.select(keep), report
+    return dataset.select(keep), DedupReport(len(dataset), len(keep), without_answer, len(conflicts), without_problem)
 
 
 @overload

@@ -45,11 +45,9 @@ def answer_line(answer: str, style: str) -> str:
 def build_prompt(
     problem: str, style: str, system_prompt: str | None = None, original: str | None = None
 ) -> list[dict]:
-    """TRL's conversational prompt: an optional system message and the user turn for `problem` in a prompt style.
-
-    `dapo` keeps `original` as is when it already carries DAPO's instruction before and after the problem, and wraps
-    the problem otherwise; `boxed` appends `BOXED_INSTRUCTION` to the bare problem.
-    """
+    """TRL's conversational prompt: an optional system message and the user turn for `problem`. `dapo` keeps
+    `original` when it already carries DAPO's instruction around the problem, and wraps the problem otherwise; `boxed`
+    appends `BOXED_INSTRUCTION` to the bare problem."""
     check_prompt_style(style)
     if style == "boxed":
         user = f"{problem}\n\n{BOXED_INSTRUCTION}"

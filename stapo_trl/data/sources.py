@@ -42,13 +42,9 @@ def gold_text(gold: Any) -> str | None:
     if gold is None:
         return None
     if isinstance(gold, float):
-        if math.isnan(gold) or math.isinf(gold):
-            return None
-        return str(int(gold)) if gold.is_integer() else repr(gold)
+        return None if not math.isfinite(gold) else str(int(gold)) if gold.is_integer() else repr(gold)
     if isinstance(gold, (list, tuple)):
-        parts = [gold_text(part) for part in gold]
-        parts = [part for part in parts if part]
-        return ", ".join(parts) if parts else None
+        return ", ".join(part for part in map(gold_text, gold) if part) or None
     return str(gold).strip() or None
 
 

@@ -73,13 +73,10 @@ def greedy_accuracy(
     share_prompt_prefix: bool = True,
 ) -> GreedyAccuracy:
     """Greedy-decode every prompt of `dataset` (TRL's `prompt` and `solution` columns), chat-formatted and left-padded
-    in batches of ``batch_size``, in eval mode (the model's mode is restored afterwards), and score it.
-
-    With ``share_prompt_prefix``, the tokens that every prompt of a batch starts with (a system prompt, worked
-    examples) run through the model once (`prompt_prefix_cache`). That computes the same attention as running every
-    prompt whole; the results differ only by floating-point rounding, which can flip a greedy choice between two
-    near-tied tokens.
-    """
+    in batches of ``batch_size``, in eval mode (the model's mode is restored afterwards), and score it. With
+    ``share_prompt_prefix``, the tokens every prompt of a batch starts with run through the model once
+    (`prompt_prefix_cache`): the same attention as running each prompt whole, up to floating-point rounding (which can
+    flip a greedy choice between two near-tied tokens)."""
     if len(dataset) == 0:
         raise ValueError("The held-out set is empty.")
     was_training = model.training
