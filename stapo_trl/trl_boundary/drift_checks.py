@@ -1,10 +1,8 @@
 """The drift checks of the TRL boundary: each place where stapo-trl relies on TRL 1.16's, transformers' or vLLM's
-internals is one `Seam` in `SEAMS`, with what TRL 1.16 does there, what stapo-trl relies on, and the checks that the
-installed versions still do it: parameters (`takes`), lines of source (`contains`), and a few functions.
-
-The hooks the trainer overrides are in `stapo_trl.trl_boundary.hooks`, the module globals stapo-trl replaces in
-`stapo_trl.trl_boundary.patches`. `tests/repository/test_trl_seams.py` runs every check; ``python -m
-stapo_trl.trl_boundary`` prints them, which is where a port to a new TRL starts.
+internals is one `Seam` in `SEAMS`, with what TRL does there, what stapo-trl relies on, and checks of the installed
+versions: parameters (`takes`), lines of source (`contains`), attributes (`has`) and a few functions. The verl plugin's
+checks (`stapo_trl.verl.drift`) are seams too. ``python -m stapo_trl.trl_boundary`` prints them, which is where a port
+to a new TRL starts; `tests/repository/test_trl_seams.py` runs them.
 """
 
 from __future__ import annotations
@@ -12,7 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import trl
@@ -27,26 +25,21 @@ from .helpers import DECODER_CACHE_ARGUMENT, DECODER_LOOP, TRL_REWARD_COUNT_MESS
 
 TESTED_TRL = "1.16"
 
-
 Check = Callable[[], list[str]]
 """A check of the installed versions: the problems it finds, none when they fit."""
 
 
-def _lookup(target: str) -> tuple[str, Any]:
-    """``"module:attribute.path"``, imported: its label (the path, or the module) and the object."""
-    module, _, path = target.partition(":")
-    found = importlib.import_module(module)
-    for name in filter(None, path.split(".")):
-        found = getattr(found, name)
-    return path or module, found
-
-
 def _reading(target: str, problems_of: Callable[[str, Any], list[str]]) -> Check:
-    """A check that looks ``target`` up when it runs (so that it reads what is installed, or patched, then)."""
+    """A check of ``target`` (``"module:attribute.path"``), looked up when it runs, so that it reads what is installed
+    (or patched) then; ``problems_of`` gets its label (the path, or the module) and the object."""
 
     def check() -> list[str]:
+        module, _, path = target.partition(":")
         try:
-            return problems_of(*_lookup(target))
+            found = importlib.import_module(module)
+            for name in filter(None, path.split(".")):
+                found = getattr(found, name)
+            return problems_of(path or module, found)
         except (ImportError, AttributeError, OSError, TypeError) as error:
             return [f"{target} cannot be read: {error!r}"]
 
@@ -93,8 +86,8 @@ def has(target: str, *names: str) -> Check:
 
 
 class Seam:
-    """One touch point: what TRL 1.16 does there, what stapo-trl relies on, and the checks that the installed
-    versions still do it. A check's target is ``"module:attribute.path"``, looked up when it runs."""
+    """One touch point: what the library does there (``trl_does``: TRL, transformers, vLLM or verl), what stapo-trl
+    relies on, and the checks that the installed versions still do it."""
 
     def __init__(self, name: str, trl_does: str, we_rely_on: str, *checks: Check, requires: str | None = None):
         self.name, self.trl_does, self.we_rely_on, self.checks = name, trl_does, we_rely_on, checks
@@ -107,6 +100,21 @@ class Seam:
     def check(self) -> list[str]:
         """What no longer fits in the installed versions; empty when everything does."""
         return [problem for check in self.checks for problem in check()]
+
+
+def print_checks(seams: Iterable[Seam]) -> int:
+    """Print each seam's verdict (``ok``, ``FAIL`` with its problems, or ``skip``); 1 when one fails, else 0."""
+    failed = False
+    for seam in seams:
+        if not seam.can_check():
+            print(f"skip {seam.name} ({seam.requires} is not installed)")
+            continue
+        problems = seam.check()
+        failed |= bool(problems)
+        print(f"{'FAIL' if problems else 'ok  '} {seam.name}")
+        for problem in problems:
+            print(f"       {problem}")
+    return int(failed)
 
 
 def _name_or_path() -> list[str]:
@@ -128,22 +136,6 @@ def _vllm_engine_construction() -> list[str]:
     return problems
 
 
-def _vllm_weight_iterator() -> list[str]:
-    generator = inspect.isgeneratorfunction(VLLMGeneration._iter_named_params)
-    return [] if generator else ["VLLMGeneration._iter_named_params is no longer a generator method"]
-
-
-def _vllm_engine_arguments() -> list[str]:
-    from vllm.engine.arg_utils import EngineArgs
-
-    fields = EngineArgs.__dataclass_fields__
-    return [
-        f"EngineArgs has no {name}"
-        for name in ("dtype", "enforce_eager", "kv_cache_memory_bytes")
-        if name not in fields
-    ]
-
-
 GRPO = "trl:GRPOTrainer"
 LOGPS = f"{GRPO}._get_per_token_logps_and_entropies"
 GENERATION_BATCH = f"{GRPO}._generate_and_score_completions"
@@ -159,9 +151,8 @@ FUSED_HEAD_FORWARD = "trl.kernels:ChunkedLogProbFunction.forward"
 SEAMS: tuple[Seam, ...] = (
     Seam(
         "per_token_logps_and_entropies",
-        "_get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, batch_size, "
-        "compute_entropy, ...) returns (log_probs, entropies, aux_loss) for the loss, the old-log-prob pass and the "
-        "reference pass.",
+        "_get_per_token_logps_and_entropies returns (log_probs, entropies, aux_loss) for the loss, the old-log-prob "
+        "pass and the reference pass.",
         "Forcing compute_entropy on the policy's passes gives p and H at no extra forward.",
         takes(LOGPS, "self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, ..."),
         contains(LOGPS, "return logps, entropies"),
@@ -264,12 +255,10 @@ SEAMS: tuple[Seam, ...] = (
     ),
     Seam(
         "install_fused_head_op",
-        "add_fused_lm_head's forward calls trl.trainer.utils._ChunkedLogProbFunction.apply(hidden, weight, bias, "
-        "targets, temperature, chunk_size, final_logit_softcapping, logit_scale, outputs), which returns (log_probs, "
-        "entropy, log_sum_sq_probs, mean_logits, is_top1); it passes only the labelled positions when "
-        "trl.trainer.utils._use_triton(device) is true, and every position (labels clamped to 0) otherwise.",
-        "Replacing both module names swaps the op under every fused head and lets the CPU score only labelled "
-        "positions (stapo_trl.cpu.lm_head).",
+        "add_fused_lm_head's forward calls trl.trainer.utils._ChunkedLogProbFunction.apply, which returns (log_probs, "
+        "entropy, log_sum_sq_probs, mean_logits, is_top1), on only the labelled positions when "
+        "trl.trainer.utils._use_triton(device) is true, else on every position (labels clamped to 0).",
+        "Replacing both names swaps the op under every fused head; the CPU scores only labelled positions.",
         has("trl.trainer.utils", "_ChunkedLogProbFunction", "_use_triton"),
         takes(
             FUSED_HEAD_FORWARD,
@@ -290,12 +279,10 @@ SEAMS: tuple[Seam, ...] = (
         "decoder_layers",
         "transformers' decoder-only backbones (LlamaModel, Qwen3Model, ...) run `for decoder_layer in "
         "self.layers[: self.config.num_hidden_layers]: hidden_states = decoder_layer(hidden_states, ..., cache=cache)`; "
-        "each layer's attention stores its keys and values with cache.update(..., self.layer_idx), in "
-        "cache.layers[layer_idx], whose reorder_cache(index) re-indexes them along the batch.",
-        "Putting a module that returns recorded hidden states in place of the first frozen layer, and pass-through "
-        "modules in place of the other frozen ones, skips them in the loss pass; at generate()'s first forward the "
-        "same swap runs them once per distinct prompt and copies their cache entries to the repeats "
-        "(stapo_trl.cpu.frozen_layer_replay).",
+        "each attention stores its keys and values in cache.layers[self.layer_idx], whose reorder_cache(index) "
+        "re-indexes them along the batch.",
+        "Swapping the frozen layers' modules skips them in the loss pass, and at generate()'s first forward runs them "
+        "once per distinct prompt, copying their cache entries to the repeats (stapo_trl.cpu.frozen_layer_replay).",
         contains("transformers:LlamaModel.forward", *DECODER_LOOP),
         contains("transformers:Qwen3Model.forward", *DECODER_LOOP),
         takes(f"{LLAMA}:LlamaDecoderLayer.forward", f"..., {DECODER_CACHE_ARGUMENT}"),
@@ -343,7 +330,7 @@ SEAMS: tuple[Seam, ...] = (
             "self.llm.reset_prefix_cache()",
         ),
         takes(f"{VLLM_GENERATION}._iter_named_params", "self"),
-        _vllm_weight_iterator,
+        contains(f"{VLLM_GENERATION}._iter_named_params", "yield "),
         contains(
             f"{GRPO}._generate_single_turn",
             "if self.state.global_step != self._last_loaded_step:",
@@ -395,19 +382,12 @@ SEAMS: tuple[Seam, ...] = (
         ),
         contains(f"{CPU_WORKER}.sleep", "sleep mode is not supported on CPU, ignore it."),
         contains(f"{CPU_WORKER}.wake_up", "sleep mode is not supported on CPU, ignore it."),
-        _vllm_engine_arguments,
+        has("vllm.engine.arg_utils:EngineArgs", "dtype", "enforce_eager", "kv_cache_memory_bytes"),
         requires="vllm",
     ),
 )
 
 
-def main() -> None:
+def main() -> int:
     print(f"stapo-trl seams, tested with TRL {TESTED_TRL}.x; installed: TRL {trl.__version__}")
-    for seam in SEAMS:
-        if not seam.can_check():
-            print(f"skip {seam.name} ({seam.requires} is not installed)")
-            continue
-        problems = seam.check()
-        print(f"{'ok  ' if not problems else 'FAIL'} {seam.name}")
-        for problem in problems:
-            print(f"       {problem}")
+    return print_checks(SEAMS)

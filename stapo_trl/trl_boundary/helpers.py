@@ -1,7 +1,5 @@
-"""Helpers that each touch one private name of TRL or transformers (the config's ``_name_or_path``, a vLLM weight
-iterator, the decoder-layer loop, TRL's message for a reward function's output) so that the rest of the package does
-not. Every assumption they make is one `Seam` in `stapo_trl.trl_boundary.drift_checks`.
-"""
+"""Helpers that each touch one private name of TRL or transformers, so that the rest of the package does not; each
+assumption they make is a `Seam` of `stapo_trl.trl_boundary.drift_checks`."""
 
 from __future__ import annotations
 
@@ -21,9 +19,8 @@ def save_model_without_push(trainer: Trainer, output_dir: str) -> None:
 
 
 def iter_vllm_weights(generation) -> Any:
-    """The ``(name, tensor)`` pairs TRL's `VLLMGeneration` pushes into vLLM on a weight sync, one at a time, under
-    vLLM's names: PEFT adapters merged, ZeRO-3 and FSDP shards gathered (its ``_iter_named_params``). A generator: the
-    gathering and the adapter merge last until it is exhausted."""
+    """The ``(name, tensor)`` pairs TRL's `VLLMGeneration` pushes into vLLM on a weight sync, under vLLM's names (PEFT
+    adapters merged, shards gathered until the generator is exhausted)."""
     return generation._iter_named_params()
 
 
@@ -34,13 +31,11 @@ def set_model_name_or_path(config: PretrainedConfig, name: str) -> None:
 
 def missing(source: str, *needles: str) -> list[str]:
     """A problem for each of ``needles`` that ``source`` no longer contains."""
-    return [f"no longer contains {needle!r}" for needle in needles if needle not in source]
+    return [f"no longer contains {needle}" for needle in needles if needle not in source]
 
 
 DECODER_LOOP = ("decoder_layer in", "self.layers[: self.config.num_hidden_layers]", "hidden_states = decoder_layer(")
-"""How transformers' decoder-only backbones run their layers: each layer takes the hidden states first and returns the
-next ones as a tensor."""
-
+"""How transformers' decoder-only backbones run their layers: hidden states in first, the next ones out as a tensor."""
 
 DECODER_CACHE_ARGUMENT = "cache"
 """The keyword under which transformers' decoder layers receive the KV cache (``past_key_values`` before 5.x)."""
@@ -57,9 +52,9 @@ def decoder_layer_cache(layer_kwargs: dict[str, Any]) -> Any:
 
 
 def decoder_layers(model: torch.nn.Module) -> tuple[torch.nn.ModuleList | None, list[str]]:
-    """The decoder layers of a transformers causal LM's backbone (``model.base_model.layers``), when its forward runs
-    them as `DECODER_LOOP` says, so that swapping a layer module for another that keeps that call and return changes
-    what the loop computes; otherwise ``(None, why not)``."""
+    """The decoder layers of a transformers causal LM's backbone (``model.base_model.layers``) when its forward runs
+    them as `DECODER_LOOP` says (so that swapping a layer module changes what the loop computes); else
+    ``(None, why not)``."""
     backbone = getattr(model, "base_model", None)
     layers = getattr(backbone, "layers", None)
     if not isinstance(layers, torch.nn.ModuleList):

@@ -1,20 +1,11 @@
-"""A verl 0.9.1 actor mini-batch and model output built from padded ``[B, T]`` tensors, without a model, as verl's
-trainers and FSDP engine build them, so that verl's own ``ppo_loss`` can be called on known tensors.
+"""A verl 0.9.1 actor mini-batch, its micro-batches and a model output, built from padded ``[B, T]`` tensors with
+verl's own functions as its trainers and FSDP engine build them (only the model is left out), so that verl's
+``ppo_loss`` can be called on known tensors. Two layouts, one per trainer:
 
-Two layouts reach the actor's loss, one per trainer:
-
-- ``"v0"`` (``trainer.use_v1=False``): the trainer hands over a left/right-padded batch, which
-  ``left_right_2_no_padding`` turns into verl's no-padding layout; ``prompts`` and ``responses`` stay padded.
-- ``"v1"`` (``trainer.use_v1=True``, verl's default): every sample is stored alone in TransferQueue (prompt,
-  response, masks, and the driver's ``old_log_probs`` and ``advantages`` through ``response_to_nested``), and a
-  worker's batch comes back with every per-sample field packed as a jagged nested tensor, ``prompts`` and
-  ``responses`` included, so ``ppo_loss`` takes the nested branch of ``no_padding_2_padding``.
-
-The engine adds ``dp_size``, ``batch_num_tokens`` (the ``loss_mask`` tokens, over all ranks) and the trainer's
-``global_batch_size``, splits the mini-batch with ``prepare_micro_batches`` and calls the loss on each micro-batch
-with a model output whose ``log_probs`` and ``entropy`` are nested tensors over each whole sequence, shifted by one
-(the value at a position scores the next token). :func:`actor_micro_batches` reproduces those steps with verl's own
-functions; only the model is left out. The drift check and the tests use it.
+- ``"v0"`` (``trainer.use_v1=False``): a left/right-padded batch turned into verl's no-padding layout by
+  ``left_right_2_no_padding``; ``prompts`` and ``responses`` stay padded.
+- ``"v1"`` (verl's default): each sample stored alone in TransferQueue and packed back as jagged nested tensors,
+  ``prompts`` and ``responses`` included, so ``ppo_loss`` takes the nested branch of ``no_padding_2_padding``.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
-"""verl's FSDP actor config with the plugin's start-up checks, selected with one config line:
+"""verl's FSDP actor config with the plugin's start-up checks:
 ``actor_rollout_ref.actor._target_=stapo_trl.verl.actor_config.CheckedFSDPActorConfig``.
 
-verl turns ``actor_rollout_ref.actor`` into a dataclass with Hydra's ``instantiate`` (``omega_conf_to_dataclass``)
-on the driver, in ``validate_config`` before Ray starts, and in every actor worker, in ``init_model``, before the first
-rollout. Naming this class there makes each of those processes import stapo-trl:
-
-- a process without stapo-trl stops there, with Hydra's ``Error locating target
-  'stapo_trl.verl.actor_config.CheckedFSDPActorConfig'`` and ``No module named 'stapo_trl'``;
-- a process with it has the plugin's loss modes registered (this module imports them, whatever
-  ``VERL_USE_EXTERNAL_PLUGINS`` says), and :func:`check_actor_settings` runs: a ``loss_mode`` verl does not know, or
-  an S2T loss without verl's entropy, stops the run there too;
-- on the driver, verl's ``validate_config`` calls the config's ``validate`` with ``actor_rollout_ref.model``, a node of
-  the whole config, from which :func:`check_trainer_settings` reads the trainer's settings: a pool trainer mode
-  (``stapo_sync``) that verl would ignore (``trainer.use_v1=False``) or cannot run (no v1 trainer) stops there.
+verl builds the actor config from that target on the driver (``validate_config``, before Ray starts) and in every
+actor worker (``init_model``), so each of those processes imports stapo-trl (a process without it stops with Hydra's
+``Error locating target``), registers the plugin's loss modes whatever ``VERL_USE_EXTERNAL_PLUGINS`` says, and runs
+:func:`check_actor_settings`. On the driver, ``validate`` also gets a node of the whole config, from which
+:func:`check_trainer_settings` stops a pool trainer mode that verl would ignore or cannot run.
 """
 
 from __future__ import annotations

@@ -1,30 +1,25 @@
-"""What the verl plugin relies on in verl 0.9.1, each checked against the installed verl.
-
-The plugin patches nothing. It relies on details of verl that are not a documented API; each check below runs verl's
-own code on a tiny batch where it can, or reads verl's source where the detail is a call on a GPU path, and lists what
-no longer fits. ``python -m stapo_trl.verl.drift`` prints them, and ``tests/verl_plugin/test_drift.py`` runs them: a
-verl upgrade that moves one fails there by name.
+"""What the verl plugin relies on in verl 0.9.1: `Seam`s of `stapo_trl.trl_boundary.drift_checks`, checked against the
+installed verl. The plugin patches nothing; each check runs verl's own code on a tiny batch where it can, or reads
+verl's source where the detail is on a GPU path. ``python -m stapo_trl.verl.drift`` prints them and
+``tests/verl_plugin/test_drift.py`` runs them, so a verl upgrade that moves one fails by name.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
-from dataclasses import dataclass
 from importlib.metadata import version
 
 import torch
 from transfer_queue.metadata import BatchMeta
-from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, get_policy_loss_fn, register_policy_loss
+from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_loss
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 from verl.utils import tensordict_utils as tu
-from verl.utils.config import validate_config
+from verl.utils.config import validate_config  # noqa: F401 - the checks read it here (tests replace it)
 from verl.workers.config.actor import ActorConfig, PolicyLossConfig
-from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
-from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 from verl.workers.utils.losses import ppo_loss
 
 from ..core.token_rules import per_token_advantages
+from ..trl_boundary.drift_checks import Seam, contains, print_checks
 from .actor_batch import LAYOUTS, actor_micro_batches, actor_mini_batch, model_output
 from .entropy import entropy_from_ppo_loss
 from .mini_batch_pool import optimizer_step_rows
@@ -40,13 +35,7 @@ POLICY_LOSS_ARGUMENTS = (
     "rollout_is_weights",
 )
 PROBE_LOSS_MODE = "stapo_trl_drift_probe"
-
-
-@dataclass(frozen=True)
-class VerlDependency:
-    name: str
-    relies_on: str
-    check: Callable[[], list[str]]
+HERE = __name__
 
 
 def probe_tensors() -> dict[str, torch.Tensor]:
@@ -71,13 +60,12 @@ def _run_ppo_loss(loss_mode: str = PROBE_LOSS_MODE, probe=None, layout: str = "v
         data = actor_mini_batch(tensors["log_probs"], tensors["advantages"], tensors["mask"], layout=layout)
         (micro_batch,) = actor_micro_batches(data, micro_batch_size=2)
         output = model_output(micro_batch.data, tensors["log_probs"], tensors["entropy"])
-        policy_loss = PolicyLossConfig(loss_mode=loss_mode)
         config = ActorConfig(
             strategy="fsdp",
             rollout_n=1,
             ppo_micro_batch_size_per_gpu=1,
             loss_agg_mode="token-mean",
-            policy_loss=policy_loss,
+            policy_loss=PolicyLossConfig(loss_mode=loss_mode),
         )
         loss, metrics = ppo_loss(config, output, micro_batch.data)
         return tensors, loss, metrics
@@ -93,8 +81,6 @@ def check_version() -> list[str]:
 
 
 def check_policy_loss_call() -> list[str]:
-    """``ppo_loss`` calls the loss named by ``policy_loss.loss_mode`` with the seven arguments by keyword, and a loss
-    registered after import is found."""
     seen: dict[str, object] = {}
 
     def probe(**arguments):
@@ -131,28 +117,16 @@ def _entropy_local_problems(layout: str) -> list[str]:
 
 
 def check_entropy_local() -> list[str]:
-    """While the policy loss runs, ``ppo_loss`` holds the model output's entropy, padded to ``[B, T]`` like
-    ``log_prob``, in its local ``entropy``: on the v0 trainer's padded batch and the v1 trainer's nested one."""
     return [problem for layout in LAYOUTS for problem in _entropy_local_problems(layout)]
 
 
-def check_vanilla_reads_global_batch_info() -> list[str]:
-    """``vanilla`` aggregates with ``config.global_batch_info``, which ``ppo_loss`` sets from the engine's
-    ``batch_num_tokens`` before the call: at ratio 1, token-mean is ``-sum(A) / batch_num_tokens``."""
-    source = inspect.getsource(get_policy_loss_fn("vanilla"))
-    if "config.global_batch_info" not in source:
-        return ["verl's vanilla loss no longer aggregates with config.global_batch_info"]
+def _vanilla_token_mean() -> list[str]:
     tensors, loss, _ = _run_ppo_loss("vanilla")
     mask = tensors["mask"].bool()
     expected = -(per_token_advantages(tensors["advantages"], mask)[mask]).sum() / mask.sum()
-    if not torch.isclose(loss.double(), expected, atol=1e-12):
-        return [f"vanilla token-mean at ratio 1 gave {float(loss)}, expected {float(expected)}"]
-    return []
-
-
-def _source_lacks(function, *calls: str) -> list[str]:
-    source = inspect.getsource(function)
-    return [f"{function.__qualname__} no longer contains {call}" for call in calls if call not in source]
+    if torch.isclose(loss.double(), expected, atol=1e-12):
+        return []
+    return [f"vanilla token-mean at ratio 1 gave {float(loss)}, expected {float(expected)}"]
 
 
 def verl_optimizer_step_rows(batch_size: int, dp_size: int, mini_batch_size: int) -> list[torch.Tensor]:
@@ -170,85 +144,96 @@ def verl_optimizer_step_rows(batch_size: int, dp_size: int, mini_batch_size: int
     return [torch.cat(step) for step in zip(*per_rank, strict=True)]
 
 
-def check_pool_trainer_hooks() -> list[str]:
-    """The v1 driver computes the old log-probabilities with the entropy, then the advantages, then calls
-    ``_update_actor(batch, metrics)``, which hands the batch to the workers' ``update_actor`` (``stapo_sync``
-    overrides it); the engine counts ``batch_num_tokens`` from ``loss_mask``; the workers cut each rank's chunk into
-    mini-batches as :func:`~stapo_trl.verl.mini_batch_pool.optimizer_step_rows` assumes."""
-    problems = _source_lacks(
-        PPOTrainer._step_once, "self._compute_old_log_prob(", "self._compute_advantage(", "self._update_actor("
-    )
-    step = inspect.getsource(PPOTrainer._step_once)
-    if not problems and not (
-        step.index("self._compute_old_log_prob(")
-        < step.index("self._compute_advantage(")
-        < step.index("self._update_actor(")
-    ):
-        problems.append("PPOTrainer._step_once no longer computes old log-probs, then advantages, then updates")
-    if list(inspect.signature(PPOTrainer._update_actor).parameters) != ["self", "batch", "metrics"]:
-        problems.append(f"PPOTrainer._update_actor{inspect.signature(PPOTrainer._update_actor)} changed its arguments")
-    problems += _source_lacks(PPOTrainer._compute_old_log_prob, '"calculate_entropy": True', 'data["entropy"]')
-    problems += _source_lacks(PPOTrainer._update_actor, "self.actor_rollout_wg.update_actor(batch)")
-    problems += _source_lacks(FSDPEngine.forward_backward_batch, 'data["loss_mask"].sum()')
-    problems += _source_lacks(
-        TrainingWorker.train_mini_batch, "tu.make_iterator(", "seed + self.engine.get_data_parallel_rank()"
-    )
-    for dp_size, mini_batch_size in ((2, 4), (4, 8), (3, 6), (2, 24)):
-        ours = [rows.tolist() for rows in optimizer_step_rows(24, dp_size, mini_batch_size)]
-        if ours != [rows.tolist() for rows in verl_optimizer_step_rows(24, dp_size, mini_batch_size)]:
-            problems.append(f"verl splits 24 rows over {dp_size} ranks and steps of {mini_batch_size} otherwise")
-    return problems
-
-
-def check_actor_config_built_at_start_up() -> list[str]:
-    """The driver's ``validate_config`` and each actor worker's ``init_model`` build the actor config dataclass from
-    ``actor_rollout_ref.actor`` through its ``_target_``, where the recipe names stapo-trl's checked config."""
-    return _source_lacks(validate_config, "omega_conf_to_dataclass(config.actor_rollout_ref.actor)") + _source_lacks(
-        ActorRolloutRefWorker.init_model, "omega_conf_to_dataclass(self.config.actor)"
+def _update_actor_arguments() -> list[str]:
+    signature = inspect.signature(PPOTrainer._update_actor)
+    expected = ["self", "batch", "metrics"]
+    return (
+        []
+        if list(signature.parameters) == expected
+        else [f"PPOTrainer._update_actor{signature} changed its arguments"]
     )
 
+
+def _verl_splits_rows_as_the_pool_does() -> list[str]:
+    return [
+        f"verl splits 24 rows over {dp_size} ranks and steps of {mini_batch_size} otherwise"
+        for dp_size, mini_batch_size in ((2, 4), (4, 8), (3, 6), (2, 24))
+        if [rows.tolist() for rows in optimizer_step_rows(24, dp_size, mini_batch_size)]
+        != [rows.tolist() for rows in verl_optimizer_step_rows(24, dp_size, mini_batch_size)]
+    ]
+
+
+POLICY_LOSS_CALL = Seam(
+    "policy-loss call",
+    "ppo_loss calls the policy loss registered as policy_loss.loss_mode (registered after import too) with "
+    "(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights) by keyword.",
+    "The stapo, stare and stare_c2 losses take verl's policy-loss arguments.",
+    check_policy_loss_call,
+)
+ENTROPY_LOCAL = Seam(
+    "entropy local",
+    "While the policy loss runs, ppo_loss holds the model output's entropy, padded to [B, T] like log_prob, in its "
+    "local 'entropy', on the v0 trainer's padded batch and the v1 trainer's nested one.",
+    "The S2T loss reads it there (stapo_trl.verl.entropy).",
+    check_entropy_local,
+)
+GLOBAL_BATCH_INFO = Seam(
+    "global batch info",
+    "vanilla aggregates with config.global_batch_info (batch_num_tokens, global_batch_size, dp_size), which ppo_loss "
+    "sets from the engine's batch_num_tokens: at ratio 1, token-mean is -sum(A) / batch_num_tokens.",
+    "The S2T loss renormalizes verl's aggregation over the kept tokens through it.",
+    contains("verl.trainer.ppo.core_algos:compute_policy_loss_vanilla", "config.global_batch_info"),
+    _vanilla_token_mean,
+)
+POOL_TRAINER_HOOKS = Seam(
+    "pool trainer hooks",
+    "The v1 driver computes the old log-probabilities with the entropy, then the advantages, then calls "
+    "_update_actor(batch, metrics), which hands the batch to the workers' update_actor; the engine counts "
+    "batch_num_tokens from loss_mask; the workers cut each rank's chunk into contiguous mini-batches.",
+    "stapo_sync overrides _update_actor and takes each optimizer step's rows as optimizer_step_rows splits them.",
+    contains(
+        f"{HERE}:PPOTrainer._step_once",
+        "self._compute_old_log_prob(",
+        "self._compute_advantage(",
+        "self._update_actor(",
+        in_order=True,
+    ),
+    _update_actor_arguments,
+    contains(f"{HERE}:PPOTrainer._compute_old_log_prob", '"calculate_entropy": True', 'data["entropy"]'),
+    contains(f"{HERE}:PPOTrainer._update_actor", "self.actor_rollout_wg.update_actor(batch)"),
+    contains("verl.workers.engine.fsdp.transformer_impl:FSDPEngine.forward_backward_batch", 'data["loss_mask"].sum()'),
+    contains(
+        "verl.workers.engine_workers:TrainingWorker.train_mini_batch",
+        "tu.make_iterator(",
+        "seed + self.engine.get_data_parallel_rank()",
+    ),
+    _verl_splits_rows_as_the_pool_does,
+)
+ACTOR_CONFIG_AT_START_UP = Seam(
+    "actor config at start-up",
+    "The driver's validate_config and each actor worker's init_model build the actor config dataclass from "
+    "actor_rollout_ref.actor through its _target_.",
+    "A recipe that names the checked actor config runs the plugin's start-up checks before Ray and before a rollout.",
+    contains(f"{HERE}:validate_config", "omega_conf_to_dataclass(config.actor_rollout_ref.actor)"),
+    contains(
+        "verl.workers.engine_workers:ActorRolloutRefWorker.init_model", "omega_conf_to_dataclass(self.config.actor)"
+    ),
+)
+check_pool_trainer_hooks = POOL_TRAINER_HOOKS.check
+check_actor_config_built_at_start_up = ACTOR_CONFIG_AT_START_UP.check
 
 DEPENDENCIES = (
-    VerlDependency("version", f"verl {TESTED_VERL}", check_version),
-    VerlDependency(
-        "policy-loss call",
-        "ppo_loss calls the registered loss_mode with (old_log_prob, log_prob, advantages, response_mask, "
-        "loss_agg_mode, config, rollout_is_weights)",
-        check_policy_loss_call,
-    ),
-    VerlDependency(
-        "entropy local",
-        "ppo_loss holds the padded [B, T] entropy in its local 'entropy' while the policy loss runs",
-        check_entropy_local,
-    ),
-    VerlDependency(
-        "global batch info",
-        "vanilla aggregates with config.global_batch_info (batch_num_tokens, global_batch_size, dp_size)",
-        check_vanilla_reads_global_batch_info,
-    ),
-    VerlDependency(
-        "pool trainer hooks",
-        "the v1 driver's old log-prob pass, then _update_actor(batch, metrics); batch_num_tokens from loss_mask; "
-        "contiguous mini-batches per rank",
-        check_pool_trainer_hooks,
-    ),
-    VerlDependency(
-        "actor config at start-up",
-        "validate_config and init_model build the actor config through actor_rollout_ref.actor._target_",
-        check_actor_config_built_at_start_up,
-    ),
+    Seam("version", f"verl {TESTED_VERL} is installed.", "Every check below.", check_version),
+    POLICY_LOSS_CALL,
+    ENTROPY_LOCAL,
+    GLOBAL_BATCH_INFO,
+    POOL_TRAINER_HOOKS,
+    ACTOR_CONFIG_AT_START_UP,
 )
 
 
 def main() -> int:
-    failures = 0
-    for dependency in DEPENDENCIES:
-        problems = dependency.check()
-        failures += bool(problems)
-        print(f"{'FAIL' if problems else 'ok  '} {dependency.name}: {dependency.relies_on}")
-        for problem in problems:
-            print(f"     - {problem}")
-    return 1 if failures else 0
+    return print_checks(DEPENDENCIES)
 
 
 if __name__ == "__main__":

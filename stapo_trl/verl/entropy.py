@@ -1,14 +1,8 @@
-"""How a registered verl policy loss gets the per-token entropy that verl 0.9.1 computes but does not pass to it.
-
-verl's actor loss, ``verl.workers.utils.losses.ppo_loss``, holds the model output's entropy, padded to ``[B, T]`` like
-``log_prob`` and ``response_mask``, in its local ``entropy`` when it calls the registered policy loss, which it does
-not pass. :func:`entropy_from_ppo_loss` reads that local from the calling ``ppo_loss`` frame and changes nothing in
-verl: ``loss_mode`` values other than ours run as before. Why a read and not a patch that wraps ``ppo_loss``:
-docs/verl.md, "How the S2T loss gets the entropy". Both depend on a name inside ``ppo_loss``, which
-:mod:`stapo_trl.verl.drift` checks against the installed verl by running ``ppo_loss`` itself.
-
-verl computes the entropy only when ``actor.calculate_entropy`` is true (or ``actor.entropy_coeff`` is not 0); the
-S2T loss refuses to run without it.
+"""The per-token entropy that verl 0.9.1's ``ppo_loss`` computes but does not pass to the policy loss: it holds it,
+padded to ``[B, T]`` like ``log_prob``, in its local ``entropy``, which :func:`entropy_from_ppo_loss` reads from the
+calling frame, changing nothing in verl (why not a patch: docs/verl.md, "How the S2T loss gets the entropy";
+:mod:`stapo_trl.verl.drift` checks the local). verl computes it only with ``actor.calculate_entropy`` (or a nonzero
+``entropy_coeff``).
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
-"""S2T and STARE as verl policy losses, each a thin layer over verl's own ``vanilla`` PPO loss.
+"""S2T and STARE as verl policy losses, each a thin layer over verl's own ``vanilla`` PPO loss (docs/verl.md).
 
-- ``stapo``: the S2T mask of STAPO. The mask is computed from this micro-batch's ``log_prob`` and entropy (the policy
-  being optimized, as in the paper), pooled over the micro-batch of every data-parallel rank; the silenced tokens
-  leave ``response_mask``, and verl's aggregation is renormalized over the kept tokens (docs/verl.md has the table per
-  ``loss_agg_mode``).
-- ``stare`` and ``stare_c2``: STARE's surprisal weights (variants O1 and C2) multiply the advantages; the selection
-  is taken within each micro-batch of each rank, as STARE's reference code does. The target-entropy gate is not
-  applied: the weights are always on.
+- ``stapo``: STAPO's S2T mask, from this micro-batch's ``log_prob`` and entropy, pooled over the micro-batch of every
+  data-parallel rank; the silenced tokens leave ``response_mask`` and verl's aggregation is renormalized over the kept
+  tokens.
+- ``stare`` and ``stare_c2``: STARE's surprisal weights (variants O1 and C2) on the advantages, selected within each
+  micro-batch of each rank as STARE's reference code does; the target-entropy gate is not applied (always on).
 
-Everything else (the clipped surrogate, dual clip, rollout-correction weights, clip metrics) is verl's ``vanilla``
-loss, called as it is. :func:`register_s2t_loss` and :func:`register_stare_loss` register other settings under other
-names.
+:func:`register_s2t_loss` and :func:`register_stare_loss` register other settings under other names.
 """
 
 from __future__ import annotations
@@ -37,15 +33,6 @@ SILENCING_LOSS_MODES: set[str] = set()
 """The ``loss_mode`` names registered by :func:`register_s2t_loss`: losses that silence tokens within each
 micro-batch, from the entropy verl computes in the actor update."""
 
-STARE_METRICS = (
-    "num_selected_positive",
-    "num_selected_negative",
-    "selected_positive_fraction",
-    "selected_negative_fraction",
-    "mean_weight",
-)
-"""STARE's statistics logged under ``actor/stare/``, the names stapo-trl logs under ``stare/`` with TRL."""
-
 
 def check_pool_is_data_parallel(config: Any) -> None:
     """Refuse a process group wider than data parallelism: the S2T pool gathers over every process of
@@ -65,17 +52,14 @@ def check_pool_is_data_parallel(config: Any) -> None:
 def batch_info_over_kept_tokens(
     config: Any, response_mask: torch.Tensor, loss_agg_mode: str, num_silenced: int
 ) -> Iterator[None]:
-    """While the base loss runs, make verl's global batch information count the kept tokens.
+    """While the base loss runs, make ``config.global_batch_info`` count the kept tokens (restored on exit, since
+    ``ppo_loss`` reads it again for the entropy and KL terms).
 
-    ``ppo_loss`` sets ``config.global_batch_info`` for every micro-batch before calling the policy loss, and reads
-    it again afterwards for the entropy and KL terms; it is restored on exit.
-
-    - ``token-mean`` divides by ``batch_num_tokens``, the mini-batch's loss tokens over all ranks: this subtracts
-      ``num_silenced``, the tokens silenced in this micro-batch over all ranks. Without ``batch_num_tokens`` (a
-      single process outside verl's engine) verl divides by the micro-batch's kept tokens itself.
-    - The sequence-mean modes divide by ``global_batch_size``. Where verl leaves it unset (a single process), it is
-      set to the sequences that have a loss token before masking, so that a sequence silenced whole still counts,
-      as it does in verl's trainer and in TRL's ``grpo`` loss.
+    - ``token-mean``: ``batch_num_tokens`` (the mini-batch's loss tokens over all ranks) less ``num_silenced`` (this
+      micro-batch's silenced tokens over all ranks). Without it (one process outside verl's engine) verl divides by
+      the micro-batch's kept tokens itself.
+    - The sequence-mean modes: where verl leaves ``global_batch_size`` unset (one process), the sequences with a loss
+      token before masking, so that a sequence silenced whole still counts, as in verl's trainer and TRL's ``grpo``.
     """
     batch_info = getattr(config, "global_batch_info", None)
     if batch_info is None:
@@ -115,10 +99,9 @@ def s2t_policy_loss(
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """verl's ``vanilla`` loss over the tokens the S2T mask keeps, renormalized per ``loss_agg_mode``.
 
-    The arguments before ``entropy`` are those of a verl policy loss. ``entropy`` (``[B, T]``, nats) defaults to the
-    one verl's ``ppo_loss`` computed for this micro-batch (:mod:`stapo_trl.verl.entropy`). Under
-    ``torch.distributed`` every rank must call it together, as verl's engine does (the same number of micro-batches
-    on every data-parallel rank).
+    ``entropy`` (``[B, T]``, nats) defaults to the one verl's ``ppo_loss`` computed for this micro-batch
+    (:mod:`stapo_trl.verl.entropy`). Under ``torch.distributed`` every rank must call it together, as verl's engine
+    does.
     """
     if entropy is None:
         entropy = entropy_from_ppo_loss(log_prob.shape)
@@ -154,8 +137,9 @@ def stare_policy_loss(
     positive_weight: float = 1.1,
     negative_weight: float = 0.9,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """verl's ``vanilla`` loss with STARE's weights on the advantages. The selection is made within this micro-batch
-    of this rank (no collective call); the loss keeps verl's aggregation, not divided by the weights."""
+    """verl's ``vanilla`` loss with STARE's weights on the advantages, selected within this micro-batch of this rank
+    (no collective call), with verl's aggregation. Logs the STARE rule's metrics that the weights report, under
+    ``actor/stare/``."""
     stare = stare_token_weights(
         log_prob.detach(),
         advantages,
@@ -171,13 +155,15 @@ def stare_policy_loss(
     loss, metrics = get_policy_loss_fn(BASE_LOSS_MODE)(
         old_log_prob, log_prob, weighted, response_mask, loss_agg_mode, config, rollout_is_weights
     )
-    stare_metrics = {f"{ACTOR_PREFIX}stare/{name}": float(stare.stats[name]) for name in STARE_METRICS}
-    return loss, {**metrics, **stare_metrics}
+    for metric in get_token_rule("stare").metrics:
+        if metric.statistic in stare.stats:
+            metrics[f"{ACTOR_PREFIX}stare/{metric.statistic}"] = float(stare.stats[metric.statistic])
+    return loss, metrics
 
 
 def s2t_keep_rule(*, prob_threshold: float = 0.002, entropy_quantile: float = 0.8):
-    """The S2T rule with these thresholds, checked, as ``rule(log_probs, entropies, advantages, loss_mask)``: it
-    returns the token rule's result (``keep``, ``stats``). :mod:`.pool_trainer` takes its mask with it."""
+    """The S2T rule with these thresholds, checked, as ``rule(log_probs, entropies, advantages, loss_mask)`` returning
+    the token rule's result (``keep``, ``stats``)."""
     check_s2t_thresholds(prob_threshold, entropy_quantile)
     return functools.partial(get_token_rule("s2t"), prob_threshold=prob_threshold, entropy_quantile=entropy_quantile)
 

@@ -1,12 +1,6 @@
 """The S2T mask pooled over each whole mini-batch (one optimizer step, every data-parallel rank) of verl's actor update,
-from the statistics of the policy before the update: the tensor part, which :mod:`.pool_trainer` applies in verl's v1
-trainer.
-
-verl's driver holds the whole batch, with the old policy's log-probabilities and entropies, before the actor update. It
-then hands rank *r* the *r*-th of ``dp_size`` contiguous chunks of the batch, and each rank cuts its chunk into
-contiguous mini-batches (without ``actor.shuffle``); optimizer step *j* trains on the *j*-th mini-batch of every rank.
-:func:`optimizer_step_rows` reproduces that split, and :func:`whole_step_keep` takes S2T's ``tau_h`` over each step's
-rows, as stapo-trl's TRL trainer pools one optimizer step.
+from the policy before the update: the tensor part of :mod:`.pool_trainer`. :func:`optimizer_step_rows` reproduces
+verl's split of the batch into optimizer steps; :func:`whole_step_keep` takes S2T's ``tau_h`` over each step's rows.
 """
 
 from __future__ import annotations
@@ -20,17 +14,14 @@ from ..core.distributed import world_size
 from ..core.token_rules import TokenRuleResult
 
 POOL_TRAINER_MODES: set[str] = {"stapo_sync"}
-"""The ``trainer.v1.trainer_mode`` names of the pool trainer (``stapo_sync`` and those given to
-``register_s2t_pool_trainer``), kept here, apart from verl's v1 trainer, so that the start-up checks can name them
-where that trainer cannot be imported."""
+"""The pool trainer's ``trainer.v1.trainer_mode`` names, kept apart from verl's v1 trainer so that the start-up checks
+know them where that trainer cannot be imported."""
 
 
 def optimizer_step_rows(batch_size: int, dp_size: int, mini_batch_size: int) -> list[torch.Tensor]:
-    """The rows of a batch of ``batch_size`` rows that each optimizer step of verl's actor update trains on.
-
-    ``mini_batch_size`` counts the rows of one step over all ranks (verl's ``ppo_mini_batch_size × rollout.n``). The
-    batch is cut into ``dp_size`` contiguous chunks, one per rank, and each chunk into contiguous mini-batches of
-    ``mini_batch_size / dp_size`` rows; step *j* is the *j*-th mini-batch of every rank, in rank order.
+    """The rows each optimizer step of verl's actor update trains on. ``mini_batch_size`` counts one step's rows over
+    all ranks (``ppo_mini_batch_size × rollout.n``). The batch is cut into ``dp_size`` contiguous chunks, one per rank,
+    each chunk into contiguous mini-batches; step *j* is the *j*-th mini-batch of every rank, in rank order.
     """
     if batch_size % dp_size or mini_batch_size % dp_size:
         raise ValueError(
@@ -64,12 +55,9 @@ def whole_step_keep(
     step_rows: list[torch.Tensor],
     keep_rule: Callable[..., TokenRuleResult],
 ) -> WholeStepMask:
-    """The keep-mask of ``keep_rule`` (S2T with its thresholds: :func:`~stapo_trl.verl.losses.s2t_keep_rule`) applied
-    to the rows of each optimizer step at once (``step_rows``), so that ``tau_h`` is taken over the step, for padded
-    ``[B, T]`` tensors of the whole batch. Rows in no step are kept whole.
-
-    It runs in one process that holds every rank's rows (verl's driver), so it gathers nothing: it refuses to run
-    under ``torch.distributed``, where the S2T rule would pool across processes.
+    """The keep-mask of ``keep_rule`` (:func:`~stapo_trl.verl.losses.s2t_keep_rule`) over the padded ``[B, T]``
+    tensors of the whole batch, applied to each optimizer step's rows at once (``tau_h`` over the step); rows in no
+    step are kept whole. It gathers nothing, so it refuses to run under ``torch.distributed``.
     """
     if world_size() > 1:
         raise RuntimeError(

@@ -1,23 +1,16 @@
-"""verl's v1 sync trainer with STAPO's S2T mask pooled over each whole mini-batch: the trainer mode ``stapo_sync``.
+"""verl's v1 sync trainer with STAPO's S2T mask pooled over each whole mini-batch: the trainer mode ``stapo_sync``
+(``trainer.v1.trainer_mode=stapo_sync``, with a ``loss_mode`` that does not mask, such as ``vanilla``; docs/verl.md).
 
-Selected with ``trainer.v1.trainer_mode=stapo_sync`` (verl's trainer registry, ``register_trainer``), with a
-``loss_mode`` that does not mask by itself, such as verl's default ``vanilla``. Before each actor update it reads what
-verl's driver already holds for the whole batch: the old policy's log-probabilities and entropies (verl's
-``_compute_old_log_prob`` computes the entropy in every v1 run), the advantages and the masks. It takes S2T's mask with
-``tau_h`` over each optimizer step's rows, every rank's (:mod:`.mini_batch_pool`), removes the silenced tokens from
-``response_mask`` and ``loss_mask`` for the update, and writes the two masks back unchanged afterwards.
+Before each actor update it reads the whole batch's old log-probabilities, entropies, advantages and masks from the
+driver, takes S2T's mask with ``tau_h`` over each optimizer step's rows (:mod:`.mini_batch_pool`), removes the
+silenced tokens from ``response_mask`` and ``loss_mask`` for the update, and writes both back afterwards. It overrides
+only the driver's ``_update_actor`` (checked by :mod:`.drift`).
 
-verl's engine then divides ``token-mean`` by the step's ``loss_mask`` tokens over all ranks: the step's kept tokens, as
-TRL's ``dapo`` does with stapo-trl's whole-step mask. No code of verl is patched; the subclass overrides the driver's
-``_update_actor``, which :mod:`.drift` checks.
-
-Everything else is verl's sync trainer. verl chooses its sync or asynchronous behaviour by comparing the trainer's
-``trainer_mode`` attribute with ``"sync"`` (``verl/trainer/ppo/v1/trainer_base.py``: set at line 129, read for the
-replay buffer at 130 and 153, the dataloader's generation batch size at 731, TransferQueue state in checkpoints at 902,
-912 and 1004, and the prompt fields stored in TransferQueue at 1499). The subclass's ``trainer_mode`` reads ``"sync"``
-whatever name it was registered under, so each of those branches is the sync trainer's. This module imports verl's v1
-trainer, which needs verl's ``verl-core`` extra (TransferQueue); it is the ``stapo_trl_trainer`` entry point of
-``verl.plugins``.
+Everything else is verl's sync trainer: verl takes its sync branches by comparing ``trainer_mode`` with ``"sync"``
+(``verl/trainer/ppo/v1/trainer_base.py``: set at line 129, read for the replay buffer at 130 and 153, the dataloader's
+generation batch size at 731, TransferQueue state in checkpoints at 902, 912 and 1004, and the prompt fields stored in
+TransferQueue at 1499), and the subclass's ``trainer_mode`` reads ``"sync"`` whatever name registered it. Needs verl's
+``verl-core`` extra (TransferQueue); the ``stapo_trl_trainer`` entry point of ``verl.plugins``.
 """
 
 from __future__ import annotations
