@@ -35,11 +35,9 @@ class GenerationStatesArguments:
         default=0,
         metadata={
             "help": "Every this many generations (the first included), save under output_dir/generation_states/ what "
-            "replays that generation's optimizer steps exactly: the trainable parameters, optimizer and scheduler "
-            "state before its first step, and for each step its micro-batches, rewards, random state and the "
-            "trainable parameters after it. `stapo-trl counterfactual` reads them. 0 (the default) saves nothing. "
-            "A saved generation costs the trainable parameters three times on disk (with AdamW's two moments), "
-            "once more per optimizer step, plus its batches; one process only."
+            "replays its optimizer steps exactly, for `stapo-trl counterfactual`. 0 (the default) saves nothing. A "
+            "saved generation costs the trainable parameters three times on disk (with AdamW's two moments), once "
+            "more per optimizer step, plus its batches; one process only."
         },
     )
 

@@ -52,11 +52,9 @@ class GradientProbeArguments:
     gradient_probe_steps: int = field(
         default=0,
         metadata={
-            "help": "Every this many optimizer steps (the first included), measure the silenced tokens' share of the "
-            "squared gradient norm at the weights, the cosine with the whole gradient, and the same share for two "
-            "count-matched random sets (positive-advantage tokens; S2T's candidates), logged under gradient_probe/. "
-            "0 (the default) turns it off; each probe costs up to four extra forward and backward passes per "
-            "micro-batch."
+            "help": "Every this many optimizer steps (the first included), log under gradient_probe/ the silenced "
+            "tokens' share of the squared gradient norm at the weights, against two count-matched random sets. 0 (the "
+            "default) turns it off; a probe costs up to four extra forward and backward passes per micro-batch."
         },
     )
 
