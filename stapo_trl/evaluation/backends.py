@@ -177,29 +177,26 @@ class TransformersBackend:
         finish = "stop" if stop is not None or len(kept) < max_new_tokens else "length"
         return Generation(self.tokenizer.decode(kept, skip_special_tokens=True), len(kept), finish)
 
+    @torch.no_grad()
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingParameters) -> list[list[Generation]]:
         jobs = [(r, position) for r, request in enumerate(requests) for position in range(len(request.sample_indices))]
         jobs.sort(key=lambda job: -len(requests[job[0]].prompt_token_ids))
         results: list[list[Generation | None]] = [[None] * len(request.sample_indices) for request in requests]
-        greedy = sampling.temperature == 0
+        sample = sampling.temperature != 0
+        options = {"do_sample": sample, "max_new_tokens": sampling.max_new_tokens, "pad_token_id": self.pad_token_id}
+        if sample:
+            options.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
         for start in range(0, len(jobs), self.spec.batch_size):
             batch = jobs[start : start + self.spec.batch_size]
             prompts = [requests[r].prompt_token_ids for r, _ in batch]
             width = max(len(prompt) for prompt in prompts)
-            input_ids = torch.tensor([[self.pad_token_id] * (width - len(p)) + list(p) for p in prompts])
-            attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+            input_ids = torch.tensor(
+                [[self.pad_token_id] * (width - len(p)) + list(p) for p in prompts], device=self.device
+            )
+            attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
             seed_key = ",".join(f"{requests[r].key}#{requests[r].sample_indices[p]}" for r, p in batch)
             torch.manual_seed(request_seed(sampling.seed, seed_key, len(batch)))
-            options: dict[str, Any] = {"do_sample": not greedy, "max_new_tokens": sampling.max_new_tokens}
-            if not greedy:
-                options.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
-            with torch.no_grad():
-                output = self.model.generate(
-                    input_ids=input_ids.to(self.device),
-                    attention_mask=attention_mask.to(self.device),
-                    pad_token_id=self.pad_token_id,
-                    **options,
-                )
+            output = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, **options)
             for row, (r, position) in enumerate(batch):
                 results[r][position] = self._decode(output[row, width:].tolist(), sampling.max_new_tokens)
         return results  # type: ignore[return-value]
@@ -277,11 +274,12 @@ class VLLMBackend:
             for request in requests
         ]
         outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
-        finish = {"length": "length"}
-        return [
-            [Generation(out.text, len(out.token_ids), finish.get(out.finish_reason, "stop")) for out in output.outputs]
-            for output in outputs
-        ]
+        return [[self._generation(completion) for completion in output.outputs] for output in outputs]
+
+    @staticmethod
+    def _generation(completion) -> Generation:
+        finish = "length" if completion.finish_reason == "length" else "stop"
+        return Generation(completion.text, len(completion.token_ids), finish)
 
 
 def _worker_main(spec: BackendSpec, visible_devices: str | None, inbox, outbox) -> None:
@@ -317,9 +315,7 @@ class DataParallelBackend:
         context = multiprocessing.get_context("spawn")
         self._workers = []
         for rank in range(data_parallel_size):
-            devices = None
-            if devices_per_rank:
-                devices = ",".join(str(rank * devices_per_rank + d) for d in range(devices_per_rank))
+            devices = ",".join(str(rank * devices_per_rank + d) for d in range(devices_per_rank or 0)) or None
             inbox, outbox = context.Queue(), context.Queue()
             # Not a daemon: vLLM starts its own engine processes, which daemonic processes may not do.
             process = context.Process(target=_worker_main, args=(spec, devices, inbox, outbox))
