@@ -104,10 +104,8 @@ def pyplot():
 
 def panel_row(count: int, panel_size: tuple[float, float], **options):
     """A figure and its one row of ``count`` axes, each ``panel_size`` inches."""
-    width, height = panel_size
-    figure, axes = pyplot().subplots(
-        1, count, figsize=(width * count, height), constrained_layout=True, squeeze=False, **options
-    )
+    size = (panel_size[0] * count, panel_size[1])
+    figure, axes = pyplot().subplots(1, count, figsize=size, constrained_layout=True, squeeze=False, **options)
     return figure, axes[0]
 
 
@@ -115,8 +113,10 @@ def _note(axis, text: str) -> None:
     axis.text(0.5, 0.5, text, ha="center", va="center", fontsize=9, transform=axis.transAxes)
 
 
-def save_figure(figure, path: str | Path, dpi: int = 100) -> Path:
-    """Write ``figure`` to ``path`` (its directory is created) and close it."""
+def save_figure(figure, path: str | Path, dpi: int = 100, title: str | None = None, title_size: int = 11) -> Path:
+    """Write ``figure``, titled ``title``, to ``path`` (its directory is created) and close it."""
+    if title:
+        figure.suptitle(title, fontsize=title_size)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=dpi)
@@ -137,14 +137,9 @@ def draw_line_panel(axis, panel: LinePanel) -> None:
         undefined = series.undefined_steps
         if undefined:
             label = panel.undefined_label if not marked_undefined else None
-            style = {
-                "linestyle": "none",
-                "marker": "x",
-                "markersize": 7,
-                "markeredgewidth": 1.5,
-                "color": line.get_color(),
-            }
-            axis.plot(undefined, [0.04] * len(undefined), transform=axis.get_xaxis_transform(), label=label, **style)
+            cross = {"linestyle": "none", "marker": "x", "markersize": 7, "markeredgewidth": 1.5, "label": label}
+            on_axis = axis.get_xaxis_transform()
+            axis.plot(undefined, [0.04] * len(undefined), color=line.get_color(), transform=on_axis, **cross)
             marked_undefined = True
     if panel.y_floor is not None:
         bottom, top = axis.get_ylim()
@@ -176,9 +171,7 @@ def plot_line_panels(
     figure, axes = panel_row(len(panels), panel_size)
     for axis, panel in zip(axes, panels, strict=True):
         draw_line_panel(axis, panel)
-    if title:
-        figure.suptitle(title, fontsize=11)
-    return save_figure(figure, path, dpi)
+    return save_figure(figure, path, dpi, title)
 
 
 def plot_token_bars(bars: Sequence[TokenBars], path: str | Path, limit: int = 15) -> Path:
@@ -263,9 +256,7 @@ def plot_density_panels(
     if limits is not None:
         axes[0].set_xlim(limits[0], 0.0)
         axes[0].set_ylim(0.0, limits[1])
-    if title:
-        figure.suptitle(title, fontsize=11)
-    return save_figure(figure, path)
+    return save_figure(figure, path, title=title)
 
 
 def populated_density_limits(
@@ -408,6 +399,4 @@ def plot_difference_panels(panels: Sequence[DifferencePanel], path: str | Path, 
         axis.set_title(panel.title, fontsize=9)
         axis.set_xlabel(panel.xlabel, fontsize=8)
         axis.grid(axis="x", alpha=0.3)
-    if title:
-        figure.suptitle(title, fontsize=10)
-    return save_figure(figure, path, dpi=110)
+    return save_figure(figure, path, 110, title, title_size=10)

@@ -39,9 +39,9 @@ def _cell(value: Any, pattern: str) -> str:
 
 def _quarters(record: RunRecord, key: str, pattern: str) -> str:
     trend = record.trends.get(key)
-    if trend is None:
-        return "–"
-    return f"{pattern.format(trend['first_quarter'])} → {pattern.format(trend['last_quarter'])}"
+    return (
+        "–" if trend is None else f"{pattern.format(trend['first_quarter'])} → {pattern.format(trend['last_quarter'])}"
+    )
 
 
 def _summary_table(runs: list[RunLogs]) -> str:
@@ -129,9 +129,9 @@ def paired_heldout(runs: list[RunLogs]) -> list[str]:
         if [record["solution"] for record in a] != [record["solution"] for record in b]:
             lines.append(f"- {first} and {second} were evaluated on different held-out problems: not compared.")
             continue
-        only_a = sum(1 for x, y in zip(a, b, strict=True) if x["after_correct"] and not y["after_correct"])
-        only_b = sum(1 for x, y in zip(a, b, strict=True) if y["after_correct"] and not x["after_correct"])
-        solved_a, solved_b = (sum(1 for record in records if record["after_correct"]) for records in (a, b))
+        pairs = [(bool(x["after_correct"]), bool(y["after_correct"])) for x, y in zip(a, b, strict=True)]
+        only_a, only_b = sum(x and not y for x, y in pairs), sum(y and not x for x, y in pairs)
+        solved_a, solved_b = sum(x for x, _ in pairs), sum(y for _, y in pairs)
         lines.append(
             f"- {first} solved {solved_a} and {second} {solved_b} of the same {len(a)} problems after training; "
             f"{only_a} were solved by {first} alone and {only_b} by {second} alone. " + paired_verdict(only_a, only_b)
@@ -144,8 +144,7 @@ def paired_verdict(only_a: int, only_b: int) -> str:
     total = only_a + only_b
     if total == 0:
         return "They agree on every problem."
-    smaller = min(only_a, only_b)
-    tail = sum(math.comb(total, k) for k in range(smaller + 1)) / 2**total
+    tail = sum(math.comb(total, k) for k in range(min(only_a, only_b) + 1)) / 2**total
     p_value = min(1.0, 2 * tail)
     reading = "a difference beyond chance" if p_value < 0.05 else "within chance"
     return f"Exact sign test on the {total} problems they disagree on: p = {p_value:.2g}, {reading}."
@@ -192,9 +191,8 @@ def write_report(
             why = "none was applied; the rules in shadow are summarized below" if shadow else "none was on"
             notes.append(f"{run.label}: no token rule silenced tokens in the log ({why}).")
 
-    markdown = output_dir / REPORT_FILE
-    markdown.write_text(_markdown(runs, notes, figures, lambda path: path.name))
-    report = Report(output_dir=output_dir, figures=figures, markdown=markdown, runs=runs, notes=notes)
+    report = Report(output_dir, figures, output_dir / REPORT_FILE, runs, notes)
+    report.markdown.write_text(_markdown(runs, notes, figures, lambda path: path.name))
     if html:
         report.html = output_dir / HTML_FILE
         report.html.write_text(_html(_markdown(runs, notes, figures, _data_uri)))
@@ -218,15 +216,11 @@ def _markdown(runs: list[RunLogs], notes: list[str], figures: dict[str, Path], i
         lines += [f"**{run.label}**", ""]
         lines += [f"- {sentence}" for sentence in trend_sentences(record)]
         lines += [f"- {line}" for line in rule_lines(record)]
-        probe = probe_line(record)
-        if probe is not None:
-            lines.append(f"- {probe}")
-        length = record.optimization.get("completions/mean_length")
-        if length is not None:
+        lines += [f"- {probe}"] if (probe := probe_line(record)) is not None else []
+        if (length := record.optimization.get("completions/mean_length")) is not None:
             lines.append(f"- mean completion length: {length['mean']:.1f} tokens over the run")
         lines.append("")
-    comparison = paired_heldout(runs)
-    if comparison:
+    if comparison := paired_heldout(runs):
         lines += ["## Held-out problems, run against run", "", *comparison, ""]
     for name, path in figures.items():
         lines += ["", f"## {FIGURE_TITLES[name]}", "", f"![{FIGURE_TITLES[name]}]({image_source(path)})"]
@@ -235,10 +229,8 @@ def _markdown(runs: list[RunLogs], notes: list[str], figures: dict[str, Path], i
         lines += ["", "## Silenced tokens in context", ""]
         for run in with_dump:
             examples = (run.silenced_tokens or [])[:5]
-            lines.append(f"**{run.label}**" + ("" if examples else ": none dumped"))
-            lines.append("")
-            lines += [f"- {silenced_token_line(record)}" for record in examples]
-            lines.append("")
+            lines += [f"**{run.label}**" + ("" if examples else ": none dumped"), ""]
+            lines += [f"- {silenced_token_line(record)}" for record in examples] + [""]
     return "\n".join(lines).rstrip() + "\n"
 
 

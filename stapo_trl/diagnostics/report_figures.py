@@ -52,8 +52,7 @@ def silencing_view(run: RunLogs) -> tuple[TokenRuleSpec, str, dict[str, Any]] | 
     rule in shadow that would have silenced tokens; None when there is neither."""
     record = run.record
     for shadow, summaries in ((False, record.token_rules), (True, record.shadow_token_rules)):
-        name = record.silencing_rule(shadow=shadow)
-        if name is not None:
+        if (name := record.silencing_rule(shadow=shadow)) is not None:
             return get_token_rule(name), f"{SHADOW_PREFIX}/" if shadow else "", summaries[name]
     return None
 
@@ -78,8 +77,7 @@ def line_panel(
     """The panel of ``key`` over the runs; a run without the key gets the note ``"<label>: not logged"``."""
     panel = LinePanel(title=title, series=[], y_floor=y_floor)
     for run in runs:
-        found = metric_series(run.history, key, run.label, scale)
-        if found is None:
+        if (found := metric_series(run.history, key, run.label, scale)) is None:
             panel.notes.append(f"{run.label}: not logged")
         else:
             panel.series.append(found)
@@ -94,8 +92,7 @@ def masking_panels(runs: list[RunLogs]) -> tuple[LinePanel, LinePanel]:
     fraction, threshold = (LinePanel(title="", series=[], y_floor=0.0) for _ in range(2))
     rules, thresholds = {}, {}  # ordered sets: the rules and threshold titles, in order of first appearance
     for run in runs:
-        view = silencing_view(run)
-        if view is None:
+        if (view := silencing_view(run)) is None:
             fraction.notes.append(f"{run.label}: {absent}")
             threshold.notes.append(f"{run.label}: {absent}")
             continue

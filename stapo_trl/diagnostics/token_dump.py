@@ -45,11 +45,11 @@ def token_density(log_probs: torch.Tensor, entropies: torch.Tensor, mask: torch.
     counts = torch.zeros(DENSITY_BINS, dtype=torch.int64, device=log_probs.device)
     if not bool(selected.any()):
         return counts
-    columns = []
     ranges = (LOG10_P_RANGE, ENTROPY_RANGE)
-    for values, (low, high), size in zip((log10_p, entropy), ranges, DENSITY_BINS, strict=True):
-        scaled = ((values[selected] - low) / (high - low) * size).floor().long()
-        columns.append(scaled.clamp(0, size - 1))
+    columns = [
+        ((values[selected] - low) / (high - low) * size).floor().long().clamp(0, size - 1)
+        for values, (low, high), size in zip((log10_p, entropy), ranges, DENSITY_BINS, strict=True)
+    ]
     flat = columns[0] * DENSITY_BINS[1] + columns[1]
     counts.view(-1).index_add_(0, flat, torch.ones_like(flat))
     return counts
@@ -256,21 +256,14 @@ class TokenDumpArguments:
     )
 
     def __post_init__(self) -> None:
-        limits = {
-            "dump_tokens_per_step": (self.dump_tokens_per_step, 1),
-            "dump_max_tokens": (self.dump_max_tokens, 0),
-            "dump_context_tokens": (self.dump_context_tokens, 0),
-        }
-        for name, (value, least) in limits.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        lowest = {"dump_tokens_per_step": 1, "dump_max_tokens": 0, "dump_context_tokens": 0}
+        for name, least in lowest.items():
+            if isinstance(value := getattr(self, name), bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name} must be an integer >= {least}, got {value!r}.")
-        if not self.dump_silenced_tokens:
-            defaults = type(self).__dataclass_fields__
-            changed = [name for name in limits if getattr(self, name) != defaults[name].default]
-            if changed:
-                raise ValueError(
-                    f"{', '.join(changed)} would be ignored: the token dump is off. Set dump_silenced_tokens=True."
-                )
+        changed = [name for name in lowest if getattr(self, name) != type(self).__dataclass_fields__[name].default]
+        if changed and not self.dump_silenced_tokens:
+            off = "would be ignored: the token dump is off. Set dump_silenced_tokens=True."
+            raise ValueError(f"{', '.join(changed)} {off}")
 
 
 def warn_if_nothing_to_record(config) -> bool:
@@ -327,8 +320,5 @@ class SilencedTokenDumpCallback(StepEventCallback):
     def on_load_state(self, trainer, checkpoint_dir) -> None:
         dump = self._dump_of(trainer)
         if not dump.load_state(checkpoint_dir):
-            logger.warning(
-                "Resuming from %s, which holds no silenced-token dump state; %s starts over.",
-                checkpoint_dir,
-                dump.records_path,
-            )
+            message = "Resuming from %s, which holds no silenced-token dump state; %s starts over."
+            logger.warning(message, checkpoint_dir, dump.records_path)
