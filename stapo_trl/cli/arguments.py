@@ -18,8 +18,7 @@ def _option(default, help: str, **metadata):
 
 @dataclass
 class TrainScriptArguments:
-    """Arguments of `stapo-trl train` that are not training or model arguments (`--help-all` prints each field's
-    help)."""
+    """Arguments of `stapo-trl train` that are not training or model arguments (`--help-all` prints their help)."""
 
     method: str = _option(
         "stapo",
@@ -122,17 +121,15 @@ class TrainScriptArguments:
             raise ValueError(f"heldout_problems must be 0 (off) or a positive count, got {self.heldout_problems}.")
         if not self.reward_funcs:
             raise ValueError("reward_funcs is empty: name at least one reward function, for example [boxed].")
+        asks = {"dapo": "an 'Answer:' line", "boxed": "the answer in \\boxed{}"}
+        grader = {"dapo": "boxed", "boxed": "dapo"}.get(self.prompt_style)  # the other format's reward
+        if grader in self.reward_funcs and self.prompt_style not in self.reward_funcs:
+            raise ValueError(
+                f"prompt_style {self.prompt_style!r} asks for {asks[self.prompt_style]}, but the reward {grader!r} "
+                f"grades {asks[grader]}: a right answer in the asked format would score -1. Use reward_funcs: "
+                f"[{self.prompt_style}], or prompt_style: {grader}."
+            )
         known = available_rewards()
-        other_format = {"dapo": "boxed", "boxed": "dapo"}
-        if self.prompt_style in other_format:
-            grader = other_format[self.prompt_style]
-            if grader in self.reward_funcs and self.prompt_style not in self.reward_funcs:
-                asks = {"dapo": "an 'Answer:' line", "boxed": "the answer in \\boxed{}"}
-                raise ValueError(
-                    f"prompt_style {self.prompt_style!r} asks for {asks[self.prompt_style]}, but the reward "
-                    f"{grader!r} grades {asks[grader]}: a right answer in the asked format would score -1. Use "
-                    f"reward_funcs: [{self.prompt_style}], or prompt_style: {grader}."
-                )
         for name in self.reward_funcs:
             if name not in known and "." not in name and ":" not in name:
                 raise ValueError(

@@ -100,14 +100,16 @@ def split_flags(argv: list[str], names) -> tuple[dict[str, str | None], list[str
     return values, rest
 
 
-def config_path(argv: list[str], kind: ConfigFileKind) -> tuple[Path | None, list[str]]:
-    """The path given as ``--config`` (None without one) and the rest of ``argv``."""
+def read_config_flag(argv: list[str], kind: ConfigFileKind) -> tuple[Path | None, dict[str, Any], list[str]]:
+    """The path given as ``--config`` (None without one), the file's mapping (`read_config_file`; ``{}`` without one)
+    and the rest of ``argv``."""
     flags, rest = split_flags(argv, ("--config",))
     if "--config" not in flags:
-        return None, rest
+        return None, {}, rest
     if flags["--config"] is None:
         raise kind.error(f"--config needs the path of a YAML {kind.noun}.")
-    return Path(flags["--config"]), rest
+    path = Path(flags["--config"])
+    return path, read_config_file(path, kind), rest
 
 
 def suggest(name: str, candidates: Iterable[str]) -> str:
@@ -119,11 +121,7 @@ def suggest(name: str, candidates: Iterable[str]) -> str:
 def parser_actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
     """Each destination of ``parser`` and the action of its ``--name`` option (not the ``--no_name`` action that
     `HfArgumentParser` adds, with the same destination, for a boolean that defaults to true)."""
-    actions: dict[str, argparse.Action] = {}
-    for action in parser._actions:
-        if action.dest != "help":
-            actions.setdefault(action.dest, action)
-    return actions
+    return {action.dest: action for action in reversed(parser._actions) if action.dest != "help"}  # the first wins
 
 
 def refuse_unknown_keys(

@@ -1,6 +1,6 @@
 """`stapo-trl counterfactual RUN_DIR`: rebuild a run's trainer from its recipe, apply its saved generations again under
-each arm and read what each update did to the policy (`stapo_trl.research.counterfactual.study`); then a table, a summary and a
-figure of the paired differences (`stapo_trl.research.counterfactual.summary`)."""
+each arm and read what each update did to the policy (`stapo_trl.research.counterfactual.study`); then a table, a
+summary and a figure of the paired differences (`stapo_trl.research.counterfactual.summary`)."""
 
 from __future__ import annotations
 
@@ -83,10 +83,9 @@ def write_summary(records_path: Path, output_dir: Path, title: str) -> dict:
 
 
 def run_counterfactual(run_dir: Path, output_dir: Path, options) -> Path:
-    """Replay every complete saved generation of ``run_dir`` under each arm of ``options`` (a
-    `CounterfactualOptions`), appending one JSON record per generation and arm to ``output_dir/records.jsonl``, a
-    generation's records when it finishes; what is already there is skipped, so an interrupted command starts again at
-    the first generation it had not finished. Returns that path."""
+    """Replay every complete saved generation of ``run_dir`` under each arm of ``options`` (a `CounterfactualOptions`),
+    appending one JSON record per generation and arm to ``output_dir/records.jsonl`` (returned) as each generation
+    finishes; records already there are skipped, so an interrupted command resumes."""
     from tqdm.auto import tqdm
 
     from ..cpu.runtime import cpu_runtime
@@ -149,17 +148,14 @@ def counterfactual_command(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     from ..research.counterfactual.study import CounterfactualError, CounterfactualOptions
 
-    if args.probe_problems < 1:
-        raise CounterfactualError(f"--probe_problems is {args.probe_problems}; it must be at least 1.")
-    if args.max_generations is not None and args.max_generations < 1:
-        raise CounterfactualError(f"--max_generations is {args.max_generations}; it must be at least 1.")
+    for flag, value in (("probe_problems", args.probe_problems), ("max_generations", args.max_generations)):
+        if value is not None and value < 1:
+            raise CounterfactualError(f"--{flag} is {value}; it must be at least 1.")
     run_dir = Path(args.run_dir)
     output_dir = Path(args.output_dir) if args.output_dir else run_dir / "counterfactual"
+    given = {name: getattr(args, name) for name in ("probe_problems", "max_generations", "seed")}
     options = CounterfactualOptions(
-        arms=CounterfactualOptions.arms if args.arms is None else tuple(args.arms),
-        probe_problems=args.probe_problems,
-        max_generations=args.max_generations,
-        seed=args.seed,
+        arms=CounterfactualOptions.arms if args.arms is None else tuple(args.arms), **given
     )
     records = run_counterfactual(run_dir, output_dir, options)
     summary = write_summary(records, output_dir, f"Counterfactual updates of {run_dir.name}, after each generation")

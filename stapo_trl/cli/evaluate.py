@@ -13,9 +13,8 @@ from .config_file import (
     ConfigFileKind,
     apply_environment,
     checked_values,
-    config_path,
     parser_actions,
-    read_config_file,
+    read_config_flag,
     refuse_unknown_keys,
     suggest,
 )
@@ -30,8 +29,7 @@ def parse_eval_args(argv: list[str]) -> EvalConfig:
     keys set the defaults, flags override them. TRL is imported here, so that `stapo-trl eval -h` loads none."""
     from trl import TrlParser
 
-    path, cli_args = config_path(argv, EVAL_CONFIG)
-    values = read_config_file(path, EVAL_CONFIG) if path is not None else {}
+    path, values, cli_args = read_config_flag(argv, EVAL_CONFIG)
     parser = TrlParser(dataclass_types=[EvalConfig], prog=PROG)
     parser.error = EVAL_CONFIG.refuse
     actions = parser_actions(parser)

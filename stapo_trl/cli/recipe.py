@@ -27,9 +27,9 @@ from .config_file import (
     ConfigFileKind,
     apply_environment,
     checked_values,
-    config_path,
     parser_actions,
     read_config_file,
+    read_config_flag,
     refuse_unknown_keys,
     split_flags,
     suggest,
@@ -235,8 +235,7 @@ def _refuse_stray_arguments(remaining: list[str], actions: dict, launch_options:
 
 def parse_train_args(argv: list[str]) -> TrainRequest:
     """Resolve `stapo-trl train [--config RECIPE] [--key value ...]` without loading a model or data."""
-    recipe_path, cli_args = config_path(argv, RECIPE)
-    recipe = load_recipe(recipe_path) if recipe_path is not None else {}
+    recipe_path, recipe, cli_args = read_config_flag(argv, RECIPE)
     where = str(recipe_path) if recipe_path is not None else "command line"
 
     parser = make_train_parser()

@@ -35,12 +35,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def default_output_dir(run_dirs: list[str]) -> Path:
-    if len(run_dirs) == 1:
-        return Path(run_dirs[0]) / "report"
-    return Path("report-" + "-vs-".join(Path(directory).resolve().name for directory in run_dirs))
-
-
 def report_command(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     # After the arguments, so that `stapo-trl report -h` loads no torch.
@@ -48,7 +42,9 @@ def report_command(argv: list[str]) -> int:
 
     if args.top_tokens < 1:
         raise ReportError(f"--top_tokens is {args.top_tokens}; it must be at least 1.")
-    output_dir = Path(args.output_dir) if args.output_dir else default_output_dir(args.run_dirs)
+    output_dir = Path(args.output_dir) if args.output_dir else Path(args.run_dirs[0]) / "report"
+    if not args.output_dir and len(args.run_dirs) > 1:
+        output_dir = Path("report-" + "-vs-".join(Path(directory).resolve().name for directory in args.run_dirs))
     report = write_report(args.run_dirs, output_dir, labels=args.labels, html=args.html, top_tokens=args.top_tokens)
     for run in report.runs:
         print("\n".join(console_lines(run)))
