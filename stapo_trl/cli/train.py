@@ -433,12 +433,9 @@ class TrainingInterrupted(Exception):
         self.signum = signum
 
 
-RESUME_FLAGS = ("--resume_from_checkpoint", "--overwrite_output_dir")
-
-
 def resume_command(request: TrainRequest) -> str:
     """The command that continues ``request``'s run from its newest complete checkpoint."""
-    kept = split_flags(request.argv, RESUME_FLAGS)[1]
+    kept = split_flags(request.argv, ("--resume_from_checkpoint", "--overwrite_output_dir"))[1]
     extra = ["--resume_from_checkpoint", "last"]
     if request.script.overwrite_output_dir:
         extra += ["--overwrite_output_dir", "false"]
@@ -466,15 +463,6 @@ def continue_hint(request: TrainRequest) -> str:
     return f"The newest complete checkpoint is {checkpoint}; once fixed, continue from it with:\n  {resume_command(request)}"
 
 
-def user_code_failure(request: TrainRequest, error: BaseException) -> str:
-    """The report of an exception raised by the user's own code: its traceback, what failed, and how to continue."""
-    cause = error.__cause__ or error
-    trace = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
-    return (
-        f"{trace}\nstapo-trl train: {error}.\nThis came from your code, not from stapo-trl. {continue_hint(request)}"
-    )
-
-
 def train_command(argv: list[str]) -> int:
     with rendezvous_note():  # the training arguments set up torch.distributed from the environment
         request = parse_train_args(argv)
@@ -490,9 +478,12 @@ def train_command(argv: list[str]) -> int:
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"\n{interrupted_message(request)}", file=sys.stderr, flush=True)
         return EXIT_CODES.get(getattr(stopped, "signum", None), 130)
-    except UserCodeError as error:
+    except UserCodeError as error:  # its traceback (the user's frames), what failed, and how to continue
         if int(os.environ.get("RANK", "0")) == 0:
-            print(user_code_failure(request, error), file=sys.stderr, flush=True)
+            cause = error.__cause__ or error
+            trace = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
+            hint = f"This came from your code, not from stapo-trl. {continue_hint(request)}"
+            print(f"{trace}\nstapo-trl train: {error}.\n{hint}", file=sys.stderr, flush=True)
         return 1
     except Exception as error:
         problem = storage_problem(error, request.training.output_dir)
