@@ -102,11 +102,10 @@ def actor_mini_batch(
 ):
     """One rank's mini-batch in verl's ``layout`` (``"v0"`` or ``"v1"``), with the engine's global batch information.
 
-    ``response_mask`` marks each response's loss tokens (right padding after them). ``advantages`` is ``[B]`` or
-    ``[B, T]``. ``batch_num_tokens`` defaults to this mini-batch's ``loss_mask`` tokens, as the engine's all-reduce
-    gives on one rank; pass the sum over ranks otherwise. In the v1 layout, ``prompt_lengths`` defaults to 2 and 3 on
-    alternate rows, and ``extra`` adds padded ``[B, T]`` fields that the driver writes per response (such as the old
-    policy's ``entropy``).
+    ``response_mask`` marks each response's loss tokens (right padding after them); ``advantages`` is ``[B]`` or
+    ``[B, T]``. ``batch_num_tokens`` defaults to this mini-batch's ``loss_mask`` tokens (one rank). In the v1 layout,
+    ``prompt_lengths`` defaults to 2 and 3 on alternate rows, and ``extra`` adds padded ``[B, T]`` fields that the
+    driver writes per response (such as the old policy's ``entropy``).
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}.")
@@ -147,10 +146,8 @@ def sequence_lengths(micro_batch) -> tuple[list[int], list[int]]:
 
 def model_output(micro_batch, log_probs: torch.Tensor, entropy: torch.Tensor) -> dict[str, torch.Tensor]:
     """The engine's model output for ``micro_batch``: ``log_probs`` and ``entropy`` of its rows, given padded
-    ``[B, T]`` over the response, laid out as nested tensors over each whole sequence, shifted by one.
-
-    Positions outside the response hold 0; autograd flows from the nested values back to ``log_probs``.
-    """
+    ``[B, T]`` over the response, as nested tensors over each whole sequence, shifted by one (0 outside the response;
+    autograd flows back to ``log_probs``)."""
     prompt_lengths, lengths = sequence_lengths(micro_batch)
 
     def nested(values: torch.Tensor) -> torch.Tensor:

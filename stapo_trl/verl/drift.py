@@ -74,10 +74,9 @@ def _run_ppo_loss(loss_mode: str = PROBE_LOSS_MODE, probe=None, layout: str = "v
 
 
 def check_version() -> list[str]:
-    installed = version("verl")
-    return (
-        [] if installed == TESTED_VERL else [f"verl {installed} is installed; the plugin is tested on {TESTED_VERL}"]
-    )
+    if (installed := version("verl")) != TESTED_VERL:
+        return [f"verl {installed} is installed; the plugin is tested on {TESTED_VERL}"]
+    return []
 
 
 def check_policy_loss_call() -> list[str]:
@@ -165,32 +164,30 @@ def _verl_splits_rows_as_the_pool_does() -> list[str]:
 
 POLICY_LOSS_CALL = Seam(
     "policy-loss call",
-    "ppo_loss calls the policy loss registered as policy_loss.loss_mode (registered after import too) with "
-    "(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights) by keyword.",
-    "The stapo, stare and stare_c2 losses take verl's policy-loss arguments.",
+    "ppo_loss calls the loss registered (after import too) as policy_loss.loss_mode with POLICY_LOSS_ARGUMENTS.",
+    "The stapo, stare and stare_c2 losses take these arguments.",
     check_policy_loss_call,
 )
 ENTROPY_LOCAL = Seam(
     "entropy local",
-    "While the policy loss runs, ppo_loss holds the model output's entropy, padded to [B, T] like log_prob, in its "
-    "local 'entropy', on the v0 trainer's padded batch and the v1 trainer's nested one.",
+    "While the policy loss runs, ppo_loss holds the entropy, padded to [B, T] like log_prob, in its local 'entropy' "
+    "(v0 and v1 layouts).",
     "The S2T loss reads it there (stapo_trl.verl.entropy).",
     check_entropy_local,
 )
 GLOBAL_BATCH_INFO = Seam(
     "global batch info",
-    "vanilla aggregates with config.global_batch_info (batch_num_tokens, global_batch_size, dp_size), which ppo_loss "
-    "sets from the engine's batch_num_tokens: at ratio 1, token-mean is -sum(A) / batch_num_tokens.",
+    "vanilla aggregates with config.global_batch_info, set by ppo_loss: token-mean at ratio 1 is -sum(A) / "
+    "batch_num_tokens.",
     "The S2T loss renormalizes verl's aggregation over the kept tokens through it.",
     contains("verl.trainer.ppo.core_algos:compute_policy_loss_vanilla", "config.global_batch_info"),
     _vanilla_token_mean,
 )
 POOL_TRAINER_HOOKS = Seam(
     "pool trainer hooks",
-    "The v1 driver computes the old log-probabilities with the entropy, then the advantages, then calls "
-    "_update_actor(batch, metrics), which hands the batch to the workers' update_actor; the engine counts "
-    "batch_num_tokens from loss_mask; the workers cut each rank's chunk into contiguous mini-batches.",
-    "stapo_sync overrides _update_actor and takes each optimizer step's rows as optimizer_step_rows splits them.",
+    "The v1 driver computes the old log-probabilities with the entropy, the advantages, then _update_actor(batch, "
+    "metrics); the engine counts batch_num_tokens from loss_mask; each rank's chunk is cut into contiguous steps.",
+    "stapo_sync overrides _update_actor and finds each optimizer step's rows with optimizer_step_rows.",
     contains(
         f"{HERE}:PPOTrainer._step_once",
         "self._compute_old_log_prob(",
@@ -211,9 +208,8 @@ POOL_TRAINER_HOOKS = Seam(
 )
 ACTOR_CONFIG_AT_START_UP = Seam(
     "actor config at start-up",
-    "The driver's validate_config and each actor worker's init_model build the actor config dataclass from "
-    "actor_rollout_ref.actor through its _target_.",
-    "A recipe that names the checked actor config runs the plugin's start-up checks before Ray and before a rollout.",
+    "The driver's validate_config and each worker's init_model build the actor config through its _target_.",
+    "The checked actor config runs the plugin's start-up checks there.",
     contains(f"{HERE}:validate_config", "omega_conf_to_dataclass(config.actor_rollout_ref.actor)"),
     contains(
         "verl.workers.engine_workers:ActorRolloutRefWorker.init_model", "omega_conf_to_dataclass(self.config.actor)"

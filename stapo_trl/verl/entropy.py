@@ -35,12 +35,9 @@ def ppo_loss_frame(depth_limit: int = 8):
 
 
 def entropy_from_ppo_loss(expected_shape: torch.Size) -> torch.Tensor:
-    """The padded per-token entropy ``[B, T]`` of the micro-batch whose loss verl's ``ppo_loss`` is computing.
-
-    Raises a ValueError that says what to change when the policy loss is not called from ``ppo_loss`` (for example
-    directly from a test or another trainer: pass the entropy yourself there), when verl computed no entropy, or
-    when its shape differs from ``log_prob``'s.
-    """
+    """The padded per-token entropy ``[B, T]`` of the micro-batch whose loss verl's ``ppo_loss`` is computing; a
+    ValueError that says what to change when the caller is not ``ppo_loss``, verl computed no entropy, or its shape
+    is not ``log_prob``'s."""
     frame = ppo_loss_frame()
     if frame is None:
         raise ValueError(

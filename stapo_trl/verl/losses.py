@@ -30,13 +30,12 @@ ACTOR_PREFIX = "actor/"
 SEQUENCE_MEAN_MODES = ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 SILENCING_LOSS_MODES: set[str] = set()
-"""The ``loss_mode`` names registered by :func:`register_s2t_loss`: losses that silence tokens within each
-micro-batch, from the entropy verl computes in the actor update."""
+"""The ``loss_mode`` names registered by :func:`register_s2t_loss` (losses that silence tokens per micro-batch)."""
 
 
 def check_pool_is_data_parallel(config: Any) -> None:
     """Refuse a process group wider than data parallelism: the S2T pool gathers over every process of
-    ``torch.distributed``, which must then be exactly the data-parallel ranks (each holding other sequences)."""
+    ``torch.distributed``, which must then be the data-parallel ranks."""
     batch_info = getattr(config, "global_batch_info", None) or {}
     dp_size = int(batch_info.get("dp_size") or 1)
     if world_size() != dp_size:

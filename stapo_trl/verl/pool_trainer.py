@@ -83,8 +83,7 @@ class S2TPoolTrainer(PPOTrainerSync):
     """S2T with the paper's thresholds; :func:`register_s2t_pool_trainer` registers others."""
 
     registered_mode: str | None = None
-    """The ``trainer.v1.trainer_mode`` that selected this trainer (``stapo_sync``, or a name given to
-    :func:`register_s2t_pool_trainer`)."""
+    """The ``trainer.v1.trainer_mode`` that selected this trainer."""
 
     @property
     def trainer_mode(self) -> str:
@@ -102,8 +101,7 @@ class S2TPoolTrainer(PPOTrainerSync):
         super().__init__(config)
 
     def _actor_dp_size(self) -> int:
-        """The actor's data-parallel size, from the worker group's dispatch information, as verl's ``_balance_batch``
-        reads it."""
+        """The actor's data-parallel size, read as verl's ``_balance_batch`` reads it."""
         worker_group = self.actor_rollout_wg
         if "actor" not in worker_group._dispatch_info:
             worker_group._dispatch_info["actor"] = worker_group._query_dispatch_info("actor")
