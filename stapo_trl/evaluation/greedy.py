@@ -133,10 +133,10 @@ def shared_prefix_length(token_ids: list[list[int]]) -> int:
 def prompt_prefix_cache(model, token_ids: list[list[int]], pad_token_id: int, device) -> dict[str, Any] | None:
     """`generate()` inputs (``input_ids``, ``attention_mask`` and the cache under the keyword the model's output gave
     it) for the prompts ``token_ids`` that run their shared leading tokens once: the prefix's key/value cache is copied
-    to every row, laid out as ``[prefix][padding][its remainder]`` with the padding masked, so that every remainder
-    token keeps its position (`generate()` derives positions from the mask). None for a single row, fewer than
-    `MIN_SHARED_PREFIX_TOKENS` shared tokens, or a cache whose rows cannot be copied: then run the prompts whole.
-    """
+    to every row, laid out as ``[prefix][padding][its remainder]`` with the padding left out of the attention mask, so
+    that every remainder token keeps its position (`generate()` derives positions from the mask). None for a single
+    row, fewer than `MIN_SHARED_PREFIX_TOKENS` shared tokens, or a cache whose rows cannot be copied: then run the
+    prompts whole."""
     if len(token_ids) < 2:
         return None
     shared = shared_prefix_length(token_ids)

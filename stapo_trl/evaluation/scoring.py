@@ -92,8 +92,7 @@ def score_benchmark(
         by_problem.setdefault(str(record["problem_id"]), []).append(bool(record["correct"]))
         for grader in graders:
             grader_correct[grader] += accepts(record["grades"].get(grader))
-            if record.get("extracted", {}).get(grader) is not None:
-                grader_answered[grader] += 1
+            grader_answered[grader] += record.get("extracted", {}).get(grader) is not None
         truncated += record.get("finish_reason") == "length"
         tokens += int(record.get("num_tokens") or 0)
     if not by_problem:
