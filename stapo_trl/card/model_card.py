@@ -251,8 +251,7 @@ def base_weights_section(facts: CardFacts) -> list[str]:
 
 
 def statistics_section(config: Any, record: RunRecord) -> list[str]:
-    """The record's trends and the statistics of the rules the config applies, in each rule's words
-    (`RulePresentation.card`)."""
+    """The record's trends and the statistics of the rules applied, in their words (`RulePresentation.card`)."""
     lines = ["### Token-rule statistics and trends", ""]
     if not record.logged_steps:
         return lines + ["No training steps were logged when this card was written."]
@@ -271,8 +270,7 @@ def statistics_section(config: Any, record: RunRecord) -> list[str]:
 
 
 def eval_summaries(output_dir: str | Path) -> list[tuple[str, dict[str, Any]]]:
-    """``(path relative to output_dir, summary)`` of the `stapo-trl eval` summaries in ``output_dir`` or one level
-    below that parse and hold results."""
+    """``(relative path, summary)`` of the `stapo-trl eval` summaries in ``output_dir`` or one level below."""
     output_dir = Path(output_dir)
     found = []
     for path in [output_dir / EVAL_SUMMARY_FILE, *sorted(output_dir.glob(f"*/{EVAL_SUMMARY_FILE}"))]:
@@ -286,8 +284,7 @@ def eval_summaries(output_dir: str | Path) -> list[tuple[str, dict[str, Any]]]:
 
 
 def evaluation_section(output_dir: str | Path, record: RunRecord, results: CardResults | None = None) -> list[str]:
-    """The record's held-out accuracy, the tables of the `eval_summaries`, and which of them the ``model-index`` holds
-    (``results``); empty if none."""
+    """The held-out accuracy, the `eval_summaries`' tables, and which results the ``model-index`` holds, if any."""
     lines: list[str] = []
     before, after = record.accuracy_before, record.accuracy_after
     if before and after:
@@ -369,8 +366,8 @@ def _tidy(text: str) -> str:
 
 
 def build_model_card(config: Any, record: RunRecord, output_dir: str | Path, facts: CardFacts, trl_card_text: str):
-    """The whole card: our metadata, intro and quick start, TRL's training procedure (with stapo-trl's and PEFT's
-    versions added) and citations, and the STAPO sections, which render the run's ``record``."""
+    """The whole card: our metadata, intro and quick start, TRL's training procedure and citations, and the STAPO
+    sections, which render the run's ``record``."""
     versions = [f"- stapo-trl: {__version__}"]
     if facts.adapter:
         with contextlib.suppress(PackageNotFoundError):

@@ -80,8 +80,7 @@ class DensityPanel:
 
 @dataclass
 class BarGroup:
-    """One row of a grouped bar chart: its value in each group it has; a row ``quoted`` rather than measured is
-    hatched and faded."""
+    """One row of a grouped bar chart: its value in each group; a row ``quoted`` rather than measured is hatched."""
 
     label: str
     values: dict[str, float]

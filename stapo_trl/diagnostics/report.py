@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-import base64
 import itertools
 import math
+from base64 import b64encode
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,12 @@ from .run_record import RunRecord, rule_summary_line, silenced_token_line, trend
 
 REPORT_FILE = "report.md"
 HTML_FILE = "report.html"
+HTML_STYLE = (
+    "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;line-height:1.45}"
+    "table{border-collapse:collapse;font-size:0.9em}th,td{border:1px solid #ccc;padding:3px 8px}"
+    "th{background:#f3f3f3}code{background:#f6f6f6;padding:1px 3px}img{max-width:100%}"
+    "blockquote{color:#555;border-left:3px solid #ccc;margin-left:0;padding-left:1em}"
+)
 
 
 @dataclass
@@ -37,14 +43,13 @@ def _cell(value: Any, pattern: str) -> str:
     return "–" if value is None else pattern.format(value)
 
 
-def _quarters(record: RunRecord, key: str, pattern: str) -> str:
-    trend = record.trends.get(key)
-    return (
-        "–" if trend is None else f"{pattern.format(trend['first_quarter'])} → {pattern.format(trend['last_quarter'])}"
-    )
-
-
 def _summary_table(runs: list[RunLogs]) -> str:
+    def quarters(record: RunRecord, key: str, pattern: str) -> str:
+        trend = record.trends.get(key)
+        return (
+            "–" if trend is None else " → ".join(pattern.format(trend[q]) for q in ("first_quarter", "last_quarter"))
+        )
+
     header = (
         "| run | steps | reward (first → last quarter) | entropy (first → last quarter) | silenced fraction | "
         "silenced tokens | candidates | median threshold | grad norm, median (max) | clipped tokens | "
@@ -59,8 +64,8 @@ def _summary_table(runs: list[RunLogs]) -> str:
         clipped = record.optimization.get("clip_ratio/region_mean", {}).get("mean")
         dump = f"{record.dump['written']} / {record.dump['silenced']}" if record.dump else "–"
         lines.append(
-            f"| {run.label} | {record.steps} | {_quarters(record, 'reward', '{:+.3f}')} "
-            f"| {_quarters(record, 'entropy', '{:.3f}')} | {_cell(silencing.get('silenced_fraction'), '{:.4%}')} "
+            f"| {run.label} | {record.steps} | {quarters(record, 'reward', '{:+.3f}')} "
+            f"| {quarters(record, 'entropy', '{:.3f}')} | {_cell(silencing.get('silenced_fraction'), '{:.4%}')} "
             f"| {_cell(silencing.get('silenced_tokens'), '{}')} | {_cell(silencing.get('candidates'), '{}')} "
             f"| {_cell(silencing.get('threshold_median'), '{:.3f}')} | {grad} | {_cell(clipped, '{:.2%}')} "
             f"| {heldout_cell(record)} | {dump} |"
@@ -70,24 +75,22 @@ def _summary_table(runs: list[RunLogs]) -> str:
 
 def heldout_cell(record: RunRecord) -> str:
     """Held-out accuracy before → after, ± the binomial standard error, or – when not logged."""
-
-    def one(entry):
-        error = entry.get("standard_error")
-        return f"{entry['accuracy']:.3f}" + (f" ± {error:.3f}" if error is not None else "")
-
-    entries = [entry for entry in (record.accuracy_before, record.accuracy_after) if entry is not None]
-    return " → ".join(one(entry) for entry in entries) if entries else "–"
+    cells = [
+        f"{entry['accuracy']:.3f}" + (f" ± {error:.3f}" if (error := entry.get("standard_error")) is not None else "")
+        for entry in (record.accuracy_before, record.accuracy_after)
+        if entry is not None
+    ]
+    return " → ".join(cells) or "–"
 
 
 def rule_lines(record: RunRecord) -> list[str]:
     """Each rule's summary line in apply order, applied or in shadow, as the end-of-run summary prints it."""
-    lines = []
-    for spec in registered_rules():
-        for shadow, prefix in ((False, ""), (True, "in shadow (computed, not applied): ")):
-            found = rule_summary_line(record, spec, shadow)
-            if found is not None:
-                lines.append(f"{prefix}{found[0]}: {found[1]}")
-    return lines
+    return [
+        f"{prefix}{found[0]}: {found[1]}"
+        for spec in registered_rules()
+        for shadow, prefix in ((False, ""), (True, "in shadow (computed, not applied): "))
+        if (found := rule_summary_line(record, spec, shadow)) is not None
+    ]
 
 
 def console_lines(run: RunLogs) -> list[str]:
@@ -98,19 +101,6 @@ def console_lines(run: RunLogs) -> list[str]:
     if record.accuracy_before or record.accuracy_after:
         lines.append(f"  held-out greedy accuracy: {heldout_cell(record)}")
     return lines
-
-
-def probe_line(record: RunRecord) -> str | None:
-    """The gradient probe's mean share of the squared gradient norm (and of the loss tokens), when it ran."""
-    share = record.optimization.get("gradient_probe/silenced_grad_sq_share")
-    if share is None:
-        return None
-    tokens = record.optimization.get("gradient_probe/silenced_token_share")
-    return (
-        "gradient probe: the silenced tokens (for a rule in shadow, the tokens it would silence) carried "
-        f"{share['mean']:.2%} of the squared gradient norm on average over {share['steps']} probed steps"
-        + (f", for {tokens['mean']:.2%} of the loss tokens" if tokens else "")
-    )
 
 
 def paired_heldout(runs: list[RunLogs]) -> list[str]:
@@ -150,17 +140,6 @@ def paired_verdict(only_a: int, only_b: int) -> str:
     return f"Exact sign test on the {total} problems they disagree on: p = {p_value:.2g}, {reading}."
 
 
-def _unique_labels(directories: list[Path], labels: list[str] | None) -> list[str]:
-    if labels is not None:
-        if len(labels) != len(directories):
-            raise ReportError(f"--labels gives {len(labels)} labels for {len(directories)} run directories.")
-        return labels
-    names = [directory.resolve().name for directory in directories]
-    if len(set(names)) == len(names):
-        return names
-    return [f"{directory.resolve().parent.name}/{directory.resolve().name}" for directory in directories]
-
-
 def write_report(
     run_dirs: list[str | Path],
     output_dir: str | Path,
@@ -172,11 +151,14 @@ def write_report(
     """Read the runs, draw the figures into ``output_dir`` and write ``report.md`` (and ``report.html``)."""
     if not run_dirs:
         raise ReportError("Give at least one run directory.")
-    directories = [Path(directory) for directory in run_dirs]
-    runs = [
-        load_run(directory, label)
-        for directory, label in zip(directories, _unique_labels(directories, labels), strict=True)
-    ]
+    directories = [Path(directory).resolve() for directory in run_dirs]
+    if labels is not None and len(labels) != len(directories):
+        raise ReportError(f"--labels gives {len(labels)} labels for {len(directories)} run directories.")
+    if labels is None:
+        labels = [directory.name for directory in directories]
+        if len(set(labels)) < len(labels):
+            labels = [f"{directory.parent.name}/{directory.name}" for directory in directories]
+    runs = [load_run(directory, label) for directory, label in zip(run_dirs, labels, strict=True)]
     output_dir = Path(output_dir)
     figures = plot_report_figures(runs, output_dir, top_tokens)
     notes = []
@@ -190,12 +172,20 @@ def write_report(
             shadow = run.record.shadow_token_rules
             why = "none was applied; the rules in shadow are summarized below" if shadow else "none was on"
             notes.append(f"{run.label}: no token rule silenced tokens in the log ({why}).")
-
     report = Report(output_dir, figures, output_dir / REPORT_FILE, runs, notes)
     report.markdown.write_text(_markdown(runs, notes, figures, lambda path: path.name))
     if html:
+        import markdown
+
+        def embedded(path: Path) -> str:
+            return f"data:image/png;base64,{b64encode(path.read_bytes()).decode()}"
+
+        body = markdown.markdown(_markdown(runs, notes, figures, embedded), extensions=["tables"])
         report.html = output_dir / HTML_FILE
-        report.html.write_text(_html(_markdown(runs, notes, figures, _data_uri)))
+        report.html.write_text(
+            "<!doctype html><html><head><meta charset='utf-8'><title>stapo-trl report</title>"
+            f"<style>{HTML_STYLE}</style></head><body>\n{body}\n</body></html>\n"
+        )
     return report
 
 
@@ -216,7 +206,13 @@ def _markdown(runs: list[RunLogs], notes: list[str], figures: dict[str, Path], i
         lines += [f"**{run.label}**", ""]
         lines += [f"- {sentence}" for sentence in trend_sentences(record)]
         lines += [f"- {line}" for line in rule_lines(record)]
-        lines += [f"- {probe}"] if (probe := probe_line(record)) is not None else []
+        if (share := record.optimization.get("gradient_probe/silenced_grad_sq_share")) is not None:
+            tokens = record.optimization.get("gradient_probe/silenced_token_share")
+            lines.append(
+                "- gradient probe: the silenced tokens (for a rule in shadow, the tokens it would silence) carried "
+                f"{share['mean']:.2%} of the squared gradient norm on average over {share['steps']} probed steps"
+                + (f", for {tokens['mean']:.2%} of the loss tokens" if tokens else "")
+            )
         if (length := record.optimization.get("completions/mean_length")) is not None:
             lines.append(f"- mean completion length: {length['mean']:.1f} tokens over the run")
         lines.append("")
@@ -232,25 +228,3 @@ def _markdown(runs: list[RunLogs], notes: list[str], figures: dict[str, Path], i
             lines += [f"**{run.label}**" + ("" if examples else ": none dumped"), ""]
             lines += [f"- {silenced_token_line(record)}" for record in examples] + [""]
     return "\n".join(lines).rstrip() + "\n"
-
-
-def _data_uri(path: Path) -> str:
-    return f"data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()}"
-
-
-HTML_STYLE = (
-    "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;line-height:1.45}"
-    "table{border-collapse:collapse;font-size:0.9em}th,td{border:1px solid #ccc;padding:3px 8px}"
-    "th{background:#f3f3f3}code{background:#f6f6f6;padding:1px 3px}img{max-width:100%}"
-    "blockquote{color:#555;border-left:3px solid #ccc;margin-left:0;padding-left:1em}"
-)
-
-
-def _html(markdown_text: str) -> str:
-    import markdown
-
-    body = markdown.markdown(markdown_text, extensions=["tables"])
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'><title>stapo-trl report</title>"
-        f"<style>{HTML_STYLE}</style></head><body>\n{body}\n</body></html>\n"
-    )

@@ -1,6 +1,5 @@
-"""The figures of `stapo-trl report` and the training curves of `stapo-trl train`: what each panel shows of the runs'
-logs and records, as the data classes of :mod:`.plotting`, which draws them. Every figure draws all runs on shared
-axes."""
+"""The figures of `stapo-trl report` (every run on shared axes) and the training curves of `stapo-trl train`: what
+each panel shows of the runs' logs and records, as the data classes of :mod:`.plotting`, which draws them."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..core.names import SHADOW_PREFIX
-from ..core.token_rules import TokenRuleSpec, get_token_rule, registered_rules
+from ..core.token_rules import get_token_rule, registered_rules
 from .plotting import (
     DensityPanel,
     LinePanel,
@@ -47,16 +46,6 @@ TRAINING_CURVES = (("reward", "mean reward", None, 1.0), ("entropy", "mean token
 """The same for the first panels of ``training_curves.png``; the gradient norm and the silenced fraction follow."""
 
 
-def silencing_view(run: RunLogs) -> tuple[TokenRuleSpec, str, dict[str, Any]] | None:
-    """The spec, metric prefix and run summary of the run's silencing rule (`RunRecord.silencing_rule`), else of the
-    rule in shadow that would have silenced tokens; None when there is neither."""
-    record = run.record
-    for shadow, summaries in ((False, record.token_rules), (True, record.shadow_token_rules)):
-        if (name := record.silencing_rule(shadow=shadow)) is not None:
-            return get_token_rule(name), f"{SHADOW_PREFIX}/" if shadow else "", summaries[name]
-    return None
-
-
 def top_silenced_tokens(run: RunLogs, limit: int = 15) -> list[tuple[str, int]]:
     """The most frequent token texts among the run's dumped silenced tokens (a sample when the caps dropped some)."""
     return Counter(record["token"] for record in run.silenced_tokens or []).most_common(limit)
@@ -85,18 +74,21 @@ def line_panel(
 
 
 def masking_panels(runs: list[RunLogs]) -> tuple[LinePanel, LinePanel]:
-    """The silenced fraction (%) of each run's silencing rule (`silencing_view`), its legend counting the silenced
-    tokens and candidates, and the rule's threshold over the steps: the metric it summarises as ``threshold_median``
-    (S2T's ``tau_h``), titled by that `RuleMetric`'s meaning and unit."""
+    """The silenced fraction (%) of each run's silencing rule (`RunRecord.silencing_rule`, else what the rule in
+    shadow would have silenced), its legend counting the silenced tokens and candidates, and the rule's threshold over
+    the steps: the metric it summarises as ``threshold_median`` (S2T's ``tau_h``), titled by its meaning and unit."""
     absent = "no token rule silenced tokens (none was on)"
     fraction, threshold = (LinePanel(title="", series=[], y_floor=0.0) for _ in range(2))
     rules, thresholds = {}, {}  # ordered sets: the rules and threshold titles, in order of first appearance
     for run in runs:
-        if (view := silencing_view(run)) is None:
+        record = run.record
+        shadow = record.silencing_rule() is None
+        if (name := record.silencing_rule(shadow=shadow)) is None:
             fraction.notes.append(f"{run.label}: {absent}")
             threshold.notes.append(f"{run.label}: {absent}")
             continue
-        spec, prefix, summary = view
+        spec, prefix = get_token_rule(name), f"{SHADOW_PREFIX}/" if shadow else ""
+        summary = (record.shadow_token_rules if shadow else record.token_rules)[name]
         label = f"{run.label} (in shadow, would silence)" if prefix else run.label
         found = metric_series(run.history, prefix + spec.metric("silenced_fraction"), label, 100.0)
         rules[spec.display_name] = None
@@ -140,20 +132,18 @@ def token_bars(run: RunLogs, limit: int = 15) -> TokenBars:
         title += f"\n{distinct} distinct tokens, each silenced {top[0][1]} time{'s' if top[0][1] > 1 else ''}"
         if len(records) < written:
             title += f"; {len(records)} shown, spread over the run"
-        return TokenBars(title, [], [], rows=[token_row(record) for record in records])
+        rows = [
+            (str(r["step"]), token_in_context(r, 24), f"{r['p']:.2g}", f"{r['entropy']:.2f}", f"{r['advantage']:+.2f}")
+            for r in records
+        ]
+        return TokenBars(title, [], [], rows=rows)
     if distinct > len(top):
         title += f"\n{len(top)} of {distinct} distinct tokens, most frequent first"
     return TokenBars(title, [visible_token(text) for text, _ in top], [count for _, count in top])
 
 
-def token_row(record: dict[str, Any], context: int = 24) -> tuple[str, ...]:
-    p, entropy, advantage = record["p"], record["entropy"], record["advantage"]
-    return str(record["step"]), token_in_context(record, context), f"{p:.2g}", f"{entropy:.2f}", f"{advantage:+.2f}"
-
-
 def density_panel(run: RunLogs) -> DensityPanel:
-    """One run's p-H density; the silencing region spans the dump's probability bound and the rule's median
-    threshold."""
+    """One run's p-H density; the silencing region spans the probability bound and the median threshold."""
     if run.dump_stats is None:
         return DensityPanel(run.label, note="no token dump:\ntrain with dump_silenced_tokens: true")
     stats = run.dump_stats
@@ -176,8 +166,7 @@ def density_panel(run: RunLogs) -> DensityPanel:
 
 
 def training_curve_panels(records: list[dict], label: str) -> list[LinePanel]:
-    """The panels of ``training_curves.png`` of one run's log, the line labelled ``label`` (``stapo-trl train`` passes
-    the method and seed)."""
+    """The panels of ``training_curves.png`` of one run's log, its line labelled ``label`` (the method and seed)."""
     panels, records = [], training_records(records)
     spec = next((spec for spec in registered_rules() if "silenced_fraction" in rule_summary(spec, records)), None)
     metric, name = (spec.metric("silenced_fraction"), f"{spec.display_name} ") if spec else ("silenced_fraction", "")
@@ -192,8 +181,7 @@ def training_curve_panels(records: list[dict], label: str) -> list[LinePanel]:
 
 
 def plot_training_curves(records: list[dict], path: str | Path, *, label: str, title: str | None = None) -> Path:
-    """Write a PNG of reward, entropy, gradient norm and silenced fraction against the step; a metric the run did not
-    log leaves its panel with a note."""
+    """Write a PNG of reward, entropy, gradient norm and silenced fraction against the step."""
     return plot_line_panels(training_curve_panels(records, label), path, panel_size=(3.9, 3.2), title=title, dpi=110)
 
 
@@ -214,8 +202,7 @@ def density_limits(runs: list[RunLogs]) -> tuple[float, float] | None:
 
 
 def plot_report_figures(runs: list[RunLogs], output_dir: Path, top_tokens: int) -> dict[str, Path]:
-    """Draw the report's `FIGURES` into ``output_dir`` (the token figures only when a run has a dump) and return them
-    by name."""
+    """Draw the report's `FIGURES` (the token figures when a run has a dump) into ``output_dir``, by name."""
     optimization = [
         line_panel(runs, key, title, scale=scale, y_floor=y_floor)
         for key, title, y_floor, scale in OPTIMIZATION_PANELS

@@ -50,8 +50,7 @@ def find_log_source(directory: Path) -> Path | None:
 
 
 def read_metrics(path: str | Path) -> list[dict]:
-    """The records of a ``metrics.jsonl`` file but its final summary (a last line cut off mid-write is left out with
-    a warning)."""
+    """The records of a ``metrics.jsonl`` file but its final summary (and a last line cut off mid-write)."""
     return [record for record in read_json_lines(path) if "train_runtime" not in record]
 
 
@@ -73,8 +72,7 @@ def _steps(log: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def read_history(source: Path) -> list[dict[str, Any]]:
-    """The per-step training records of a ``trainer_state.json`` or ``metrics.jsonl``: neither the end-of-training
-    summary nor the evaluation records."""
+    """The training steps of a ``trainer_state.json`` or ``metrics.jsonl`` (`is_training_record`)."""
     return _steps(read_log(source))
 
 

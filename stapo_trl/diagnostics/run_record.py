@@ -113,8 +113,7 @@ class Trend:
 
 
 def trend(label: str, steps: list[int], values: list[float]) -> Trend | None:
-    """The trend of ``values`` logged at ``steps``, with the means of their first and last quarter (at least one
-    value each); None when nothing was logged."""
+    """The trend of ``values`` logged at ``steps`` (quarters of at least one value); None when nothing was logged."""
     if not values:
         return None
     n = len(values)
@@ -166,28 +165,26 @@ class RunRecord:
     """What one run did, as ``run_summary.json`` holds it. Every field is plain JSON."""
 
     steps: int = 0
-    """Optimizer steps: the highest step in the log."""
+    """The highest step in the log; ``logged_steps`` counts its training records."""
     logged_steps: int = 0
-    """Training records in the log (one per ``logging_steps``)."""
     last_logged_step: int | None = None
     trends: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """`Trend.to_dict` of each of `TREND_METRICS` that was logged."""
+    """`Trend.to_dict` of each of `TREND_METRICS` that was logged; ``reward_first`` and ``reward_last`` repeat the
+    reward's quarter means."""
     reward_first: float | None = None
     reward_last: float | None = None
-    """The reward's first- and last-quarter means (as in ``trends``)."""
     token_rules: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Each applied rule's run summary, by rule name: the keys of its spec's `RuleMetric` summaries."""
     shadow_token_rules: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """The same for the rules run in shadow (computed and logged, not applied)."""
+    """Each rule's run summary (the keys of its `RuleMetric` summaries) by name, applied or run in shadow."""
     optimization: dict[str, dict[str, float]] = field(default_factory=dict)
     """Mean, median, max and number of logged steps of `OPTIMIZATION_METRICS` and ``gradient_probe/*``, by metric."""
     accuracy_before: dict[str, Any] | None = None
     accuracy_after: dict[str, Any] | None = None
     """The held-out greedy accuracy at step 0 and at the last evaluation (the fields of `HELDOUT_METRICS`)."""
     dump: dict[str, int] | None = None
-    """The silenced-token dump's totals: ``silenced``, ``written`` and ``dropped``."""
+    """The silenced-token dump's totals: ``silenced``, ``written`` and ``dropped``; ``silenced_examples`` shows a few
+    dumped tokens in their context."""
     silenced_examples: list[str] = field(default_factory=list)
-    """A few dumped silenced tokens in their context, one line each."""
     method: str | None = None
     model: str | None = None
     base_model: str | None = None
@@ -195,7 +192,7 @@ class RunRecord:
     model_source: str | None = None
     """``model_name_or_path`` as given (a GGUF file's reference, not its conversion in this machine's cache)."""
     dataset_description: str | None = None
-    """What the model was trained on, for the model card, when the dataset is not a Hub dataset."""
+    """What the model was trained on, for the model card, when it is not a Hub dataset."""
     dataset_reference: str | None = None
     """The training data as `stapo-trl train` was given it (``dataset_name``: a Hub id, ``arithmetic`` or ``sample``),
     a local file or directory by its name alone; the card's ``model-index`` names the held-out problems' data by it."""
@@ -266,8 +263,7 @@ def build_run_record(
 
 
 def rule_summary(spec: TokenRuleSpec, steps: list[dict[str, Any]], prefix: str = "") -> dict[str, Any]:
-    """A rule's run summary over the logged training steps, from its metrics' finite values (``prefix`` reads a rule
-    in shadow); ``{}`` when it logged none."""
+    """A rule's run summary from its metrics' finite values (``prefix`` reads a rule in shadow); ``{}`` if none."""
     summary = {}
     for metric in spec.metrics:
         if values := finite_series(steps, prefix + spec.metric(metric.statistic))[1]:
@@ -306,8 +302,7 @@ _FORMATTER = _WordingFormatter()
 
 
 def fill(template: str, values: dict[str, Any]) -> str | None:
-    """A rule's wording (`RulePresentation`) filled from ``values``, or None when a field it names is not a finite
-    number there."""
+    """A rule's wording (`RulePresentation`) filled from ``values``; None when a field it names is not finite there."""
     names = [name for _, name, _, _ in _FORMATTER.parse(template) if name]
     if not all(is_finite_number(values.get(name)) for name in names):
         return None

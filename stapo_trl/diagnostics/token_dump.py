@@ -10,6 +10,7 @@ import math
 import os
 import warnings
 from dataclasses import KW_ONLY, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -59,18 +60,14 @@ def _json_lines(records: list[dict[str, Any]]) -> str:
     return "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
 
 
-def _token_text(tokenizer, ids: list[int]) -> str:
-    return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
-
 def token_records(
     tokens: StepTokens, positions: torch.Tensor, tokenizer, *, step: int, process_index: int, context_tokens: int
 ) -> list[dict[str, Any]]:
     """The dump records of the silenced tokens at ``positions`` (``(row, position)`` pairs): text, the context from
     the completion's own loss tokens, p, H and advantage; ``sample_id`` ``"<step>-<process>-<row>"`` names the
     completion."""
-    records = []
-    advantages = tokens.advantages
+    records, advantages = [], tokens.advantages
+    decode = partial(tokenizer.decode, skip_special_tokens=False, clean_up_tokenization_spaces=False)
     for row, position in positions.tolist():
         length = int(tokens.loss_mask[row].nonzero().max()) + 1 if bool(tokens.loss_mask[row].any()) else position + 1
         ids = tokens.completion_ids[row].tolist()
@@ -82,11 +79,9 @@ def token_records(
                 "sample_id": f"{step}-{process_index}-{row}",
                 "position": position,
                 "token_id": ids[position],
-                "token": _token_text(tokenizer, [ids[position]]),
-                "context_before": _token_text(tokenizer, ids[max(0, position - context_tokens) : position]),
-                "context_after": _token_text(
-                    tokenizer, ids[position + 1 : min(length, position + 1 + context_tokens)]
-                ),
+                "token": decode([ids[position]]),
+                "context_before": decode(ids[max(0, position - context_tokens) : position]),
+                "context_after": decode(ids[position + 1 : min(length, position + 1 + context_tokens)]),
                 "log_prob": log_prob,
                 "p": math.exp(log_prob),
                 "entropy": float(tokens.entropies[row, position]),
