@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import UsageError
-from ..storage import DamagedFileError, read_json_file, write_text_atomically
+from ..storage import DamagedFileError, append_text, read_json_file, write_text_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -110,10 +110,7 @@ class SampleStore:
         new = [dict(record) for record in records if self.key(record) not in self._keys]
         if not new:
             return
-        with self.path.open("a", encoding="utf-8") as handle:
-            handle.write("".join(json.dumps(record, ensure_ascii=False) + "\n" for record in new))
-            handle.flush()
-            os.fsync(handle.fileno())
+        append_text(self.path, "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in new))
         self.records.extend(new)
         self._keys.update(self.key(record) for record in new)
 
