@@ -94,10 +94,8 @@ class CardFacts:
 
 def portable_location(output_dir: str | Path, hub_model_id: str | None = None) -> str:
     """What a quick start should load: the Hub id, else ``output_dir`` as written when relative, else its name."""
-    if hub_model_id:
-        return hub_model_id
     path = Path(output_dir)
-    return path.as_posix() if not path.is_absolute() else path.name
+    return hub_model_id or (path.name if path.is_absolute() else path.as_posix())
 
 
 def base_model_license(base_model: str | None) -> str | None:
@@ -260,10 +258,8 @@ def statistics_section(config: Any, record: RunRecord) -> list[str]:
     rules = config.active_token_rules
     for name in rules:
         summary = {**record.token_rules.get(name, {}), "steps": record.logged_steps}
-        for alternatives in get_token_rule(name).presentation.card:
-            bullet = fill_first(alternatives, summary)
-            if bullet is not None:
-                lines.append(f"- {bullet}")
+        bullets = (fill_first(alternatives, summary) for alternatives in get_token_rule(name).presentation.card)
+        lines += [f"- {bullet}" for bullet in bullets if bullet is not None]
     if not rules:
         lines.append("- No token rule was on in this run.")
     return lines
@@ -295,12 +291,8 @@ def evaluation_section(output_dir: str | Path, record: RunRecord, results: CardR
             "",
         ]
     for location, summary in eval_summaries(output_dir):
-        lines += [
-            f"`stapo-trl eval` ({location}; avg@k in %):",
-            "",
-            markdown_table(summary_rows(summary)).rstrip(),
-            "",
-        ]
+        table = markdown_table(summary_rows(summary)).rstrip()
+        lines += [f"`stapo-trl eval` ({location}; avg@k in %):", "", table, ""]
     if results is not None and (results.eval_results or results.left_out):
         lines.append(
             f"The metadata's `model-index`, which the Hub shows on the model's page, holds {len(results.eval_results)} "
@@ -313,21 +305,17 @@ def evaluation_section(output_dir: str | Path, record: RunRecord, results: CardR
     return ["### Evaluation", "", *lines] if lines else []
 
 
-def _is_empty(value: Any) -> bool:
-    return value is None or value in ("", "none", [], {}, ["none"])
-
-
 def _non_default_config(config: Any) -> dict[str, Any]:
     """The config's values that differ from its fields' defaults, but those `__post_init__` fills in (building a
     default config would reset accelerate's state mid-training)."""
-    values = config.to_dict()
-    changed = {}
+    values, changed = config.to_dict(), {}
+    empty = (None, "", "none", [], {}, ["none"])
     for name, spec in type(config).__dataclass_fields__.items():
         if name in NOT_IN_RECIPE or name not in values or not spec.init:
             continue
         default = spec.default_factory() if callable(spec.default_factory) else spec.default
         value = values[name]
-        if value != default and not (_is_empty(value) and _is_empty(default)):
+        if value != default and not (value in empty and default in empty):
             changed[name] = value
     return changed
 

@@ -32,11 +32,11 @@ def benchmark_results(summary: dict[str, Any], location: str) -> CardResults:
         for name, score in setting.get("benchmarks", {}).items():
             data = datasets.get(name) or {}
             title = BENCHMARKS[name].title if name in BENCHMARKS else name
-            reason = _left_out_because(data, score)
-            if reason is not None:
+            if (reason := _left_out_because(data, score)) is not None:
                 found.left_out.append(f"{title} ({setting['label']}) in {location}: {reason}")
                 continue
             k = score["samples_per_problem"]
+            sampling = {"temperature": setting.get("temperature"), "top_p": setting.get("top_p")}
             found.eval_results.append(
                 EvalResult(
                     **TASK,
@@ -47,11 +47,7 @@ def benchmark_results(summary: dict[str, Any], location: str) -> CardResults:
                     metric_name=f"avg@{k} (%)",
                     metric_value=round(float(score["avg_at_k"]), 2),
                     metric_config=setting["label"],
-                    metric_args={
-                        "temperature": setting.get("temperature"),
-                        "top_p": setting.get("top_p"),
-                        "max_new_tokens": summary.get("max_new_tokens"),
-                    },
+                    metric_args={**sampling, "max_new_tokens": summary.get("max_new_tokens")},
                 )
             )
     return found

@@ -299,22 +299,18 @@ def draw_grouped_bars(
         present = [name for name in groups if name in row.values]
         positions = [groups.index(name) - 0.4 + width * (index + 0.5) for name in present]
         values = [row.values[name] for name in present]
-        color = colors[index % len(colors)]
-        alpha = 0.55 if row.quoted else 1.0
+        color, alpha = colors[index % len(colors)], 0.55 if row.quoted else 1.0
         axis.bar(
             positions, values, width, label=row.label, color=color, hatch="//" if row.quoted else None, alpha=alpha
         )
-        zeros = [position for position, value in zip(positions, values, strict=True) if value == 0]
-        if zeros:
+        zeros = np.array([position for position, value in zip(positions, values, strict=True) if value == 0])
+        if len(zeros):
             stub = {"colors": color, "linewidth": 3, "alpha": alpha, "clip_on": False, "zorder": 3}
-            axis.hlines(
-                [0.0] * len(zeros), [x - 0.45 * width for x in zeros], [x + 0.45 * width for x in zeros], **stub
-            )
+            axis.hlines(np.zeros(len(zeros)), zeros - 0.45 * width, zeros + 0.45 * width, **stub)
             text = {"xytext": (0, 2.5), "textcoords": "offset points", "ha": "center", "va": "bottom", "fontsize": 6}
             for position in zeros:
                 axis.annotate(ZERO_LABEL, (position, 0.0), color=color, **text)
-        lowest = min([lowest, *values])
-        highest = max([highest, *values])
+        lowest, highest = min([lowest, *values]), max([highest, *values])
     axis.set_ylim(lowest * 1.08 if lowest < 0 else 0.0, highest * 1.08 if highest > 0 else 1.0)
     axis.set_xticks(range(len(groups)))
     axis.set_xticklabels([(group_titles or {}).get(name, name) for name in groups])
