@@ -78,15 +78,6 @@ def read_config_file(path: str | os.PathLike, kind: ConfigFileKind) -> dict[str,
     return config
 
 
-def apply_environment(config: Mapping[str, Any], where: str, kind: ConfigFileKind) -> None:
-    """Set the environment variables of the file's ``env`` mapping in this process."""
-    env = config.get(ENV_KEY) or {}
-    if not isinstance(env, dict):
-        raise kind.error(f"{where}: env must be a mapping of environment variables to values.")
-    for name, value in env.items():
-        os.environ[str(name)] = str(value)
-
-
 def split_flags(argv: list[str], names) -> tuple[dict[str, str | None], list[str]]:
     """The last value of each of the flags ``names`` in ``argv`` (``--name value`` or ``--name=value``; None for a
     flag that ends ``argv``), and the other tokens."""
@@ -124,25 +115,28 @@ def parser_actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action
     return {action.dest: action for action in reversed(parser._actions) if action.dest != "help"}  # the first wins
 
 
-def refuse_unknown_keys(
-    config: Mapping[str, Any],
-    known: Iterable[str],
-    where: str,
-    kind: ConfigFileKind,
-    *,
-    reasons: Mapping[str, str] | None = None,
-    candidates: Iterable[str] = (),
-) -> None:
-    """Raise ``kind.error`` listing every key of ``config`` not in ``known``, each with its reason (``reasons``: what
-    to use instead) or the closest of ``candidates``."""
-    known, reasons, candidates = set(known), reasons or {}, list(candidates)
-    lines = [
-        f"  {key}: " + (f"{reasons[key]}." if key in reasons else "not a known key." + suggest(str(key), candidates))
+def apply_config(parser, config: Mapping[str, Any], where: str, kind: ConfigFileKind, *, known=(), reasons=None):
+    """Check ``config`` against ``parser`` and return the converted values of the parser's arguments (`checked_values`),
+    after setting its ``env`` in this process. Every key that is not an argument, in ``known`` or ``env`` is refused in
+    one message, each with its reason (``reasons``: what to use instead) or the closest argument. ``parser``'s errors
+    raise ``kind.error`` from here on."""
+    parser.error = kind.refuse
+    actions = parser_actions(parser)
+    known, reasons = {*actions, *known, ENV_KEY}, reasons or {}
+    unknown = [
+        f"  {key}: " + (f"{reasons[key]}." if key in reasons else "not a known key." + suggest(str(key), actions))
         for key in config
         if key not in known
     ]
-    if lines:
-        raise kind.error(f"{where} has keys that {kind.command} does not know:\n" + "\n".join(lines))
+    if unknown:
+        raise kind.error(f"{where} has keys that {kind.command} does not know:\n" + "\n".join(unknown))
+    values = checked_values(config, actions, parser.dataclass_types, where, kind)
+    env = config.get(ENV_KEY) or {}
+    if not isinstance(env, dict):
+        raise kind.error(f"{where}: env must be a mapping of environment variables to values.")
+    for name, value in env.items():
+        os.environ[str(name)] = str(value)
+    return values
 
 
 def checked_values(

@@ -8,16 +8,7 @@ from typing import Any
 from .. import evaluation
 from ..core.errors import UsageError
 from ..evaluation import EvalConfig, EvalConfigError
-from .config_file import (
-    ENV_KEY,
-    ConfigFileKind,
-    apply_environment,
-    checked_values,
-    parser_actions,
-    read_config_flag,
-    refuse_unknown_keys,
-    suggest,
-)
+from .config_file import ConfigFileKind, apply_config, parser_actions, read_config_flag, suggest
 from .help import eval_help
 
 PROG = "stapo-trl eval"
@@ -31,17 +22,13 @@ def parse_eval_args(argv: list[str]) -> EvalConfig:
 
     path, values, cli_args = read_config_flag(argv, EVAL_CONFIG)
     parser = TrlParser(dataclass_types=[EvalConfig], prog=PROG)
-    parser.error = EVAL_CONFIG.refuse
-    actions = parser_actions(parser)
-    refuse_unknown_keys(values, {*actions, ENV_KEY}, str(path), EVAL_CONFIG, candidates=actions)
-    parser.set_defaults_with_config(**checked_values(values, actions, parser.dataclass_types, str(path), EVAL_CONFIG))
-    apply_environment(values, str(path), EVAL_CONFIG)
+    parser.set_defaults_with_config(**apply_config(parser, values, str(path), EVAL_CONFIG))
     config, remaining = parser.parse_args_into_dataclasses(args=cli_args, return_remaining_strings=True)
     if remaining:
         unknown = next((token for token in remaining if token.startswith("--")), remaining[0])
         raise EvalConfigError(
             f"Unknown arguments: {' '.join(remaining)}."
-            + suggest(unknown.lstrip("-").split("=", 1)[0], actions)
+            + suggest(unknown.lstrip("-").split("=", 1)[0], parser_actions(parser))
             + f" Run `{PROG} -h` for every option."
         )
     return config

@@ -23,14 +23,11 @@ from ..core.errors import UsageError
 from ..methods import method_preset
 from .arguments import TrainScriptArguments
 from .config_file import (
-    ENV_KEY,
     ConfigFileKind,
-    apply_environment,
-    checked_values,
+    apply_config,
     parser_actions,
     read_config_file,
     read_config_flag,
-    refuse_unknown_keys,
     split_flags,
     suggest,
 )
@@ -239,20 +236,17 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
     where = str(recipe_path) if recipe_path is not None else "command line"
 
     parser = make_train_parser()
-    parser.error = RECIPE.refuse
     actions = parser_actions(parser)
     recipe, cli_args = _spell_checkpointing_for_this_transformers(recipe, cli_args, actions)
     launch_options = _option_names(_launch_parser())
     launch_actions = {name: action for name, action in launch_options.items() if name not in actions}
-
-    known = {*actions, *launch_actions, ENV_KEY, ACCELERATE_CONFIG_KEY}
-    refuse_unknown_keys(recipe, known, where, RECIPE, reasons={**STALE_KEYS, **TRL_GRPO_REFUSED}, candidates=actions)
     if "method" in recipe:
         try:
             recipe["method"] = method_preset(recipe["method"]).name
         except ValueError as error:
             raise RecipeError(f"{where}: {error}") from None
-    dataclass_values = checked_values(recipe, actions, parser.dataclass_types, where, RECIPE)
+    known, reasons = {*launch_actions, ACCELERATE_CONFIG_KEY}, {**STALE_KEYS, **TRL_GRPO_REFUSED}
+    dataclass_values = apply_config(parser, recipe, where, RECIPE, known=known, reasons=reasons)
     launch_args: list[str] = []
     for key, value in recipe.items():
         if key == ACCELERATE_CONFIG_KEY:
@@ -261,7 +255,6 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
             launch_args += [f"--{key}"] if value else []
         elif key in launch_actions:
             launch_args += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
-    apply_environment(recipe, where, RECIPE)
 
     method = split_flags(cli_args, ("--method",))[0].get("--method") or recipe.get("method", "stapo")
     try:
