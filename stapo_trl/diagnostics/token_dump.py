@@ -56,6 +56,16 @@ def token_density(log_probs: torch.Tensor, entropies: torch.Tensor, mask: torch.
     return counts
 
 
+def sample_positions(silenced: torch.Tensor, limit: int, generator: torch.Generator) -> torch.Tensor:
+    """Up to ``limit`` ``(row, position)`` pairs drawn uniformly without replacement from the True entries of a
+    ``[B, T]`` bool tensor, in row-major order."""
+    positions = silenced.nonzero()
+    if positions.size(0) > limit:
+        chosen = torch.randperm(positions.size(0), generator=generator)[:limit].sort().values
+        positions = positions[chosen.to(positions.device)]
+    return positions
+
+
 def _json_lines(records: list[dict[str, Any]]) -> str:
     return "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
 

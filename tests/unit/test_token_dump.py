@@ -12,6 +12,7 @@ from stapo_trl.core.token_rules import StepTokens
 from stapo_trl.diagnostics import token_dump
 from stapo_trl.diagnostics.token_dump import (
     SilencedTokenDump,
+    sample_positions,
     token_density,
     token_records,
 )
@@ -39,6 +40,23 @@ def test_token_density_counts_only_the_tokens_in_the_mask():
     log_probs = torch.log(torch.full((2, 3), 0.5))
     counts = token_density(log_probs, torch.ones(2, 3), torch.tensor([[True, False, True], [False, False, True]]))
     assert int(counts.sum()) == 3
+
+
+# ------------------------------------------------------------------------------------------- the sampling
+def test_sample_positions_keeps_every_position_under_the_limit_in_row_major_order():
+    silenced = torch.tensor([[False, True, False], [True, False, True]])
+    positions = sample_positions(silenced, 10, torch.Generator().manual_seed(0))
+    assert positions.tolist() == [[0, 1], [1, 0], [1, 2]]
+
+
+def test_sample_positions_draws_distinct_silenced_positions_reproducibly():
+    silenced = torch.zeros(4, 10, dtype=torch.bool)
+    silenced[:, ::2] = True  # 20 silenced positions
+    first = sample_positions(silenced, 5, torch.Generator().manual_seed(3))
+    again = sample_positions(silenced, 5, torch.Generator().manual_seed(3))
+    assert first.tolist() == again.tolist()
+    assert len({tuple(position) for position in first.tolist()}) == 5
+    assert all(bool(silenced[row, column]) for row, column in first.tolist())
 
 
 # ------------------------------------------------------------------------------------------- the records
