@@ -88,12 +88,9 @@ def console_summary(record: RunRecord) -> list[str]:
     lines = [f"stapo-trl train: {record.method} on {record.model}, {record.steps} optimizer steps"]
     before, after = record.accuracy_before, record.accuracy_after
     if before and after:
+        spread = f"± {after['standard_error']:.3f} standard error, {after['total']} problems"
         lines.append(
-            column(
-                "held-out greedy accuracy",
-                f"{before['accuracy']:.3f} -> {after['accuracy']:.3f} (± {after['standard_error']:.3f} standard "
-                f"error, {after['total']} problems)",
-            )
+            column("held-out greedy accuracy", f"{before['accuracy']:.3f} -> {after['accuracy']:.3f} ({spread})")
         )
         if before.get("format_rate") is not None and after.get("format_rate") is not None:
             lines.append(column("answer format rate", f"{before['format_rate']:.2f} -> {after['format_rate']:.2f}"))
