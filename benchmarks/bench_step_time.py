@@ -143,9 +143,7 @@ def measure(name: str, pairs: int, warmup: bool, scratch: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--repeats", type=int, default=3, help="GRPO, STAPO pairs per setting"
-    )
+    parser.add_argument("--repeats", type=int, default=3, help="GRPO, STAPO pairs per setting")
     parser.add_argument("--settings", nargs="+", default=DEFAULT_SETTINGS, choices=list(SETTINGS))
     parser.add_argument("--no_warmup", action="store_true", help="skip the discarded warm-up run of one_step")
     parser.add_argument("--note", default=None, help="a note kept in the JSON (for example: under load)")

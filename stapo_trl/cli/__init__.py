@@ -54,9 +54,10 @@ def _versions() -> str:
 def _run(command: str, argv: list[str]) -> int:
     if command == "train":
         from ..cpu.environment import set_cpu_environment
-        from .help import train_help
 
         set_cpu_environment()  # before torch is imported
+        from .help import train_help
+
         if train_help(argv):
             return 0
     module = importlib.import_module(f".{MODULES[command]}", __name__)

@@ -1,15 +1,13 @@
-"""What makes a resumed run continue exactly where it stopped: the checkpoint it resumes from, and the data order.
+"""What makes a resumed run continue exactly where it stopped.
 
-**Which checkpoint.** transformers writes a checkpoint's files one after another and ``trainer_state.json`` last, with
-no temporary directory, so a run killed while saving leaves a ``checkpoint-N`` without it. transformers' own
-``get_last_checkpoint`` picks that directory anyway, and resuming from it restarts the step count at 0 on top of the
-saved weights: a silent wrong result. Here a checkpoint counts only when its ``trainer_state.json`` exists (STAPO's own
-state, the STARE controller and the token dump, is written before it).
+**Which checkpoint.** transformers writes ``trainer_state.json`` last, so a run killed while saving leaves a
+``checkpoint-N`` without it, which transformers' ``get_last_checkpoint`` would pick (restarting the step count at 0 on
+the saved weights). Here a checkpoint counts only when its ``trainer_state.json`` exists; STAPO's own state is written
+before it.
 
-**The data order.** TRL's ``RepeatSampler`` shuffles epoch ``e`` with the ``e``-th permutation of a generator seeded
-once, when it is built, so a run resumed at an epoch boundary, which builds a fresh sampler, gets the first permutation
-again and other prompts than the run it continues. `EpochSeededSampler` moves the generator to epoch ``e`` whenever
-transformers calls ``set_epoch(e)``: every epoch gets exactly the order it has in a straight TRL run, resumed or not.
+**The data order.** TRL's ``RepeatSampler`` draws epoch ``e``'s shuffle from a generator seeded once, so a run resumed
+at an epoch boundary would see the first permutation again. `EpochSeededSampler` moves the generator to epoch ``e`` on
+``set_epoch(e)``: every epoch gets the order it has in a straight run.
 """
 
 from __future__ import annotations

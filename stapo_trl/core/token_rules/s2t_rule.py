@@ -54,6 +54,13 @@ class S2TConfigMixin:
     )
 
 
+_PAPER = {"prob_threshold": 0.002, "entropy_quantile": 0.8}
+_SETTINGS = (
+    RuleSetting("prob_threshold", "tau_p: candidates have p below"),
+    RuleSetting("entropy_quantile", "q: tau_h is this quantile of the candidates' entropies"),
+)
+"""The thresholds in a few words, for the model card's settings table and `stapo-trl train -h`."""
+
 _RENAMED = {  # metric: the statistic of spurious_token_mask it logs, where the names differ
     "silenced_fraction": "spurious_fraction",
     "num_silenced": "num_spurious",
@@ -128,15 +135,11 @@ class S2TRule(TokenRuleSpec):
                 "tau_h: no step had a candidate token, so no entropy threshold was computed.",
             ),
         ),
-        settings=(
-            RuleSetting("prob_threshold", "tau_p: candidates have p below"),
-            RuleSetting("entropy_quantile", "q: tau_h is this quantile of the candidates' entropies"),
-        ),
+        settings=_SETTINGS,
         help_title="S2T mask (STAPO)",
         help_options=(
             ("use_s2t_mask", "silence spurious tokens and renormalize the loss over the kept ones"),
-            ("prob_threshold", "tau_p: candidates have p below this (paper: 0.002)"),
-            ("entropy_quantile", "tau_h is this quantile of the candidates' entropies (paper: 0.8)"),
+            *((setting.field, f"{setting.meaning} (paper: {_PAPER[setting.field]})") for setting in _SETTINGS),
         ),
     )
 

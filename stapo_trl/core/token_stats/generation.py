@@ -1,15 +1,10 @@
 """Per-token log p and entropy recorded while `generate()` samples, at no extra forward.
 
-At every decoding step `generate()` runs the model's LM head on the newest position. A forward hook on the LM head
-reads those raw logits and forms ``log_softmax(logits / T)`` and its entropy: the same distribution, at the same
-temperature, that the statistics pass and the loss use. A forward pre-hook on the model reads the token fed back at
-the next step, which is the token just sampled, and keeps its log-probability. Only one ``[B, V]`` row of
-log-probabilities is alive at a time; what is kept is ``[B, steps]``.
-
-The hooks see the logits before any logits processor (repetition penalty, top-k, top-p, min-p) and before sampling,
-so the recorded statistics are those of the policy's own distribution whatever the sampler did with it. They are
-exact for the generating policy up to the floating-point difference between incremental decoding with a KV cache
-and one full forward (measured in `tests/unit/test_generation_stats.py`).
+A forward hook on the LM head forms ``log_softmax(logits / T)`` and its entropy at every decoding step, and a forward
+pre-hook on the model keeps the log-probability of the token fed back next (the token just sampled). Only one
+``[B, V]`` row is alive at a time. The hooks see the logits before any logits processor, so the statistics are the
+policy's own distribution whatever the sampler did; they match a full forward up to the rounding of incremental
+decoding (`tests/unit/test_generation_stats.py`).
 """
 
 from __future__ import annotations

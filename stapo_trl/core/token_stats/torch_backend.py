@@ -1,28 +1,13 @@
-"""Per-token log-probability and entropy of an LM head on the CPU, at close to the cost of its GEMMs: the ``torch``
-statistics backend, and the op of stapo-trl's CPU LM head (:mod:`stapo_trl.cpu.lm_head`).
+"""Per-token log-probability and entropy of an LM head at close to the cost of its GEMMs: the ``torch`` statistics
+backend, and the op of stapo-trl's CPU LM head (:mod:`stapo_trl.cpu.lm_head`).
 
-The op scores ``N`` tokens against a vocabulary of ``V`` entries: ``z = transform(hidden @ weight.T + bias)``, where
-``transform`` is TRL's (``logit_scale``, then an optional ``softcap * tanh(. / softcap)``, then ``/ temperature``),
-and returns ``log softmax(z)[target]`` and the entropy of ``softmax(z)``.
-
-Where the time goes is the GEMMs; everything else streams through small reused buffers:
-
-- forward: the projection as one GEMM per block of ``block_rows`` tokens (one GEMM in all when the logits are kept,
-  see below), the transform in place, then, ``SLAB_ROWS`` rows at a time, a row max, one ``exp`` into a reused
-  buffer, and the entropy's ``sum(p * z)`` as a batched dot product, without a ``p * z`` temporary;
-- backward: the gradient of the logits formed in place over the projection, with the target term added by a scatter
-  at the targets instead of a dense comparison, then one GEMM for the hidden-state gradient, and one for the
-  weight's only when the weight requires grad (it does not under LoRA, nor for SmolLM2's head, tied to its frozen
-  embeddings).
-
-When the forward records a graph and the transformed logits of all ``N`` tokens fit in ``keep_logits_bytes``, they are
-kept for the backward, which then skips recomputing the projection: the op costs two GEMMs in all instead of three.
-Otherwise the backward recomputes the projection block by block, and memory stays at one ``[block_rows, V]`` buffer
-and two ``[SLAB_ROWS, V]`` buffers whatever ``N`` is.
-
-One hand-written backward serves both of its uses: training through the CPU head (``stapo-trl train`` on the CPU
-turns it on), and gradients through `token_logprob_entropy` in your own loop. Inside `STAPOTrainer` the statistics
-pass itself runs under ``torch.no_grad``.
+For ``N`` tokens and ``V`` entries, ``z = transform(hidden @ weight.T + bias)`` (TRL's transform: ``logit_scale``, an
+optional ``softcap * tanh(. / softcap)``, then ``/ temperature``); it returns ``log softmax(z)[target]`` and the
+entropy of ``softmax(z)``. The forward projects ``block_rows`` tokens per GEMM and streams the softmax and the
+entropy's ``sum(p * z)`` through reused ``[SLAB_ROWS, V]`` buffers; the backward forms the logits' gradient in place
+and needs the weight's GEMM only when the weight requires grad. When the transformed logits of all ``N`` tokens fit in
+``keep_logits_bytes`` the backward reuses them (two GEMMs in all instead of three); otherwise it recomputes them block
+by block and memory stays at one ``[block_rows, V]`` and two ``[SLAB_ROWS, V]`` buffers whatever ``N`` is.
 """
 
 from __future__ import annotations
