@@ -104,21 +104,16 @@ class RuleMethod:
 
 SUM, MEAN, MEDIAN, LAST, STEPS_ABOVE_ZERO = "sum", "mean", "median", "last", "steps above zero"
 SUMMARY_KINDS = (SUM, MEAN, MEDIAN, LAST, STEPS_ABOVE_ZERO)
-"""How a statistic is summarised over a run, from its finite values at the logged steps: their sum (a count of
-tokens, as a whole number), mean, median or last value, or how many of them are above zero."""
+"""How a statistic is summarised over a run from its finite logged values (a sum is a whole number)."""
 
 
 @dataclass(frozen=True)
 class RuleMetric:
-    """A statistic a rule logs at every optimizer step, as ``<rule>/<statistic>``: what it means, its unit, and how a
-    run is summarised from it. The docs' metric glossary is this data (a test keeps them equal), and
-    `stapo_trl.diagnostics.run_record` builds the rule's run summary from ``summaries``, ``(key, kind)`` pairs: the summary holds
-    under ``key`` the ``kind`` (one of `SUMMARY_KINDS`) of the statistic over the run.
-
-    The report reads these summary keys when a rule has them: ``silenced_fraction`` and ``silenced_tokens`` (a rule
-    that drops tokens), ``candidates`` (the pool it drops them from) and ``threshold_median`` (its per-step
-    threshold, which the report also draws as a line: that metric's meaning opens with its symbol and what it is,
-    ``"tau_h: entropy quantile of the candidates; ..."``, and titles the line's panel with its unit)."""
+    """A statistic a rule logs at every optimizer step, as ``<rule>/<statistic>``: its meaning and unit (the docs'
+    metric glossary, which a test keeps equal) and ``summaries``, ``(key, kind)`` pairs: the run summary holds under
+    ``key`` the ``kind`` (`SUMMARY_KINDS`) of the statistic over the run. The report reads ``silenced_fraction``,
+    ``silenced_tokens``, ``candidates`` and ``threshold_median`` when a rule has them (the threshold's meaning opens
+    with its symbol, ``"tau_h: ..."``, which titles its panel)."""
 
     statistic: str
     meaning: str
@@ -146,12 +141,10 @@ class RuleSetting:
 
 @dataclass(frozen=True)
 class RulePresentation:
-    """How people see a rule: the words the console, the report and the model card print for it, and its settings.
-
-    The wordings are `str.format` templates over the rule's statistics (a logged step's, for ``step``) or its run
-    summary (``summary`` and ``card``, with ``steps``, the logged steps); `stapo_trl.diagnostics.run_record.fill` fills them and
-    leaves out a template whose fields are not all finite numbers. Beside `str.format`'s specs, ``d`` truncates a
-    float count and ``on/off`` says "on" from 0.5 up."""
+    """How the console, the report, the model card and ``train -h`` show a rule. The wordings are `str.format`
+    templates over a logged step's statistics (``step``) or the run summary (``summary``, ``card``; with ``steps``);
+    a template whose fields are not all finite numbers is left out. ``d`` truncates a float count and ``on/off``
+    says "on" from 0.5 up."""
 
     step: tuple[str, ...] = ()
     """Parts of the console line of one logged step."""
@@ -236,9 +229,7 @@ class TokenRuleSpec:
         return None
 
     def probability_bound(self, config: Any) -> float | None:
-        """The probability below which the rule silences tokens of positive-advantage responses (S2T's ``tau_p``),
-        or None: the silenced-token dump records it for the report's p-H density, and the gradient probe draws its
-        candidate baseline below it."""
+        """The probability below which the rule silences positive-advantage tokens (S2T's ``tau_p``), or None."""
         return None
 
     def describe(self, config: Any) -> str:
