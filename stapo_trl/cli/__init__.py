@@ -19,13 +19,9 @@ COMMANDS = {
     "report": "Plots and a summary of training runs: entropy, reward, the mask, p-H density, silenced tokens.",
     "counterfactual": "Apply a run's saved updates again with other tokens silenced, and read what each did.",
 }
-MODULES = {"train": "train", "eval": "evaluate", "report": "report", "counterfactual": "counterfactual"}
-"""Each command's module, imported when the command runs (so that `stapo-trl -h` loads no torch); its function is
-``<command>_command(argv)``."""
-
 TRACEBACK_FLAG = "--traceback"
 TRACEBACK_ENVIRONMENT = "STAPO_TRL_TRACEBACK"
-"""Print an error's traceback as well as its message. (Not `--debug`: that is a transformers training argument.)"""
+"""Print an error's traceback as well as its message (`--debug` is a transformers training argument)."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,17 +37,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _versions() -> str:
-    found = []
-    for package in ("stapo-trl", "trl", "transformers", "torch"):
-        try:
-            found.append(f"{package} {version(package)}")
-        except PackageNotFoundError:
-            found.append(f"{package} not installed")
-    return ", ".join(found)
+def _version(package: str) -> str:
+    try:
+        return f"{package} {version(package)}"
+    except PackageNotFoundError:
+        return f"{package} not installed"
 
 
 def _run(command: str, argv: list[str]) -> int:
+    """Run ``<command>_command(argv)`` of the command's module, imported now (`stapo-trl -h` loads no torch)."""
     if command == "train":
         from ..cpu.environment import set_cpu_environment
 
@@ -60,7 +54,7 @@ def _run(command: str, argv: list[str]) -> int:
 
         if train_help(argv):
             return 0
-    module = importlib.import_module(f".{MODULES[command]}", __name__)
+    module = importlib.import_module(".evaluate" if command == "eval" else f".{command}", __name__)
     return getattr(module, f"{command}_command")(argv)
 
 
@@ -91,9 +85,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nstapo-trl {command}: interrupted.", file=sys.stderr)
         return 130
     except Exception:
+        versions = ", ".join(map(_version, ("stapo-trl", "trl", "transformers", "torch")))
         print(
             f"stapo-trl {command}: unexpected error. This is a bug in stapo-trl or in a library it uses; please report "
-            f"it with the traceback below, the command line and these versions: {_versions()}.",
+            f"it with the traceback below, the command line and these versions: {versions}.",
             file=sys.stderr,
         )
         raise

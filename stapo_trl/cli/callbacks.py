@@ -22,8 +22,7 @@ from ..storage import append_text, read_json_lines, write_text_atomically
 class MetricsFileCallback(TrainerCallback):
     """Appends every log record of the main process, with its step and wall time, to ``path`` as it is logged (the
     log history of ``trainer_state.json``, live). A fresh run starts the file over; a resumed run first drops the
-    records after its checkpoint and a line cut off mid-write, so that after any kill and resume each step is there
-    once."""
+    records after its checkpoint and a line cut off mid-write, so that each step is there once."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -70,32 +69,24 @@ class StepSummaryProgressCallback(ProgressCallback):
                 f"trained {state.global_step} steps in {logs['train_runtime']:.0f} s "
                 f"({logs['train_runtime'] / max(state.global_step, 1):.1f} s/step)"
             )
-            return
-        if "loss" not in logs and "reward" not in logs:  # an evaluation record, such as the held-out accuracy
-            return
-        self.training_bar.write(step_summary(logs, state.global_step, state.max_steps))
+        elif "loss" in logs or "reward" in logs:  # not an evaluation record, such as the held-out accuracy
+            self.training_bar.write(step_summary(logs, state.global_step, state.max_steps))
 
 
 STOPPING_SIGNALS = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 """The signals that stop training at a checkpoint (Slurm, Kubernetes and spot preemption send SIGTERM first)."""
-EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
-"""128 + the signal number, as a shell reports a process it killed."""
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}  # 128 + the signal number, as a shell reports a killed process
 
 
 class StopAtCheckpointOnSignal(TrainerCallback):
     """The first Ctrl-C or SIGTERM ends training after the current optimizer step with a checkpoint (even with
-    ``save_strategy: "no"``) that ``resume_from_checkpoint: last`` continues; a second raises ``KeyboardInterrupt`` at
-    once. With several processes, an all-reduce after every step makes all stop after the same one, whichever process
-    was signalled. Install it on the main thread. ``signal_received``: the signal that stopped training, or None."""
+    ``save_strategy: "no"``); a second raises ``KeyboardInterrupt`` at once. With several processes, all stop after the
+    same step, whichever was signalled. ``signal_received``: the signal that stopped training, or None."""
 
     def __init__(self) -> None:
         self.signal_received: int | None = None
         self._local_signal: int | None = None
         self._previous_handlers: dict[int, object] = {}
-
-    @property
-    def interrupted(self) -> bool:
-        return self.signal_received is not None
 
     def _handle(self, signum, frame) -> None:
         if self._local_signal is not None:

@@ -1,7 +1,6 @@
-"""The YAML config file of a command (`stapo-trl train`'s recipe, `stapo-trl eval`'s settings), read and checked before
-anything is loaded: a key given twice, a key the command does not know, a value of the wrong type or an ``env`` that is
-not a mapping is refused in a message that names the file, the key and what to write instead. The checked values
-become the defaults of the command's `TrlParser` (`set_defaults_with_config`); flags override them."""
+"""The YAML config file of `stapo-trl train` (the recipe) and `stapo-trl eval`, checked before anything is loaded: a
+repeated or unknown key, a value of the wrong type or an ``env`` that is not a mapping is refused, naming the file, the
+key and what to write instead. The checked values become the `TrlParser`'s defaults; flags override them."""
 
 from __future__ import annotations
 
@@ -28,7 +27,7 @@ class ConfigFileKind:
     command: str
     noun: str
     example: str
-    """Where to find or how to write one, for the message about a missing file."""
+    """Where to find or how to write one (the message about a missing file says it)."""
     error: type[UsageError]
 
     def refuse(self, message: str):
@@ -116,10 +115,10 @@ def parser_actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action
 
 
 def apply_config(parser, config: Mapping[str, Any], where: str, kind: ConfigFileKind, *, known=(), reasons=None):
-    """Check ``config`` against ``parser`` and return the converted values of the parser's arguments (`checked_values`),
-    after setting its ``env`` in this process. Every key that is not an argument, in ``known`` or ``env`` is refused in
-    one message, each with its reason (``reasons``: what to use instead) or the closest argument. ``parser``'s errors
-    raise ``kind.error`` from here on."""
+    """Check ``config`` against ``parser``, set its ``env`` in this process and return the values of the parser's
+    arguments, each converted as the parser converts a flag's. Every key that is not an argument, in ``known`` or ``env``
+    is refused in one message, each with its reason (``reasons``) or the closest argument. ``parser``'s errors raise
+    ``kind.error`` from here on."""
     parser.error = kind.refuse
     actions = parser_actions(parser)
     known, reasons = {*actions, *known, ENV_KEY}, reasons or {}
@@ -130,7 +129,15 @@ def apply_config(parser, config: Mapping[str, Any], where: str, kind: ConfigFile
     ]
     if unknown:
         raise kind.error(f"{where} has keys that {kind.command} does not know:\n" + "\n".join(unknown))
-    values = checked_values(config, actions, parser.dataclass_types, where, kind)
+    annotations = {}
+    for dataclass_type in reversed(parser.dataclass_types):  # the first dataclass that has a field names its type
+        for item in fields(dataclass_type):
+            annotations[item.name] = item.type.__name__ if isinstance(item.type, type) else str(item.type)
+    values = {
+        key: _checked_value(value, actions[key], annotations.get(key, ""), f"{where}: {key}", kind)
+        for key, value in config.items()
+        if key in actions
+    }
     env = config.get(ENV_KEY) or {}
     if not isinstance(env, dict):
         raise kind.error(f"{where}: env must be a mapping of environment variables to values.")
@@ -139,27 +146,7 @@ def apply_config(parser, config: Mapping[str, Any], where: str, kind: ConfigFile
     return values
 
 
-def checked_values(
-    config: Mapping[str, Any],
-    actions: Mapping[str, argparse.Action],
-    dataclass_types,
-    where: str,
-    kind: ConfigFileKind,
-) -> dict[str, Any]:
-    """The keys of ``config`` that name an argument of the parser (``actions``), each value converted as the parser
-    converts a flag's (a wrong type is ``kind.error`` naming the key); other keys are left out."""
-    annotations = {}
-    for dataclass_type in reversed(dataclass_types):  # the first dataclass that has a field names its type
-        for item in fields(dataclass_type):
-            annotations[item.name] = item.type.__name__ if isinstance(item.type, type) else str(item.type)
-    checked = {}
-    for key, value in config.items():
-        if key in actions:
-            checked[key] = _checked_value(key, value, actions[key], annotations.get(key, ""), f"{where}: {key}", kind)
-    return checked
-
-
-def _checked_value(key: str, value: Any, action: argparse.Action, annotation: str, where: str, kind: ConfigFileKind):
+def _checked_value(value: Any, action: argparse.Action, annotation: str, where: str, kind: ConfigFileKind):
     expected = annotation or getattr(action.type, "__name__", "")
     if value is None:
         if "None" in annotation or action.default is None:

@@ -1,6 +1,6 @@
-"""`stapo-trl counterfactual RUN_DIR`: rebuild a run's trainer from its recipe, apply its saved generations again under
-each arm and read what each update did to the policy (`stapo_trl.research.counterfactual.study`); then a table, a
-summary and a figure of the paired differences (`stapo_trl.research.counterfactual.summary`)."""
+"""`stapo-trl counterfactual RUN_DIR`: apply a run's saved generations again under each arm, read what each update did
+to the policy (`stapo_trl.research.counterfactual.study`), then write a table, a summary and a figure of the paired
+differences (docs/diagnostics.md)."""
 
 from __future__ import annotations
 
@@ -18,31 +18,22 @@ TABLE_FILE = "table.md"
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stapo-trl counterfactual",
-        description="Apply every saved generation of a training run again from its saved state, once per arm (which "
-        "tokens each optimizer step silences: none, S2T, S2T at a hundredth of prob_threshold, as many random "
-        "positive-advantage tokens as S2T, as many lowest-probability positive tokens outside S2T's, every S2T "
-        "candidate, the candidates S2T keeps, and as many of S2T's tokens as those), on the same "
-        "completions and dropout masks, and read each update teacher-forced on held-out prompts: the entropy change "
-        "and KL on sampled responses, the log-probability of the correct responses, and the update's norm. The run "
-        "must have been trained with generation_states_every (one process; for GRPO with shadow_token_rules: [s2t]). "
-        "Results are appended as they finish, so an interrupted command continues where it stopped when run again.",
+        description="Apply every saved generation of a run again, once per arm (which tokens each step silences), on "
+        "the same completions and dropout masks, and read each update on held-out prompts: entropy change, KL, log p "
+        "of correct responses, update norm. The run must have been trained with generation_states_every (one "
+        "process; for GRPO with shadow_token_rules: [s2t]). Run it again after an interruption to continue.",
     )
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a `stapo-trl train` output directory with saved states")
-    parser.add_argument("--output_dir", default=None, help="where results go (default RUN_DIR/counterfactual)")
-    parser.add_argument(
-        "--arms",
-        nargs="+",
-        default=None,
-        help="arms to run, by name (default: all; 'none' is always run, since every other arm is read against it)",
-    )
+    parser.add_argument("--output_dir", help="where results go (default RUN_DIR/counterfactual)")
+    parser.add_argument("--arms", nargs="+", help="arms to run, by name (default: all; 'none' always runs)")
     parser.add_argument("--probe_problems", type=int, default=32, help="held-out problems in each probe set")
-    parser.add_argument("--max_generations", type=int, default=None, help="only the first this many saved ones")
+    parser.add_argument("--max_generations", type=int, help="only the first this many saved ones")
     parser.add_argument("--seed", type=int, default=0, help="seeds the sampled responses and the random arm")
     return parser
 
 
 def write_summary(records_path: Path, output_dir: Path, title: str) -> dict:
-    """Summarize ``records_path`` into ``summary.json``, ``table.md`` and the figure; returns the summary."""
+    """Summarize ``records_path`` into ``summary.json``, ``table.md`` and the figure; return the summary."""
     from ..diagnostics.plotting import DifferencePanel, DifferenceRow, plot_difference_panels
     from ..research.counterfactual.summary import COMPARISONS, MEASURES, summarize, summary_table
     from ..storage import read_json_lines, write_text_atomically
@@ -57,21 +48,15 @@ def write_summary(records_path: Path, output_dir: Path, title: str) -> dict:
         for point, name in (("first_step", "first optimizer step"), ("generation", "last optimizer step"))
     ]
     write_text_atomically(output_dir / TABLE_FILE, "\n\n".join(tables) + "\n")
-    # The comparisons whose arms the records hold (a study replayed without the later arms has none of theirs).
-    shown = [
-        pair for pair in COMPARISONS if summary["comparisons"][" - ".join(pair)]["generation"]["entropy_change"]["n"]
-    ]
+    by_name = {name: summary["comparisons"][name]["generation"] for name in map(" - ".join, COMPARISONS)}
+    shown = {name: cells for name, cells in by_name.items() if cells["entropy_change"]["n"]}  # arms the records hold
     panels = []
     for measure, meaning in MEASURES.items():
         rows = []
-        for first, second in shown:
-            cell = summary["comparisons"][f"{first} - {second}"]["generation"][measure]
-            seeds = cell["seed_level"]
-            rows.append(
-                DifferenceRow(
-                    f"{first} - {second}", cell["values"], seeds["mean"], seeds["low"], seeds["high"], seeds["values"]
-                )
-            )
+        for name, cells in shown.items():
+            seeds = cells[measure]["seed_level"]
+            cell_values = cells[measure]["values"]
+            rows.append(DifferenceRow(name, cell_values, seeds["mean"], seeds["low"], seeds["high"], seeds["values"]))
         panels.append(DifferencePanel(meaning, rows, xlabel="first arm minus second"))
     plot_difference_panels(
         panels,
@@ -85,7 +70,7 @@ def write_summary(records_path: Path, output_dir: Path, title: str) -> dict:
 def run_counterfactual(run_dir: Path, output_dir: Path, options) -> Path:
     """Replay every complete saved generation of ``run_dir`` under each arm of ``options`` (a `CounterfactualOptions`),
     appending one JSON record per generation and arm to ``output_dir/records.jsonl`` (returned) as each generation
-    finishes; records already there are skipped, so an interrupted command resumes."""
+    finishes, skipping those already there."""
     from tqdm.auto import tqdm
 
     from ..cpu.runtime import cpu_runtime
@@ -114,9 +99,8 @@ def run_counterfactual(run_dir: Path, output_dir: Path, options) -> Path:
     records_path = output_dir / RECORDS_FILE
     done = {(r["generation"], r["arm"]) for r in read_json_lines(records_path)} if records_path.is_file() else set()
 
-    # The run's own recipe and flags, then what the replay changes: nothing saved or logged, the held-out problems
-    # the policy is read on, and every layer run (the frozen-layer replay would read the probe sets' first layers
-    # from a recording in one readout and compute them in the next, off by rounding).
+    # The run's own recipe, then nothing saved or logged, the problems the policy is read on, and every layer run (the
+    # frozen-layer replay would record the probe sets' first layers in one readout and compute them in the next).
     overrides = ["--output_dir", str(output_dir / "trainer"), "--generation_states_every", "0"]
     overrides += ["--dump_silenced_tokens", "false", "--gradient_probe_steps", "0", "--report_to", "none"]
     overrides += ["--heldout_problems", str(options.probe_problems), "--replay_frozen_layers", "false"]
@@ -148,15 +132,13 @@ def counterfactual_command(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     from ..research.counterfactual.study import CounterfactualError, CounterfactualOptions
 
-    for flag, value in (("probe_problems", args.probe_problems), ("max_generations", args.max_generations)):
-        if value is not None and value < 1:
-            raise CounterfactualError(f"--{flag} is {value}; it must be at least 1.")
+    given = {name: getattr(args, name) for name in ("probe_problems", "max_generations", "seed")}
+    for flag in ("probe_problems", "max_generations"):
+        if given[flag] is not None and given[flag] < 1:
+            raise CounterfactualError(f"--{flag} is {given[flag]}; it must be at least 1.")
     run_dir = Path(args.run_dir)
     output_dir = Path(args.output_dir) if args.output_dir else run_dir / "counterfactual"
-    given = {name: getattr(args, name) for name in ("probe_problems", "max_generations", "seed")}
-    options = CounterfactualOptions(
-        arms=CounterfactualOptions.arms if args.arms is None else tuple(args.arms), **given
-    )
+    options = CounterfactualOptions(arms=tuple(args.arms or CounterfactualOptions.arms), **given)
     records = run_counterfactual(run_dir, output_dir, options)
     summary = write_summary(records, output_dir, f"Counterfactual updates of {run_dir.name}, after each generation")
     primary = summary["primary"]

@@ -12,9 +12,8 @@ from ..methods import describe_token_rule, method_preset
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """How completions flow through one generation (`num_generations` per prompt, micro-batches of
-    `per_device_train_batch_size` per process) and its optimizer steps (`gradient_accumulation_steps` micro-batches
-    each; TRL reuses a generation `num_iterations` times), across all processes."""
+    """How completions flow through one generation and its optimizer steps, across all processes (TRL reuses a
+    generation `num_iterations` times)."""
 
     world_size: int
     per_device_train_batch_size: int
@@ -41,14 +40,14 @@ class BatchPlan:
 
     @property
     def optimizer_steps_per_generation(self) -> Fraction:
-        """A fraction (`stapo_trl.core.config.optimizer_steps_per_generation` rounds down), which the plan flags."""
+        """A fraction, which the plan flags (`stapo_trl.core.config.optimizer_steps_per_generation` rounds down)."""
         return Fraction(self.steps_per_generation * self.num_iterations, self.gradient_accumulation_steps)
 
 
-def batch_plan(config: Any, *, world_size: int, generation_batch_size_given: bool) -> BatchPlan:
-    """The `BatchPlan` of a `GRPOConfig` run on `world_size` processes, which may not be the size `config` was built
-    at (a dry run on a laptop for an 8-GPU node): `steps_per_generation` is recomputed from a `generation_batch_size`
-    the recipe gave. Raises `ValueError` when the sizes do not divide, naming the values to change."""
+def batch_plan(config: Any, world_size: int, *, generation_batch_size_given: bool) -> BatchPlan:
+    """The `BatchPlan` of a `GRPOConfig` run on `world_size` processes (maybe not the size `config` was built at):
+    `steps_per_generation` is recomputed from a `generation_batch_size` the recipe gave. Raises `ValueError` when the
+    sizes do not divide, naming the values to change."""
     if world_size < 1:
         raise ValueError(f"The world size must be at least 1 process, got {world_size}.")
     per_device = config.per_device_train_batch_size
@@ -96,7 +95,7 @@ def _number(value: Fraction | int) -> str:
     return str(int(value))
 
 
-def describe_model(model_args: Any, training: Any, script: Any = None) -> str:
+def describe_model(model_args: Any, training: Any, script: Any) -> str:
     name = model_args.model_name_or_path or "(none: set model_name_or_path)"
     details = [f"dtype {model_args.dtype or 'auto'}"]
     dropout_off = getattr(training, "disable_dropout", False)
@@ -104,7 +103,7 @@ def describe_model(model_args: Any, training: Any, script: Any = None) -> str:
         details.insert(0, "GGUF, converted once to a cached safetensors checkpoint")
     if model_args.use_peft:
         targets = ",".join(model_args.lora_target_modules or ["PEFT defaults"])
-        where = f" of the last {script.lora_layers} layers" if script is not None and script.lora_layers else ""
+        where = f" of the last {script.lora_layers} layers" if script.lora_layers else ""
         dropout = 0.0 if dropout_off else getattr(model_args, "lora_dropout", 0.0)
         details.append(
             f"LoRA r={model_args.lora_r} alpha={model_args.lora_alpha} dropout {dropout:g} on {targets}{where}"
@@ -119,9 +118,7 @@ def describe_model(model_args: Any, training: Any, script: Any = None) -> str:
 
 
 def describe_frozen_layer_replay(training: Any, script: Any, world_size: int) -> str:
-    """Where the CPU loss pass gets the frozen layers' states from: `generate()`, TRL's old-log-prob pass (run with
-    vLLM's importance-sampling correction, or when the optimizer steps do not line up with the generations), or
-    nowhere."""
+    """Where the CPU loss pass gets the frozen layers' states from: `generate()`, TRL's old-log-prob pass, or nowhere."""
     if not script.replay_frozen_layers:
         return "every layer in the loss"
     if world_size > 1:
@@ -157,17 +154,12 @@ def format_plan(request: Any) -> str:
         f"{training.weight_decay}"
     )
     on_cpu = training.use_cpu and not request.cpu_stand_in
-    engine = "transformers generate"
-    if training.use_vllm and training.vllm_mode == "colocate" and on_cpu:
-        engine = "vLLM colocate on the CPU (stapo-trl's CPU adapter: one engine per process, the policy's dtype, KV "
-        engine += "cache 1 GiB)"
-    elif training.use_vllm and training.vllm_mode == "colocate":
-        engine = (
-            f"vLLM colocate (tensor parallel {training.vllm_tensor_parallel_size}, gpu memory "
-            f"{training.vllm_gpu_memory_utilization})"
-        )
-    elif training.use_vllm:
-        engine = f"vLLM {training.vllm_mode}"
+    engine = f"vLLM {training.vllm_mode}" if training.use_vllm else "transformers generate"
+    if engine == "vLLM colocate" and on_cpu:
+        engine += " on the CPU (stapo-trl's CPU adapter: one engine per process, the policy's dtype, KV cache 1 GiB)"
+    elif engine == "vLLM colocate":
+        engine += f" (tensor parallel {training.vllm_tensor_parallel_size}, gpu memory "
+        engine += f"{training.vllm_gpu_memory_utilization})"
     precision = "bf16" if training.bf16 else "fp16" if training.fp16 else "fp32"
     if on_cpu:
         head = "stapo-trl's CPU LM head" if script.cpu_lm_head else "TRL's torch fallback of its fused LM head"

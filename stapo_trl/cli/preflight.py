@@ -1,7 +1,6 @@
-"""What `stapo-trl train` checks before it loads a model, refusing input that would otherwise fail minutes later deep
-inside transformers or TRL, or overwrite an earlier run: the output directory (and that no other run holds it), vLLM,
-and the policy (found, offline too; every weight shard on disk; a decoder-only model that generates; a tokenizer with a
-chat template)."""
+"""What `stapo-trl train` checks before it loads a model: the output directory (no earlier run overwritten, no other run
+holding it), vLLM, and the policy (found, offline too; every weight shard on disk; a decoder-only model that generates;
+a tokenizer with a chat template)."""
 
 from __future__ import annotations
 
@@ -43,8 +42,7 @@ RUN_FILES = (
 """Files a `stapo-trl train` leaves in its output directory: with the ``checkpoint-N`` directories they mark an earlier
 run, and are what ``overwrite_output_dir`` deletes (the others, such as the tokenizer, a new run writes again)."""
 LOCK_FILE = ".stapo-trl.lock"
-"""Held (``flock``, with the holder's PID) by the main process of the run using the output directory; the kernel
-releases it when the process ends, however it ends."""
+"""``flock``ed (holding its PID) by the main process of the run in the output directory, until that process ends."""
 
 
 def _refuse_a_file(output_dir: str | Path) -> Path:
@@ -147,8 +145,7 @@ NOT_GENERATIVE_HEADS = (
     "ForMaskedLM",
     "Model",
 )
-"""Architecture name endings of checkpoints without a generating language-modeling head (reward models, taggers,
-extractive QA, fill-mask models, bare encoders or decoders)."""
+"""Architecture name endings of checkpoints without a generating language-modeling head."""
 
 
 def check_shards(model_path: str) -> None:
@@ -184,14 +181,11 @@ def check_architecture(config, name: str) -> None:
     architectures = getattr(config, "architectures", None) or []
     heads = [architecture for architecture in architectures if architecture.endswith(NOT_GENERATIVE_HEADS)]
     if architectures and len(heads) == len(architectures):
-        reward = any(head.endswith("ForSequenceClassification") for head in heads)
+        advice = "Pass a causal language model (an ...ForCausalLM checkpoint)."
+        if any(head.endswith("ForSequenceClassification") for head in heads):
+            advice = "It looks like a reward model: pass it in reward_funcs (as a path), not as the policy."
         raise RecipeError(
-            f"{name} is a {', '.join(heads)} checkpoint, which has no language-modeling head to generate with."
-            + (
-                " It looks like a reward model: pass it in reward_funcs (as a path), not as the policy."
-                if reward
-                else " Pass a causal language model (an ...ForCausalLM checkpoint)."
-            )
+            f"{name} is a {', '.join(heads)} checkpoint, which has no language-modeling head to generate with. {advice}"
         )
 
 

@@ -1,10 +1,6 @@
-"""Reading a `stapo-trl train` recipe: YAML plus command-line flags, checked before anything is loaded.
-
-Precedence, lowest first: `STAPOConfig`'s defaults, the method's preset (`stapo_trl.methods`), the recipe's keys, then
-flags. The parser is TRL's `TrlParser` over `TrainScriptArguments`, `STAPOConfig`, TRL's `ModelConfig` and the tools'
-settings; other keys are taken only when they are `accelerate launch` options (as `trl grpo` hands them to accelerate)
-or `accelerate_config`. TRL's parser, `STAPOConfig` and accelerate's launcher are imported where a recipe is parsed, so
-that `stapo-trl train -h` loads none of them."""
+"""Reading a `stapo-trl train` recipe and flags, checked before anything is loaded. Precedence, lowest first:
+`STAPOConfig`'s defaults, the method's preset, the recipe's keys, then flags; other keys are taken only when they are
+`accelerate launch` options (as in `trl grpo`) or `accelerate_config`. See docs/training.md."""
 
 from __future__ import annotations
 
@@ -79,13 +75,12 @@ class TrainRequest:
     cpu_stand_in: bool = False
     """A dry run without a GPU resolved a GPU recipe with `use_cpu=True`."""
     launch_environment: dict[str, str] = field(default_factory=dict)
-    """Environment variables for the processes of `accelerate launch` (`cpu_multi_process_launch`)."""
+    """Environment variables for the processes of `accelerate launch`."""
     argv: list[str] = field(default_factory=list)
 
 
 def tool_arguments() -> tuple[type, ...]:
-    """The settings of the silenced-token dump, the gradient probe and the saved generation states: each tool is a
-    callback with its own dataclass, parsed beside `STAPOConfig`."""
+    """The settings dataclasses of the silenced-token dump, the gradient probe and the saved generation states."""
     from ..diagnostics.token_dump import TokenDumpArguments
     from ..research.generation_states import GenerationStatesArguments
     from ..research.gradient_probe import GradientProbeArguments
@@ -122,9 +117,9 @@ def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def resolve_accelerate_config(name: str, recipe_path: Path | None) -> Path:
-    """An accelerate config named in a recipe: a path (from the working directory or the recipe's directory), a name
-    in an `accelerate/` directory beside the recipe or above it (`recipes/accelerate/zero3.yaml` for `zero3`), or a
-    name of the configs bundled with TRL (`zero1`, `zero2`, `zero3`, `fsdp1`, `fsdp2`, `multi_gpu`)."""
+    """An accelerate config named in a recipe: a path (from the working directory or the recipe's), a name in an
+    `accelerate/` directory beside the recipe or above it (`zero3`: `recipes/accelerate/zero3.yaml`), or the name of a
+    config bundled with TRL (`zero1`, `zero2`, `zero3`, `fsdp1`, `fsdp2`, `multi_gpu`)."""
     candidates = [Path(name).expanduser()]
     if recipe_path is not None:
         recipe_dir = recipe_path.resolve().parent
@@ -159,17 +154,15 @@ def _world_size(launch_args: list[str]) -> tuple[int, str]:
 
 
 LAUNCHER_CHOICES = ("--config_file", "--multi_gpu", "--use_deepspeed", "--use_fsdp", "--use_megatron_lm", "--tpu")
-"""Launch arguments that tell `accelerate launch` which launcher to use (an accelerate config names one too)."""
+"""Launch arguments that name `accelerate launch`'s launcher (an accelerate config names one too)."""
 
 
 def cpu_multi_process_launch(
     launch_args: list[str], world_size: int, on_cpu: bool
 ) -> tuple[list[str], dict[str, str]]:
-    """The launch arguments and environment that start ``world_size`` processes on the CPU.
-
-    ``accelerate launch --num_processes N`` with no config and no launcher flag picks its multi-process launcher only
-    when it sees several GPUs; on a CPU it starts one process. For such a launch this adds ``--multi_gpu`` (accelerate's
-    multi-process launcher, whatever the device) and ``ACCELERATE_USE_CPU=true`` (the processes join through gloo)."""
+    """The launch arguments and environment that start ``world_size`` processes on the CPU, where accelerate without a
+    launcher named starts one: ``--multi_gpu`` (its multi-process launcher, whatever the device) and
+    ``ACCELERATE_USE_CPU=true`` (the processes join through gloo)."""
     if world_size <= 1 or not on_cpu or any(token.split("=", 1)[0] in LAUNCHER_CHOICES for token in launch_args):
         return launch_args, {}
     return [*launch_args, "--multi_gpu"], {"ACCELERATE_USE_CPU": "true"}
@@ -184,15 +177,14 @@ CHECKPOINTING_NAMES = {
     "activation_checkpointing": "gradient_checkpointing",
     "activation_checkpointing_kwargs": "gradient_checkpointing_kwargs",
 }
-"""transformers 5.24 renamed ``gradient_checkpointing*`` to ``activation_checkpointing*``; the recipes use the new
-names."""
+"""transformers 5.24 renamed ``gradient_checkpointing*``; the recipes use the new names."""
 
 
 def _spell_checkpointing_for_this_transformers(
     recipe: dict[str, Any], cli_args: list[str], actions: dict[str, argparse.Action]
 ) -> tuple[dict[str, Any], list[str]]:
-    """The recipe and flags with ``activation_checkpointing*`` written as ``gradient_checkpointing*`` when the
-    installed transformers predates the new names (``actions`` lacks them); otherwise unchanged."""
+    """The recipe and flags with ``activation_checkpointing*`` as ``gradient_checkpointing*`` where ``actions`` lacks
+    the new names (transformers before 5.24)."""
     missing = {new: old for new, old in CHECKPOINTING_NAMES.items() if new not in actions}
     if not missing:
         return recipe, cli_args
@@ -234,7 +226,6 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
     """Resolve `stapo-trl train [--config RECIPE] [--key value ...]` without loading a model or data."""
     recipe_path, recipe, cli_args = read_config_flag(argv, RECIPE)
     where = str(recipe_path) if recipe_path is not None else "command line"
-
     parser = make_train_parser()
     actions = parser_actions(parser)
     recipe, cli_args = _spell_checkpointing_for_this_transformers(recipe, cli_args, actions)
@@ -255,13 +246,11 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
             launch_args += [f"--{key}"] if value else []
         elif key in launch_actions:
             launch_args += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
-
     method = split_flags(cli_args, ("--method",))[0].get("--method") or recipe.get("method", "stapo")
     try:
         preset = method_preset(method)
     except ValueError as error:
         raise RecipeError(str(error)) from None
-
     given_keys = set(recipe) | {token[2:].split("=", 1)[0] for token in cli_args if token.startswith("--")}
     notes = []
     dry_run = "--dry_run" in cli_args or bool(dataclass_values.get("dry_run"))
@@ -270,7 +259,6 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
     if cpu_stand_in:
         dataclass_values["use_cpu"] = True
         notes.append("no GPU here: the plan was resolved with use_cpu=true, so bf16 and devices were not checked")
-
     parser.set_defaults_with_config(**preset.defaults)
     parser.set_defaults_with_config(**dataclass_values)
     try:
@@ -281,7 +269,6 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
         raise
     except ValueError as error:
         raise RecipeError(f"{where}: {error}") from None
-
     _refuse_stray_arguments(remaining, actions, launch_options)
     if tools[0].dump_silenced_tokens:
         from ..diagnostics.token_dump import warn_if_nothing_to_record
@@ -295,12 +282,10 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
         config_file = resolve_accelerate_config(remaining[index + 1], recipe_path)
         remaining = [*remaining[:index], "--config_file", str(config_file), *remaining[index + 2 :]]
     launch_args += remaining
-
     if script.lora_layers is not None and not model.use_peft:
         raise RecipeError(
             f"{where}: lora_layers is set, but use_peft is false. Set use_peft: true, or remove lora_layers."
         )
-
     world_size, world_size_source = _world_size(launch_args)
     launch_environment = {}
     if not is_launched() and not cpu_stand_in:
@@ -312,9 +297,7 @@ def parse_train_args(argv: list[str]) -> TrainRequest:
                 "device), the processes joined through gloo"
             )
     try:
-        plan = batch_plan(
-            training, world_size=world_size, generation_batch_size_given="generation_batch_size" in given_keys
-        )
+        plan = batch_plan(training, world_size, generation_batch_size_given="generation_batch_size" in given_keys)
     except ValueError as error:
         raise RecipeError(f"{where}: {error}") from None
     tensor_parallel = training.vllm_tensor_parallel_size

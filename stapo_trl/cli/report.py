@@ -9,35 +9,23 @@ from pathlib import Path
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stapo-trl report",
-        description="Plot and summarize one or more training runs on shared axes: reward and entropy with their "
-        "trends, the silenced fraction and the silencing threshold (S2T's tau_h), the gradient norm, completion "
-        "length, clipping and the gradient probe, the held-out accuracy, each token rule's summary, and, from the "
-        "silenced-token dump (dump_silenced_tokens: true), where the silenced tokens sit over p and H and which "
-        "tokens they were. Several runs (for example STAPO and GRPO) are compared side by side, and problem by "
-        "problem on their held-out results. Reads each run's trainer_state.json (else metrics.jsonl).",
+        description="Plot and summarize training runs on shared axes (reward, entropy, the silenced fraction, tau_h, "
+        "gradient norm, length, clipping, the held-out accuracy problem by problem, and from the silenced-token dump "
+        "where silenced tokens sit over p and H), from each run's trainer_state.json (else metrics.jsonl).",
     )
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="training output directories")
     parser.add_argument(
-        "--output_dir",
-        default=None,
-        help="where the PNGs and report.md go; default RUN_DIR/report for one run, report-<a>-vs-<b> for several",
+        "--output_dir", help="where the PNGs and report.md go (default RUN_DIR/report; report-<a>-vs-<b> for several)"
     )
-    parser.add_argument(
-        "--labels", nargs="+", default=None, help="one legend label per run (default: directory names)"
-    )
+    parser.add_argument("--labels", nargs="+", help="one legend label per run (default: directory names)")
     parser.add_argument("--html", action="store_true", help="also write report.html with the figures inlined")
-    parser.add_argument(
-        "--top_tokens",
-        type=int,
-        default=15,
-        help="tokens in the top-silenced-tokens chart (bars, or a table in context when counts are equal)",
-    )
+    top_help = "tokens in the top-silenced-tokens chart (bars, or a table in context when counts are equal)"
+    parser.add_argument("--top_tokens", type=int, default=15, help=top_help)
     return parser
 
 
 def report_command(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    # After the arguments, so that `stapo-trl report -h` loads no torch.
     from ..diagnostics.report import ReportError, console_lines, write_report
 
     if args.top_tokens < 1:

@@ -1,5 +1,5 @@
-"""The end of `stapo-trl train`: what a finished run writes beside its weights (the held-out results, the training
-curves, its record ``run_summary.json``) and the summary it prints."""
+"""The end of `stapo-trl train`: what a finished run writes beside its weights (held-out results, training curves, its
+record ``run_summary.json``) and the summary it prints."""
 
 from __future__ import annotations
 
@@ -31,17 +31,13 @@ DATASET_DESCRIPTIONS = {
 def record_finished_run(
     request, log_history: list[dict], base_model: str, heldout, heldout_results: dict, started: float, seconds_training
 ) -> RunRecord:
-    """Write the training curves, the held-out results (``heldout_results.jsonl``: each held-out problem's greedy
-    result before and after training, for paired comparisons between runs) and the run's record into the output
-    directory (main process only), and return the record. ``started``: the run's `time.perf_counter`. File names are
-    relative to the output directory, which is pushed to the Hub."""
+    """Write the training curves, the held-out results (each held-out problem's greedy result before and after
+    training) and the run's record into the output directory, and return the record. ``started``: the run's
+    `time.perf_counter`."""
     script, training, model = request.script, request.training, request.model.model_name_or_path
     directory = Path(training.output_dir)
-    files = {
-        "checkpoint": ".",
-        "model card": "README.md",
-        "log": f"{TRAINER_STATE_FILE} (log_history; {METRICS_FILE} is its live copy)",
-    }
+    log = f"{TRAINER_STATE_FILE} (log_history; {METRICS_FILE} is its live copy)"
+    files = {"checkpoint": ".", "model card": "README.md", "log": log}  # relative to the output directory
     if log_history:
         # Plots name the model by its Hub id, else by the local directory's or file's name (never its path).
         shown = base_model if not Path(base_model).expanduser().exists() else Path(model).name
@@ -53,7 +49,7 @@ def record_finished_run(
         files["silenced tokens"] = SILENCED_TOKENS_FILE
         silenced_tokens, dump_stats = read_dump(directory)
     if heldout_results:
-        from ..evaluation.greedy import per_problem_records  # not at the top: `--dry_run` loads no evaluation package
+        from ..evaluation.greedy import per_problem_records  # here: `--dry_run` loads no evaluation package
 
         records = per_problem_records(heldout, heldout_results)
         write_text_atomically(directory / HELDOUT_RESULTS_FILE, "".join(json.dumps(r) + "\n" for r in records))
@@ -89,9 +85,8 @@ def console_summary(record: RunRecord) -> list[str]:
     before, after = record.accuracy_before, record.accuracy_after
     if before and after:
         spread = f"± {after['standard_error']:.3f} standard error, {after['total']} problems"
-        lines.append(
-            column("held-out greedy accuracy", f"{before['accuracy']:.3f} -> {after['accuracy']:.3f} ({spread})")
-        )
+        accuracy = f"{before['accuracy']:.3f} -> {after['accuracy']:.3f} ({spread})"
+        lines.append(column("held-out greedy accuracy", accuracy))
         if before.get("format_rate") is not None and after.get("format_rate") is not None:
             lines.append(column("answer format rate", f"{before['format_rate']:.2f} -> {after['format_rate']:.2f}"))
     lines += [f"  {sentence}" for sentence in trend_sentences(record)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -43,8 +44,7 @@ from .preflight import OutputDirLock, check_output_dir, check_vllm, load_checked
 from .recipe import RecipeError, TrainRequest, is_launched, parse_train_args
 from .run_summary import console_summary, record_finished_run
 
-# The trainer, the evaluation package and the CPU runtime are imported where they are used, so that `--dry_run` loads
-# no more than TRL's argument parser needs.
+# The trainer, the evaluation package and the CPU runtime are imported where used: `--dry_run` loads none of them.
 
 logger = logging.getLogger("stapo_trl")
 
@@ -60,7 +60,6 @@ def launch(request: TrainRequest, argv: list[str], launch_tokens: list[str]) -> 
             child_args.append(token)
     parser = accelerate_launch.launch_command_parser()
     arguments = parser.parse_args([*request.launch_args, "-m", "stapo_trl", "train", *child_args])
-    # This process's environment is restored after, so that a later `main` in it is not taken for a launched one.
     with patch_environment(STAPO_TRL_LAUNCHED="1", **request.launch_environment):
         accelerate_launch.launch_command(arguments)
     return 0
@@ -75,23 +74,17 @@ def rendezvous_note():
     """While the process group forms: past ``RENDEZVOUS_NOTE_SECONDS`` (or ``STAPO_TRL_RENDEZVOUS_NOTE_SECONDS``),
     print once which distributed variables make this process wait for others (left in a shell from a torchrun?)."""
     world_size = os.environ.get("WORLD_SIZE", "1")
-    if world_size in ("", "1"):
-        yield
-        return
     found = ", ".join(f"{name}={os.environ[name]}" for name in DISTRIBUTED_VARIABLES if name in os.environ)
-
-    def note() -> None:
-        print(
-            f"[stapo-trl] still waiting for the other processes of a {world_size}-process run ({found}). If you meant "
-            f"to run one process, stop this one and unset WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR and MASTER_PORT "
-            "(left from an earlier torchrun?); otherwise start the other processes.",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    timer = threading.Timer(float(os.environ.get("STAPO_TRL_RENDEZVOUS_NOTE_SECONDS", RENDEZVOUS_NOTE_SECONDS)), note)
+    note = (
+        f"[stapo-trl] still waiting for the other processes of a {world_size}-process run ({found}). If you meant to "
+        "run one process, stop this one and unset WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (left "
+        "from an earlier torchrun?); otherwise start the other processes."
+    )
+    seconds = float(os.environ.get("STAPO_TRL_RENDEZVOUS_NOTE_SECONDS", RENDEZVOUS_NOTE_SECONDS))
+    timer = threading.Timer(seconds, functools.partial(print, note, file=sys.stderr, flush=True))
     timer.daemon = True
-    timer.start()
+    if world_size not in ("", "1"):
+        timer.start()
     try:
         yield
     finally:
@@ -104,15 +97,9 @@ class CurrentStderrHandler(logging.StreamHandler):
     stream = property(lambda self: sys.stderr, lambda self, value: None)
 
 
-KNOWN_WARNINGS = (
-    # PEFT and TRL read this property (deprecated in transformers 5.24) on every run, whatever the recipe says.
-    (r"`is_gradient_checkpointing` is deprecated", FutureWarning),
-)
-
-
 def configure_logging(state) -> None:
     """INFO from stapo-trl on the main process, warnings only elsewhere; silence the warnings every run would print
-    that say nothing about the recipe (`KNOWN_WARNINGS`, DeepSpeed's "Setting accelerator to CPU")."""
+    that say nothing about the recipe."""
     package_logger = logging.getLogger("stapo_trl")
     package_logger.setLevel(logging.INFO if state.is_main_process else logging.WARNING)
     if not package_logger.handlers:
@@ -120,10 +107,10 @@ def configure_logging(state) -> None:
         handler.setFormatter(logging.Formatter("[stapo-trl] %(message)s"))
         package_logger.addHandler(handler)
         package_logger.propagate = False
-    for message, category in KNOWN_WARNINGS:
-        warnings.filterwarnings("ignore", message=message, category=category)
+    # PEFT and TRL read this property (deprecated in transformers 5.24) on every run, whatever the recipe says.
+    warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
     if state.num_processes == 1 and state.device.type == "cpu":
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's "Setting accelerator to CPU"
 
 
 def resolve_model_path(name: str) -> str:
@@ -176,8 +163,8 @@ def load_datasets(script: Any, tokenizer, seed: int):
 
 
 def name_base_model(trainer, model_name_or_path: str) -> str:
-    """The base model as it resolves on another machine (the Hub id of a known GGUF file, never its local conversion),
-    set in the model's config, where TRL's model card reads it."""
+    """The base model as it resolves on another machine (a known GGUF file's Hub id, not its local conversion), set in
+    the model's config, where TRL's model card reads it."""
     name = hub_source(model_name_or_path) or model_name_or_path
     model = trainer.accelerator.unwrap_model(trainer.model)
     if isinstance(model, PeftModel):
@@ -191,8 +178,8 @@ FINAL_STAGING_DIR = ".final-model-staging"
 
 def save_final_model(trainer, output_dir: Path, base_model: str | None = None) -> None:
     """``trainer.save_model(output_dir)`` through a staging directory whose files are moved into place (atomic renames)
-    once all are written and fsynced: a failed save leaves the weights already in ``output_dir`` as they were. A saved
-    adapter's ``base_model_name_or_path`` is set to ``base_model`` in the file (PEFT would look a Hub id up at save)."""
+    once all are written and fsynced: a failed save leaves the weights in ``output_dir`` as they were. A saved adapter's
+    ``base_model_name_or_path`` is set to ``base_model``."""
     staging = output_dir / FINAL_STAGING_DIR
     if trainer.accelerator.is_main_process and staging.exists():
         shutil.rmtree(staging)
@@ -218,17 +205,15 @@ def save_final_model(trainer, output_dir: Path, base_model: str | None = None) -
 def write_recipe(request: TrainRequest, output_dir: Path) -> Path:
     """``output_dir/recipe.yaml``: the command line that started the run, then the recipe file as written."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    command = " ".join(["stapo-trl train", *request.argv])
-    lines = [f"# {command}"]
+    lines = [f"# {' '.join(['stapo-trl train', *request.argv])}"]
     if request.recipe_path is not None:
-        lines.append(f"# {request.recipe_path} (flags on the command line above override it):")
-        lines.append(request.recipe_path.read_text().rstrip())
+        lines += [f"# {request.recipe_path} (flags on the command line above override it):"]
+        lines += [request.recipe_path.read_text().rstrip()]
     return write_text_atomically(output_dir / RECIPE_FILE, "\n".join(lines) + "\n")
 
 
 def log_at_train_begin(trainer, metrics: dict[str, float]):
-    """A callback that logs ``metrics`` at step 0 of a fresh run through transformers' `Trainer.log` (not TRL's, which
-    averages its own metrics)."""
+    """A callback that logs ``metrics`` at step 0 of a fresh run through transformers' `Trainer.log` (TRL's averages)."""
 
     class LogAtTrainBegin(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
@@ -277,7 +262,6 @@ def build_trainer(request: TrainRequest, reward_funcs: list, model_path: str):
         train_dataset, heldout = load_datasets(script, tokenizer, training.seed)
     except (FileNotFoundError, ValueError) as error:
         raise RecipeError(str(error)) from None
-
     peft_config, count = get_peft_config(model_args), script.lora_layers
     if count is not None:  # the last `count` layers
         total = getattr(config.get_text_config(), "num_hidden_layers", None)
@@ -311,7 +295,7 @@ def build_trainer(request: TrainRequest, reward_funcs: list, model_path: str):
 
 def tool_callbacks(training, dump, probe, states) -> list:
     """The model card and the infinite-reward warning, plus the tools their settings turn on (the dump only where a
-    token rule runs: `parse_train_args` warned otherwise)."""
+    token rule runs)."""
     from ..card.model_card import ModelCardCallback
     from ..diagnostics.token_dump import SilencedTokenDumpCallback
     from ..research.generation_states import GenerationStatesCallback
@@ -348,7 +332,6 @@ def train_and_summarize(request: TrainRequest) -> RunRecord | None:
             "heldout_problems runs a greedy evaluation in one process; it is not supported with several processes. "
             "Set heldout_problems: 0 for multi-process runs."
         )
-
     reward_funcs, model_path = resolve_rewards_and_model(request)
     if state.is_main_process:
         write_recipe(request, Path(training.output_dir))
@@ -357,11 +340,10 @@ def train_and_summarize(request: TrainRequest) -> RunRecord | None:
     trainer.add_callback(MetricsFileCallback(Path(training.output_dir) / METRICS_FILE))
     if not training.disable_tqdm and trainer.pop_callback(ProgressCallback) is not None:
         trainer.add_callback(StepSummaryProgressCallback)
-
     heldout_results = {}
 
     def heldout_metrics(label: str) -> dict[str, float]:
-        """The held-out greedy evaluation, named as transformers names evaluation metrics (`HELDOUT_METRICS`)."""
+        """The held-out greedy evaluation, under `HELDOUT_METRICS`' names."""
         result = heldout_results[label] = greedy_accuracy(
             trainer.model,
             tokenizer,
@@ -377,31 +359,27 @@ def train_and_summarize(request: TrainRequest) -> RunRecord | None:
 
     interrupt = StopAtCheckpointOnSignal()
     trainer.add_callback(interrupt)
-
     if heldout is not None:
         trainer.add_callback(log_at_train_begin(trainer, heldout_metrics("before")))
     training_started = time.perf_counter()
     try:
         trainer.train(resume_from_checkpoint=training.resume_from_checkpoint)
     except Exception as error:
-        blamed = reward_function_error(
-            error, trainer.reward_funcs, trainer.reward_func_names, trainer.state.global_step + 1
-        )
+        step = trainer.state.global_step + 1
+        blamed = reward_function_error(error, trainer.reward_funcs, trainer.reward_func_names, step)
         if blamed is None:
             raise
         raise blamed from error
     finally:
         interrupt.restore()
-    if interrupt.interrupted:
+    if interrupt.signal_received is not None:
         raise TrainingInterrupted(trainer.state.global_step, interrupt.signal_received)
     seconds_training = time.perf_counter() - training_started
     if heldout is not None:
         Trainer.log(trainer, heldout_metrics("after"))
-
     output_dir = Path(training.output_dir)
     save_final_model(trainer, output_dir, base_model)
     trainer.save_state()
-
     record = None
     if trainer.accelerator.is_main_process:
         record = record_finished_run(
@@ -433,34 +411,17 @@ class TrainingInterrupted(Exception):
         self.signum = signum
 
 
-def resume_command(request: TrainRequest) -> str:
-    """The command that continues ``request``'s run from its newest complete checkpoint."""
+def continue_hint(request: TrainRequest, when: str = "") -> str:
+    """How to go on after a run stopped early (``when``: a condition such as "once fixed, "): the command that resumes
+    from its newest complete checkpoint, or starting again."""
+    checkpoint = last_complete_checkpoint(request.training.output_dir)
+    if checkpoint is None:
+        return f"No checkpoint was saved; {when}run the same command with --overwrite_output_dir true to start over."
     kept = split_flags(request.argv, ("--resume_from_checkpoint", "--overwrite_output_dir"))[1]
-    extra = ["--resume_from_checkpoint", "last"]
-    if request.script.overwrite_output_dir:
-        extra += ["--overwrite_output_dir", "false"]
-    return shlex.join(["stapo-trl", "train", *kept, *extra])
-
-
-def interrupted_message(request: TrainRequest) -> str:
-    checkpoint = last_complete_checkpoint(request.training.output_dir)
-    if checkpoint is None:
-        return (
-            "stapo-trl train: interrupted before any checkpoint was saved. Run the same command again to start over "
-            "(add --overwrite_output_dir true if it refuses the output_dir)."
-        )
-    return (
-        f"stapo-trl train: interrupted. The newest complete checkpoint is {checkpoint}. Continue from it with:\n"
-        f"  {resume_command(request)}"
-    )
-
-
-def continue_hint(request: TrainRequest) -> str:
-    """How to go on after a run stopped early: resume from its newest complete checkpoint, or start again."""
-    checkpoint = last_complete_checkpoint(request.training.output_dir)
-    if checkpoint is None:
-        return "No checkpoint was saved; once fixed, run the same command with --overwrite_output_dir true."
-    return f"The newest complete checkpoint is {checkpoint}; once fixed, continue from it with:\n  {resume_command(request)}"
+    extra = ["--overwrite_output_dir", "false"] if request.script.overwrite_output_dir else []
+    command = shlex.join(["stapo-trl", "train", *kept, "--resume_from_checkpoint", "last", *extra])
+    advice = f"{when}continue from it with"
+    return f"The newest complete checkpoint is {checkpoint}. {advice[0].upper()}{advice[1:]}:\n  {command}"
 
 
 def train_command(argv: list[str]) -> int:
@@ -476,19 +437,19 @@ def train_command(argv: list[str]) -> int:
         run_training(request)
     except (TrainingInterrupted, KeyboardInterrupt) as stopped:
         if int(os.environ.get("RANK", "0")) == 0:
-            print(f"\n{interrupted_message(request)}", file=sys.stderr, flush=True)
+            print(f"\nstapo-trl train: interrupted. {continue_hint(request)}", file=sys.stderr, flush=True)
         return EXIT_CODES.get(getattr(stopped, "signum", None), 130)
     except UserCodeError as error:  # its traceback (the user's frames), what failed, and how to continue
         if int(os.environ.get("RANK", "0")) == 0:
             cause = error.__cause__ or error
             trace = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
-            hint = f"This came from your code, not from stapo-trl. {continue_hint(request)}"
+            hint = f"This came from your code, not from stapo-trl. {continue_hint(request, 'once fixed, ')}"
             print(f"{trace}\nstapo-trl train: {error}.\n{hint}", file=sys.stderr, flush=True)
         return 1
     except Exception as error:
         problem = storage_problem(error, request.training.output_dir)
         if problem is None:
             raise
-        print(f"stapo-trl train: {problem}. {continue_hint(request)}", file=sys.stderr, flush=True)
+        print(f"stapo-trl train: {problem}. {continue_hint(request, 'once fixed, ')}", file=sys.stderr, flush=True)
         return 1
     return 0
