@@ -1,8 +1,6 @@
-"""Arithmetic word problems for the offline CPU quickstart: one addition, subtraction or multiplication of small
-whole numbers told as a short story, easy enough that SmolLM2-135M-Instruct gets about a quarter right greedily before
-training. Rows have the columns of DAPO-Math-17K (`ROW_FEATURES`); `split="train"` and `split="heldout"` never share
-a problem. `num_fewshot` worked examples (`WORKED_EXAMPLES`) as earlier chat turns keep a 135M model sampled at
-temperature 1.0 to the answer format often enough for a group of samples to mix right and wrong answers."""
+"""Arithmetic word problems for the offline CPU quickstart: one addition, subtraction or multiplication of small whole
+numbers as a short story, in the columns of DAPO-Math-17K. `split="train"` and `split="heldout"` never share a
+problem; `num_fewshot` worked examples as earlier chat turns keep a 135M model at T=1.0 to the answer format."""
 
 from __future__ import annotations
 
@@ -35,8 +33,7 @@ WORKED_EXAMPLES: tuple[tuple[str, str, int], ...] = (
     ("Sara has 4 boxes with 3 pens in each box. How many pens is that in total?", "4 * 3 = 12", 12),
     ("Max had 9 coins and gave away 4. How many coins does Max have left?", "9 - 4 = 5", 5),
 )
-"""(problem, worked solution, answer) shown by `num_fewshot`. Their names (Tom, Sara, Max) are not in `NAMES`, so a
-worked example is never a training or held-out problem."""
+"""(problem, worked solution, answer) shown by `num_fewshot`; their names are not in `NAMES`, so none is a problem."""
 
 
 def arithmetic_problems(num_problems: int, *, seed: int = 0, split: str = "train") -> list[tuple[str, int]]:
@@ -88,8 +85,7 @@ def _template_pattern(template: str) -> re.Pattern:
 
 
 def worked_solution(question: str) -> tuple[str, int] | None:
-    """``(solution, answer)`` of a problem `arithmetic_problems` wrote, the solution in the form the worked examples
-    show (``"3 + 2 = 5"``); None for any other text."""
+    """``(solution, answer)`` of a problem `arithmetic_problems` wrote (solution as ``"3 + 2 = 5"``), else None."""
     for template, _, _, operation in TEMPLATES:
         match = _template_pattern(template).fullmatch(question)
         if match:

@@ -60,17 +60,15 @@ def _detect_schema(dataset: Dataset, label: str) -> str:
         return "verl"
     if "prompt" in columns and "solution" in columns and isinstance(prompt, str):
         return "open-r1"
+    found = f"{columns} with prompt of type {type(prompt).__name__}" if "prompt" in columns else str(columns)
     raise DatasetSchemaError(
         f"{label} matches no known DAPO-Math-17K schema. Expected the {_VERL_SCHEMA} or the {_OPEN_R1_SCHEMA}; "
-        f"found fields {columns}"
-        + (f" with prompt of type {type(prompt).__name__}" if "prompt" in columns else "")
-        + "."
+        f"found fields {found}."
     )
 
 
 def _user_text(messages: Any, row: int, label: str) -> str:
-    """The last user message of a verl row's ``prompt``, or "" for an empty one; a row in another shape is refused
-    with its row number."""
+    """The last user message of a verl row's ``prompt`` ("" for an empty one); another shape is refused."""
     if messages is None or (isinstance(messages, list) and not messages):
         return ""
     if not isinstance(messages, list) or not all(isinstance(message, dict) for message in messages):
@@ -126,8 +124,8 @@ def _normalize_rows(
 
 def dedupe_by_problem(dataset: Dataset, *, dedupe: bool = True) -> tuple[Dataset, DedupReport]:
     """Keep the first row of each problem (whitespace-insensitive; every row with `dedupe=False`) and drop rows
-    without a gold answer or with an empty problem text. DAPO-Math-17K repeats each of its ~17.4k problems about 100
-    times; a problem seen with different gold answers keeps its first and is counted in the report."""
+    without a gold answer or with an empty problem. A problem seen with different gold answers keeps its first and is
+    counted in the report."""
     problems, answers = list(dataset["problem"]), list(dataset["answer"])
     first_row: dict[str, int] = {}
     keep: list[int] = []
@@ -189,16 +187,12 @@ def load_dapo_math(
     num_proc: int | None = None,
     return_report: bool = False,
 ):
-    """DAPO-Math-17K as TRL-ready rows: `id`, `problem`, `answer`, `solution` (the gold answer the rewards read),
-    a conversational `prompt`, and `data_source`.
-
-    `source` is `BytedTsinghua-SIA/DAPO-Math-17k` (default), `open-r1/DAPO-Math-17k-Processed` (whose `config_name`
-    defaults to `"all"`; others: `"en"`, `"cn"`), a local parquet, jsonl or json file or dataset directory in either
-    schema, or `"sample"` for the copy shipped with stapo-trl (original problems, duplicates included). The `dapo`
-    `prompt_style` keeps the dataset's "Answer: $Answer" instruction as is; `boxed` asks for the final answer in
-    `\\boxed{}` after the bare problem. `dedupe` keeps one row per problem: the before/after counts are logged, and
-    returned as a `DedupReport` with `return_report`. `num_proc` processes convert the rows.
-    """
+    """DAPO-Math-17K as TRL-ready rows (`ROW_FEATURES`). `source` is `BytedTsinghua-SIA/DAPO-Math-17k` (default),
+    `open-r1/DAPO-Math-17k-Processed` (`config_name` "all" by default, or "en", "cn"), a local parquet, jsonl or json
+    file or dataset directory in either schema, or `"sample"` for the shipped copy (duplicates included). The `dapo`
+    `prompt_style` keeps the dataset's "Answer: $Answer" instruction; `boxed` asks for `\\boxed{}` after the bare
+    problem. `dedupe` keeps one row per problem; the counts are logged, and returned as a `DedupReport` with
+    `return_report`. `num_proc` processes convert the rows."""
     check_prompt_style(prompt_style)
     if config_name is None and str(source) == OPEN_R1_HUB_ID:
         config_name = "all"

@@ -36,8 +36,7 @@ def extract_problem(text: str) -> str:
 
 
 def answer_line(answer: str, style: str) -> str:
-    """The final answer as prompt style ``style`` asks for it: ``Answer: 42`` (dapo) or ``The answer is
-    \\boxed{42}.`` (boxed)."""
+    """The final answer as ``style`` asks for it: ``Answer: 42`` (dapo) or ``The answer is \\boxed{42}.`` (boxed)."""
     check_prompt_style(style)
     return f"The answer is \\boxed{{{answer}}}." if style == "boxed" else f"Answer: {answer}"
 

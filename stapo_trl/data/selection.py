@@ -10,9 +10,8 @@ logger = logging.getLogger(__name__)
 
 
 def drop_long_prompts(dataset: Dataset, tokenizer, max_prompt_tokens: int) -> Dataset:
-    """The rows whose conversational prompt has at most `max_prompt_tokens` tokens once the chat template and the
-    generation prompt are applied (verl's `filter_overlong_prompts`). The number dropped is logged; dropping every
-    row is an error."""
+    """The rows whose chat-templated prompt (with the generation prompt) has at most `max_prompt_tokens` tokens (verl's
+    `filter_overlong_prompts`). The number dropped is logged; dropping every row is an error."""
     lengths = []
     for prompt in dataset["prompt"]:
         ids = tokenizer.apply_chat_template(prompt, tokenize=True, add_generation_prompt=True)

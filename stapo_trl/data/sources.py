@@ -64,12 +64,13 @@ def sample_path(name: str) -> Path:
     return path
 
 
-def _pick_split(loaded: Dataset | DatasetDict, split: str, label: str, *, local: bool) -> Dataset:
+def _pick_split(loaded: Dataset | DatasetDict, split: str, label: str) -> Dataset:
+    """`split` of local data, or its only split."""
     if isinstance(loaded, Dataset):
         return loaded
     if split in loaded:
         return loaded[split]
-    if local and len(loaded) == 1:
+    if len(loaded) == 1:
         only = next(iter(loaded))
         logger.info("%s: the local data has only the split %r; using it for %r.", label, only, split)
         return loaded[only]
@@ -81,9 +82,8 @@ def _pick_split(loaded: Dataset | DatasetDict, split: str, label: str, *, local:
 def load_source(
     source: str | Path, *, split: str, label: str, config_name: str | None = None, sample: str | None = None
 ) -> Dataset:
-    """Load one split of `source`: a Hub id, a local parquet/jsonl/json/csv/arrow file (read by `load_dataset` as
-    the Hub's data files are), a directory written by `save_to_disk`, a directory of data files, or `"sample"` for
-    the shipped sample named `sample`."""
+    """One split of `source`: a Hub id, a local parquet/jsonl/json/csv/arrow file (read by `load_dataset`), a directory
+    written by `save_to_disk`, a directory of data files, or `"sample"` for the shipped sample named `sample`."""
     if str(source) == SAMPLE:
         if sample is None:
             raise ValueError(f"{label} has no shipped sample.")
@@ -96,18 +96,17 @@ def load_source(
         if path.stat().st_size == 0:
             raise DatasetSchemaError(f"{label}: {path} is empty.")
         try:
-            loaded = load_dataset(builder, data_files={split: str(path)})
+            return load_dataset(builder, data_files={split: str(path)}, split=split)
         except DatasetGenerationError as error:
             raise DatasetSchemaError(f"{label}: cannot read {path} as {builder}: {error.__cause__ or error}") from None
         except ValueError as error:
             if "corresponds to no data" not in str(error):
                 raise
             raise DatasetSchemaError(f"{label}: {path} has no rows.") from None
-        return _pick_split(loaded, split, label, local=True)
     if path.is_dir():
-        if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
-            return _pick_split(load_from_disk(str(path)), split, label, local=True)
-        return _pick_split(load_dataset(str(path), name=config_name), split, label, local=True)
+        saved = (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
+        loaded = load_from_disk(str(path)) if saved else load_dataset(str(path), name=config_name)
+        return _pick_split(loaded, split, label)
     if str(source).startswith((".", "/", "~")) or path.suffix.lower() in _FILE_BUILDERS:
         raise FileNotFoundError(f"{label}: no such file or directory: {path}")
-    return _pick_split(load_dataset(str(source), name=config_name, split=split), split, label, local=False)
+    return load_dataset(str(source), name=config_name, split=split)

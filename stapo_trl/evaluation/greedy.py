@@ -15,16 +15,15 @@ from .grading import accepts, reward_verdicts
 
 @dataclass
 class GreedyAccuracy:
-    """The share of problems whose greedy completion the reward scores as correct (a positive score). `answered`
-    counts completions from which the reward extracted an answer (the format rate) when the reward reports its
-    extractions through TRL's `log_extra`, else it is None."""
+    """The share of problems whose greedy completion the reward scores positive. `answered` counts completions from
+    which the reward extracted an answer, when it reports extractions through TRL's `log_extra` (else None)."""
 
     correct: int
     total: int
     answered: int | None = None
     completions: list[str] = field(default_factory=list, repr=False)
     problem_correct: list[bool] = field(default_factory=list, repr=False)
-    """Whether each problem, in the dataset's order, was scored correct: for paired comparisons of two models."""
+    """Whether each problem, in the dataset's order, was scored correct."""
     problem_answered: list[bool | None] = field(default_factory=list, repr=False)
 
     @property
@@ -33,7 +32,7 @@ class GreedyAccuracy:
 
     @property
     def standard_error(self) -> float:
-        """Binomial standard error of `accuracy`: how much it would move with another draw of problems."""
+        """Binomial standard error of `accuracy` over the draw of problems."""
         p = self.accuracy
         return math.sqrt(p * (1 - p) / self.total) if self.total else float("nan")
 
@@ -74,9 +73,8 @@ def greedy_accuracy(
 ) -> GreedyAccuracy:
     """Greedy-decode every prompt of `dataset` (TRL's `prompt` and `solution` columns), chat-formatted and left-padded
     in batches of ``batch_size``, in eval mode (the model's mode is restored afterwards), and score it. With
-    ``share_prompt_prefix``, the tokens every prompt of a batch starts with run through the model once
-    (`prompt_prefix_cache`): the same attention as running each prompt whole, up to floating-point rounding (which can
-    flip a greedy choice between two near-tied tokens)."""
+    ``share_prompt_prefix``, a batch's shared leading tokens run once (`prompt_prefix_cache`): the same result as
+    running each prompt whole, up to floating-point rounding (which can flip a near-tie between two tokens)."""
     if len(dataset) == 0:
         raise ValueError("The held-out set is empty.")
     was_training = model.training
@@ -103,7 +101,6 @@ def greedy_accuracy(
     finally:
         tokenizer.padding_side = padding_side
         model.train(was_training)
-
     scores, extracted = reward_verdicts(reward_func, completions, dataset["solution"])
     problem_correct = [accepts(score) for score in scores]
     problem_answered = [None] * len(completions) if extracted is None else [value is not None for value in extracted]
@@ -122,7 +119,7 @@ MIN_SHARED_PREFIX_TOKENS = 16
 
 
 def shared_prefix_length(token_ids: list[list[int]]) -> int:
-    """How many leading tokens every row of ``token_ids`` has in common, leaving at least one token of each row."""
+    """How many leading tokens all rows of ``token_ids`` share, leaving at least one token of each row."""
     shortest = min(len(row) for row in token_ids)
     length = 0
     while length < shortest - 1 and all(row[length] == token_ids[0][length] for row in token_ids):
@@ -131,12 +128,10 @@ def shared_prefix_length(token_ids: list[list[int]]) -> int:
 
 
 def prompt_prefix_cache(model, token_ids: list[list[int]], pad_token_id: int, device) -> dict[str, Any] | None:
-    """`generate()` inputs (``input_ids``, ``attention_mask`` and the cache under the keyword the model's output gave
-    it) for the prompts ``token_ids`` that run their shared leading tokens once: the prefix's key/value cache is copied
-    to every row, laid out as ``[prefix][padding][its remainder]`` with the padding left out of the attention mask, so
-    that every remainder token keeps its position (`generate()` derives positions from the mask). None for a single
-    row, fewer than `MIN_SHARED_PREFIX_TOKENS` shared tokens, or a cache whose rows cannot be copied: then run the
-    prompts whole."""
+    """`generate()` inputs (``input_ids``, ``attention_mask``, the cache) that run the shared leading tokens of
+    ``token_ids`` once: the prefix's cache is copied to every row, laid out as ``[prefix][padding][remainder]`` with
+    the padding masked out, so remainder tokens keep their positions (`generate()` derives them from the mask). None
+    for one row, under `MIN_SHARED_PREFIX_TOKENS` shared tokens, or a cache it cannot copy."""
     if len(token_ids) < 2:
         return None
     shared = shared_prefix_length(token_ids)
@@ -162,8 +157,8 @@ def prompt_prefix_cache(model, token_ids: list[list[int]], pad_token_id: int, de
 
 
 def per_problem_records(dataset, results: dict[str, GreedyAccuracy]) -> list[dict[str, Any]]:
-    """One record per held-out problem with each labelled result (``{"before": ..., "after": ...}``): whether it was
-    correct and answered, and the greedy completion, so that two models can be compared problem by problem."""
+    """One record per problem: whether each labelled result (``{"before": ..., "after": ...}``) was correct and
+    answered, and its completion."""
     records = []
     for index in range(len(dataset)):
         record: dict[str, Any] = {"problem": index, "solution": dataset[index]["solution"]}

@@ -119,21 +119,13 @@ def load_problems(config: EvalConfig, tokenizer) -> dict[str, list[Problem]]:
 def _settings_fingerprint(config: EvalConfig, model: ResolvedModel, temperature: float, top_p: float) -> dict:
     """The settings that shape the samples, which a resumed run must share."""
     shaping = ("max_new_tokens", "prompt_style", "system_prompt", "chat_template", "graders", "seed")
-    return {
-        "model": model.reference,
-        "weights": model.weights,
-        "adapter": model.adapter,
-        "temperature": temperature,
-        "top_p": top_p,
-        **{key: getattr(config, key) for key in shaping},
-        "sources": {name: config.source_for(name) for name in config.benchmarks},
-    }
+    settings = {key: getattr(config, key) for key in shaping} | {"temperature": temperature, "top_p": top_p}
+    settings |= {"model": model.reference, "weights": model.weights, "adapter": model.adapter}
+    return settings | {"sources": {name: config.source_for(name) for name in config.benchmarks}}
 
 
-def _pending_requests(
-    problems: dict[str, list[Problem]], config: EvalConfig, store: SampleStore, chunk: int
-) -> list[list[tuple[Problem, GenerationRequest]]]:
-    """The missing samples, as chunks of at most `chunk` samples (a problem's samples may span chunks)."""
+def _pending_requests(problems: dict, config: EvalConfig, store: SampleStore, chunk: int) -> list[list[tuple]]:
+    """The missing samples as chunks of (Problem, GenerationRequest) pairs, at most `chunk` samples per chunk."""
     missing = [
         (problem, index)
         for name, rows in problems.items()
@@ -151,13 +143,7 @@ def _pending_requests(
     return chunks
 
 
-def _generate_and_grade(
-    generator: GenerationBackend,
-    part: list[tuple[Problem, GenerationRequest]],
-    sampling: SamplingParameters,
-    grader: Grader,
-    backend_name: str,
-) -> list[dict[str, Any]]:
+def _generate_and_grade(generator: GenerationBackend, part: list, sampling, grader: Grader, backend_name: str) -> list:
     """Generate one chunk of samples and grade them: the records to append to the results file."""
     generations = generator.generate([request for _, request in part], sampling)
     records = []
@@ -187,9 +173,7 @@ def _generate_and_grade(
     return records
 
 
-def _score_setting(
-    config: EvalConfig, store: SampleStore, problems: dict[str, list[Problem]]
-) -> tuple[dict[str, Any], float | None]:
+def _score_setting(config: EvalConfig, store: SampleStore, problems: dict) -> tuple[dict[str, Any], float | None]:
     scores = {}
     for name in config.benchmarks:
         wanted, k = {problem.problem_id for problem in problems[name]}, config.samples_for(name)
@@ -222,7 +206,6 @@ def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) ->
     chunk *= max(1, config.data_parallel_size)
     expected = sum(len(rows) * config.samples_for(name) for name, rows in problems.items())
     compared = [load_summary(other) for other in config.compare]
-
     owned_backend = None
     settings_summary = []
     try:
@@ -235,9 +218,8 @@ def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) ->
             chunks = _pending_requests(problems, config, store, chunk)
             pending = sum(len(request.sample_indices) for part in chunks for _, request in part)
             if pending:
-                if backend is None and owned_backend is None:
-                    owned_backend = _build_backend(config, model, backend_name)
-                generator = backend or owned_backend
+                if backend is None:
+                    backend = owned_backend = _build_backend(config, model, backend_name)
                 sampling = SamplingParameters(temperature, top_p, config.max_new_tokens, config.seed)
                 with tqdm(
                     total=expected,
@@ -249,7 +231,7 @@ def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) ->
                 ) as progress:
                     progress.set_postfix_str(_problems_done(problems, config, store))
                     for part in chunks:
-                        records = _generate_and_grade(generator, part, sampling, grader, backend_name)
+                        records = _generate_and_grade(backend, part, sampling, grader, backend_name)
                         store.append(records)
                         progress.update(len(records))
                         progress.set_postfix_str(f"{part[-1][0].benchmark}, {_problems_done(problems, config, store)}")
@@ -279,9 +261,11 @@ def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) ->
         "seed": config.seed,
         "seconds_this_run": round(time.perf_counter() - started, 1),
     }
-    rows = _unique_rows(
-        row for item in (summary, *compared) for row in summary_rows(item, with_paper=config.paper_comparison)
-    )
+    unique_rows = {}  # the first row of each (source, model, setting)
+    for item in (summary, *compared):
+        for row in summary_rows(item, with_paper=config.paper_comparison):
+            unique_rows.setdefault((row.source, row.model, row.setting), row)
+    rows = list(unique_rows.values())
     table = markdown_table(rows)
     output_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomically(output_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
@@ -292,20 +276,11 @@ def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) ->
 
 
 def _dataset_record(config: EvalConfig, name: str) -> dict[str, Any]:
-    """Where a benchmark's problems came from: the source (a Hub id, ``sample``, or a local path) and split, and whether
-    the source is a Hub dataset (the model card's ``model-index`` names only those)."""
+    """A benchmark's source and split, and whether the source is on the Hub (the card's ``model-index`` needs that)."""
     spec = BENCHMARKS[name]
     source = config.source_for(name)
     on_hub = source is None or (source != SAMPLE and not Path(source).expanduser().exists())
     return {"source": source or spec.hub_id, "split": config.split_overrides.get(name) or spec.split, "hub": on_hub}
-
-
-def _unique_rows(rows) -> list:
-    """The first row of each (source, model, setting)."""
-    unique = {}
-    for row in rows:
-        unique.setdefault((row.source, row.model, row.setting), row)
-    return list(unique.values())
 
 
 def _problems_done(problems: dict[str, list[Problem]], config: EvalConfig, store: SampleStore) -> str:

@@ -23,8 +23,8 @@ class ModelNotFoundError(UsageError, FileNotFoundError):
 @dataclass(frozen=True)
 class ResolvedModel:
     """What to load: `weights` is the full model (the base when `adapter` is set), `tokenizer` where the tokenizer
-    comes from (the adapter directory when training saved one there). `method` (from the `run_summary.json` of
-    `stapo-trl train`) and `size` (for example "1.7B", from the model's name) find the paper's row to compare with."""
+    comes from (the adapter directory when training saved one there). `method` (from `run_summary.json`) and `size`
+    (for example "1.7B", from the model's name) find the paper's row to compare with."""
 
     reference: str
     weights: str
@@ -102,9 +102,8 @@ def resolve_model(
         if base_model is not None and adapter is None:
             raise ValueError("base_model is only used with a LoRA adapter; pass --adapter or drop --base_model.")
         base_reference = model
-    adapter_dir: Path | None = None
-    if adapter is not None:
-        adapter_dir = Path(adapter).expanduser()
+    adapter_dir = Path(adapter).expanduser() if adapter is not None else None
+    if adapter_dir is not None:
         if not adapter_dir.is_dir():
             raise ModelNotFoundError(f"The adapter directory {adapter!r} does not exist.")
         if not (adapter_dir / ADAPTER_CONFIG).is_file():

@@ -1,6 +1,6 @@
 """The per-sample results file: one JSON line per graded sample, appended as samples finish, so that a killed
 evaluation resumes where it stopped. `<name>.settings.json` beside it records the settings that shape the samples;
-resuming with other settings is refused, since mixing samples of two settings would give a meaningless average."""
+resuming with other settings is refused (the average would mix two settings)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ..storage import DamagedFileError, append_text, read_json_file, write_text_
 logger = logging.getLogger(__name__)
 
 SAMPLE_KEYS = ("benchmark", "problem_id", "sample")
-"""The keys that identify a sample; every record of a samples file has them."""
+"""The keys that identify a sample; every record has them."""
 
 
 class ResumeMismatchError(UsageError, ValueError):
@@ -62,8 +62,7 @@ class SampleStore:
         return (str(record["benchmark"]), str(record["problem_id"]), int(record["sample"]))
 
     def _load(self) -> list[dict[str, Any]]:
-        """The finished records. A last line without its newline (a kill mid-write) is cut from the file, so that later
-        appends start on a clean line; a bad line elsewhere is an error."""
+        """The finished records; a last line without its newline (a kill mid-write) is cut from the file."""
         if not self.path.is_file():
             return []
         data = self.path.read_bytes()

@@ -16,6 +16,12 @@ COLUMN_TITLES = dict(
 PARTIAL_MARK = "*"
 OTHER_K_MARK = "†"
 SUBSET_AVERAGE_MARK = "‡"
+MARK_LEGENDS = {
+    PARTIAL_MARK: "on part of the benchmark only (shipped samples, a local subset or max_problems, or an unfinished "
+    "run): not comparable with the paper.",
+    OTHER_K_MARK: "k differs from the paper's.",
+    SUBSET_AVERAGE_MARK: "average over the benchmarks evaluated; the paper averages all six.",
+}
 
 
 @dataclass
@@ -71,15 +77,7 @@ def markdown_table(rows: Sequence[TableRow]) -> str:
         lines.append("| " + " | ".join([row.model, row.setting, *cells, row.average]) + " |")
     notes = set().union(*(row.notes for row in rows)) if rows else set()
     legend = ["", "avg@k in %: k = 32 on AIME24, AIME25 and AMC23 and 4 on the others, as in the paper."]
-    if PARTIAL_MARK in notes:
-        legend.append(
-            f"{PARTIAL_MARK} on part of the benchmark only (shipped samples, a local subset or max_problems, or an "
-            "unfinished run): not comparable with the paper."
-        )
-    if OTHER_K_MARK in notes:
-        legend.append(f"{OTHER_K_MARK} k differs from the paper's.")
-    if SUBSET_AVERAGE_MARK in notes:
-        legend.append(f"{SUBSET_AVERAGE_MARK} average over the benchmarks evaluated; the paper averages all six.")
+    legend += [f"{mark} {text}" for mark, text in MARK_LEGENDS.items() if mark in notes]
     if any(row.source == "paper" for row in rows):
         legend.append(f"Rows labelled `paper:` are copied from the {PAPER_SOURCE}, not measured here.")
     return "\n".join(lines + legend) + "\n"

@@ -12,8 +12,7 @@ from .grading import accepts
 
 
 def avg_at_k(correct_by_problem: Sequence[Sequence[bool]]) -> float:
-    """Mean over problems of the fraction of that problem's samples that are correct, in [0, 1], each problem weighted
-    equally whatever its number of samples."""
+    """Mean over problems of each problem's share of correct samples, in [0, 1]; every problem weighs the same."""
     if not correct_by_problem:
         raise ValueError("avg@k needs at least one problem.")
     if any(len(samples) == 0 for samples in correct_by_problem):
@@ -22,8 +21,7 @@ def avg_at_k(correct_by_problem: Sequence[Sequence[bool]]) -> float:
 
 
 def avg_at_k_standard_error(correct_by_problem: Sequence[Sequence[bool]]) -> float:
-    """Standard error of `avg_at_k` over the draw of problems: the sample standard deviation of the per-problem
-    accuracies divided by the square root of the number of problems (0 for a single problem)."""
+    """Standard error of `avg_at_k` over problems: the per-problem accuracies' sample std / sqrt(n); 0 for one."""
     means = [sum(samples) / len(samples) for samples in correct_by_problem]
     if len(means) < 2:
         return 0.0
