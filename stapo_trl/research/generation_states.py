@@ -1,10 +1,6 @@
 """Saved generation states (`GenerationStatesCallback`): what replays a generation's optimizer steps exactly, for
-`stapo_trl.research.counterfactual`. Every ``generation_states_every``-th generation is written to
-``output_dir/generation_states/generation-<index>/``: ``start.pt`` (trainable parameters, optimizer and scheduler state
-before its first step), ``step-<k>.pt`` per optimizer step (its micro-batches as TRL's loss reads them, with the token
-rules' ``p``, ``H`` and silenced tokens, the rewards, each micro-batch's random state and the trainable parameters
-after the step), and last ``generation.json`` (without it the directory is incomplete, and rewritten when the run
-passes there again). One process only."""
+`stapo_trl.research.counterfactual`, under ``output_dir/generation_states/generation-<index>/`` (``start.pt``,
+``step-<k>.pt``, and last ``generation.json``; docs/diagnostics.md). One process only."""
 
 from __future__ import annotations
 
@@ -34,10 +30,9 @@ class GenerationStatesArguments:
     generation_states_every: int = field(
         default=0,
         metadata={
-            "help": "Every this many generations (the first included), save under output_dir/generation_states/ what "
-            "replays its optimizer steps exactly, for `stapo-trl counterfactual`. 0 (the default) saves nothing. A "
-            "saved generation costs the trainable parameters three times on disk (with AdamW's two moments), once "
-            "more per optimizer step, plus its batches; one process only."
+            "help": "Every this many generations (the first included), save what replays its optimizer steps under "
+            "output_dir/generation_states/, for `stapo-trl counterfactual` (0: off); one process only. Disk: the "
+            "trainable parameters 3 + (optimizer steps) times, plus the batches."
         },
     )
 
@@ -53,8 +48,7 @@ def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def capture_random_streams() -> dict[str, Any]:
-    """torch's (CPU and every initialized CUDA device), NumPy's and Python's random states, in types that
-    ``torch.load(weights_only=True)`` reads back."""
+    """torch's (CPU, initialized CUDA devices), NumPy's and Python's random states, as ``weights_only`` loads them."""
     kind, keys, position, has_gauss, cached = np.random.get_state()
     return {
         "torch": torch.get_rng_state(),
@@ -65,7 +59,6 @@ def capture_random_streams() -> dict[str, Any]:
 
 
 def restore_random_streams(state: dict[str, Any]) -> None:
-    """Put back what `capture_random_streams` captured."""
     torch.set_rng_state(state["torch"])
     if state["cuda"]:
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -95,45 +88,26 @@ class GenerationStateWriter:
         self.every = every
         self.steps_per_generation = optimizer_steps_per_generation
         self._pending: dict[str, Any] | None = None
-        self._started: int | None = None
-        """The generation whose first step this process saved: only its later steps may join it."""
-
-    def generation_dir(self, generation: int) -> Path:
-        return self.root / f"generation-{generation:05d}"
-
-    def is_due(self, global_step: int) -> bool:
-        return (global_step // self.steps_per_generation) % self.every == 0
+        self._started: int | None = None  # the generation whose first step this process saved
 
     def step_started(self, global_step: int, model, optimizer, lr_scheduler, step_batches: list[dict]) -> None:
-        if not self.is_due(global_step):
-            self._pending = None
-            return
         generation, index = divmod(global_step, self.steps_per_generation)
-        directory = self.generation_dir(generation)
+        directory = self.root / f"generation-{generation:05d}"
+        self._pending = None
+        if generation % self.every:
+            return
         if index == 0:
             if directory.exists():
                 shutil.rmtree(directory)
             directory.mkdir(parents=True)
             self._started = generation
-            start = {
-                "global_step": global_step,
-                "trainable": trainable_parameters(model),
-                "optimizer": optimizer.state_dict(),
-                "lr_scheduler": lr_scheduler.state_dict(),
-            }
-            _save(start, directory / START_FILE)
-        elif self._started != generation:
-            # The run resumed inside this generation, whose batches it generated again: what an earlier process
-            # saved of it belongs to other batches, so the generation is not saved (and stays incomplete).
-            self._pending = None
+            trainable = trainable_parameters(model)
+            start = {"global_step": global_step, "trainable": trainable, "optimizer": optimizer.state_dict()}
+            _save(start | {"lr_scheduler": lr_scheduler.state_dict()}, directory / START_FILE)
+        elif self._started != generation:  # resumed inside it: its earlier steps were saved from other batches
             return
-        self._pending = {
-            "generation": generation,
-            "index": index,
-            "global_step": global_step,
-            "batches": [_detached(batch) for batch in step_batches],
-            "random_states": [],
-        }
+        self._pending = {"generation": generation, "index": index, "global_step": global_step}
+        self._pending |= {"batches": [_detached(batch) for batch in step_batches], "random_states": []}
 
     def micro_batch_started(self) -> None:
         if self._pending is not None:
@@ -144,7 +118,7 @@ class GenerationStateWriter:
         if pending is None:
             return
         pending["trainable_after"] = trainable_parameters(model)
-        directory = self.generation_dir(pending["generation"])
+        directory = self.root / f"generation-{pending['generation']:05d}"
         _save(pending, directory / f"step-{pending['index']}.pt")
         if pending["index"] == self.steps_per_generation - 1:
             summary = {
@@ -158,8 +132,7 @@ class GenerationStateWriter:
 
 
 class GenerationStatesCallback(StepEventCallback):
-    """Saves every ``generation_states_every``-th generation of a `STAPOTrainer` run; ``stapo-trl train`` adds it
-    with ``generation_states_every`` above 0."""
+    """Saves every ``generation_states_every``-th generation of a `STAPOTrainer` run (added by ``stapo-trl train``)."""
 
     def __init__(self, settings: GenerationStatesArguments):
         self.settings = settings
@@ -173,9 +146,8 @@ class GenerationStatesCallback(StepEventCallback):
             )
         if args.world_size > 1 or args.deepspeed or args.fsdp:
             raise ValueError(
-                "generation_states_every saves one process's batches and optimizer state, which are the whole step "
-                "only in a one-process run without DeepSpeed or FSDP. Save states in such a run (a LoRA run on one "
-                "GPU, say), or set generation_states_every: 0."
+                "generation_states_every saves one process's batches and optimizer state, the whole step only in a "
+                "one-process run without DeepSpeed or FSDP (a LoRA run on one GPU, say); or set it to 0."
             )
 
     def on_generation_scored(self, trainer, batch, rewards) -> None:
@@ -220,7 +192,6 @@ class SavedGeneration:
     optimizer_steps: int
 
     def start(self) -> dict[str, Any]:
-        """The trainable parameters, optimizer and scheduler state before the generation's first step."""
         return torch.load(self.directory / START_FILE, weights_only=True)
 
     def step(self, index: int) -> SavedStep:
@@ -230,14 +201,12 @@ class SavedGeneration:
 
 def saved_generations(run_dir: str | Path) -> list[SavedGeneration]:
     """The complete saved generations of a run, in order (incomplete ones, without ``generation.json``, left out)."""
-    root = Path(run_dir) / GENERATION_STATES_DIR
     found = []
-    for directory in sorted(root.glob("generation-*")):
-        marker = directory / GENERATION_FILE
-        if not marker.is_file():
-            continue
+    for marker in sorted((Path(run_dir) / GENERATION_STATES_DIR).glob(f"generation-*/{GENERATION_FILE}")):
         values = json.loads(marker.read_text())
         found.append(
-            SavedGeneration(directory, values["generation"], values["first_global_step"], values["optimizer_steps"])
+            SavedGeneration(
+                marker.parent, values["generation"], values["first_global_step"], values["optimizer_steps"]
+            )
         )
     return found

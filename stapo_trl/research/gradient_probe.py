@@ -1,12 +1,6 @@
 """The silenced tokens' share of the policy gradient at the weights, against count-matched random baselines
-(`GradientProbeCallback`, docs/diagnostics.md).
-
-Every ``gradient_probe_steps``-th optimizer step, before it trains, TRL's loss is backpropagated over each micro-batch
-restricted to one token set at a time (with the whole loss's denominator): ``silenced`` (applied and shadow rules),
-``kept`` (the rest: ``g_silenced + g_kept`` is the gradient before any rule), ``random_positive`` and
-``random_candidate`` (count-matched draws from the positive-advantage tokens and S2T's candidates). Each pass starts
-from the random state of its micro-batch's training forward; random streams and ``.grad`` are left as found.
-"""
+(`GradientProbeCallback`): every ``gradient_probe_steps``-th optimizer step, before it trains, TRL's loss is
+backpropagated over each micro-batch restricted to one token set at a time (`GradientProbe`)."""
 
 from __future__ import annotations
 
@@ -38,11 +32,7 @@ from ..core.trl_seams import StepEventCallback, disable_gradient_checkpointing
 PROBE_LOSS_TYPES = ("dapo", "cispo", "vespo", "dr_grpo")
 """The loss types whose denominator does not depend on which tokens count, so that the loss splits by token set."""
 PROBE_METRIC_PREFIX = "gradient_probe"
-PROBE_BASELINES = ("random_positive", "random_candidate")
-"""The count-matched baselines, in the order they are drawn."""
-
-CandidateMask = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-"""``(log_probs, entropies, advantages, loss_mask) -> bool [B, T]``: the pool of the ``random_candidate`` baseline."""
+PROBE_BASELINES = ("random_positive", "random_candidate")  # in the order they are drawn
 
 
 @dataclass
@@ -83,7 +73,7 @@ def probe_problems(config) -> list[str]:
 
 
 def gradient_share_statistics(silenced: torch.Tensor, kept: torch.Tensor) -> dict[str, float]:
-    """The share statistics of two flattened gradients ``g_silenced`` and ``g_kept`` (see the module docstring)."""
+    """The share statistics of two flattened gradients ``g_silenced`` and ``g_kept`` (`GradientProbe`)."""
     silenced, kept = silenced.double(), kept.double()
     whole = silenced + kept
     silenced_sq, kept_sq, whole_sq = (float(vector.square().sum()) for vector in (silenced, kept, whole))
@@ -110,7 +100,7 @@ def share_over_baseline(set_stats: tuple[float, float], baseline_stats: tuple[fl
 
 
 def draw_seed(seed: int, global_step: int, process_index: int, salt: int) -> int:
-    """The seed of a random draw's generator: one stream per run seed, step, process (or micro-step) and draw."""
+    """One random stream per run seed, step, process (or micro-step) and draw."""
     return ((seed * 1_000_003 + global_step) * 1_009 + process_index) * 17 + salt
 
 
@@ -129,11 +119,14 @@ class _StepTokenSets(NamedTuple):
 
 
 class GradientProbe:
-    """Measures the shares every ``every`` optimizer steps (`gradient_probe_steps`), with the baselines drawn from
-    ``seed`` and the ``random_candidate`` pool ``candidate_mask``. ``loss_fn(model, batch)`` is the trainer's own loss
-    (TRL's ``compute_loss``), called with the batch's ``tool_mask`` narrowed to one set of tokens."""
+    """Measures the shares every ``every`` optimizer steps over the token sets ``silenced`` (applied and shadow rules),
+    ``kept`` (the rest: ``g_silenced + g_kept`` is the gradient before any rule), ``random_positive`` and
+    ``random_candidate`` (count-matched draws, from ``seed``, of the positive-advantage tokens and of the pool
+    ``candidate_mask(log_probs, entropies, advantages, loss_mask) -> bool [B, T]``). ``loss_fn(model, batch)`` is the
+    trainer's loss, called with ``tool_mask`` narrowed to one set and the whole loss's denominator; each pass starts
+    from its micro-batch's training random state, and random streams and ``.grad`` are left as found."""
 
-    def __init__(self, every: int, *, seed: int = 0, candidate_mask: CandidateMask | None = None):
+    def __init__(self, every: int, *, seed: int = 0, candidate_mask: Callable | None = None):
         self.every = every
         self.seed = seed
         self.candidate_mask = candidate_mask
@@ -142,7 +135,6 @@ class GradientProbe:
         return self.every > 0 and completed_steps % self.every == 0
 
     def token_sets(self, step_batches: list[dict[str, Any]], global_step: int, process_index: int) -> _StepTokenSets:
-        """The silenced, kept and baseline tokens of each micro-batch (see the module docstring)."""
         loss_masks, silenced, positive, candidates = [], [], [], []
         for batch in step_batches:
             loss_mask = loss_tokens(batch)
@@ -159,29 +151,21 @@ class GradientProbe:
         sets = {"silenced": silenced, "kept": [mask & ~part for mask, part in zip(loss_masks, silenced, strict=True)]}
         pools = {"random_positive": positive, "random_candidate": candidates if self.candidate_mask else None}
         for salt, name in enumerate(PROBE_BASELINES, start=1):
-            if pools[name] is None:
-                continue
-            generator = torch.Generator().manual_seed(draw_seed(self.seed, global_step, process_index, salt))
-            sets[name] = count_matched_draw(pools[name], count, generator)
+            if pools[name] is not None:
+                generator = torch.Generator().manual_seed(draw_seed(self.seed, global_step, process_index, salt))
+                sets[name] = count_matched_draw(pools[name], count, generator)
         return _StepTokenSets(loss_masks, sets)
 
     def measure(
-        self,
-        loss_fn,
-        model: torch.nn.Module,
-        step_batches: list[dict[str, Any]],
-        *,
-        global_step: int = 0,
-        process_index: int = 0,
-    ) -> dict[str, float]:
+        self, loss_fn, model, step_batches: list[dict], *, global_step: int = 0, process_index: int = 0
+    ) -> dict:
         started = time.perf_counter()
         token_sets = self.token_sets(step_batches, global_step, process_index)
         parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
         totals = {name: [torch.zeros_like(p, dtype=torch.float32) for p in parameters] for name in token_sets.sets}
         with restored_random_streams():
             for index, batch in enumerate(step_batches):
-                # Each pass but the kept tokens' puts the random streams back, so every pass starts where the training
-                # forward of this micro-batch starts; the kept tokens' pass, always run, runs last and moves them on.
+                # Every pass but the kept tokens' (always run, last) puts the random streams back.
                 for name in sorted(token_sets.sets, key=lambda name: name == "kept"):
                     part = token_sets.sets[name][index]
                     if name != "kept" and not part.any():
@@ -209,7 +193,6 @@ class GradientProbe:
         num_tokens, *reduced = all_reduce_sum(torch.tensor(local, dtype=torch.float64)).tolist()
         global_counts = dict(zip(sets, reduced[: len(sets)], strict=True))
         global_overlaps = dict(zip(baselines, reduced[len(sets) :], strict=True))
-
         stats = gradient_share_statistics(flat["silenced"], flat["kept"])
         whole_sq = stats["whole_grad_norm"] ** 2
         stats["num_silenced"] = global_counts["silenced"]
@@ -230,15 +213,14 @@ class GradientProbe:
 
 class GradientProbeCallback(StepEventCallback):
     """Runs a `GradientProbe` every ``gradient_probe_steps`` optimizer steps of a `STAPOTrainer` run and logs under
-    ``gradient_probe/``; ``stapo-trl train`` adds it with ``gradient_probe_steps`` above 0."""
+    ``gradient_probe/`` (added by ``stapo-trl train``)."""
 
     def __init__(self, settings: GradientProbeArguments):
         self.settings = settings
         self.probe: GradientProbe | None = None
 
     def on_init_end(self, args, state, control, **kwargs):
-        problems = probe_problems(args)
-        if problems:
+        if problems := probe_problems(args):
             raise ValueError(
                 "gradient_probe_steps measures the gradient of the tokens a rule silences, splitting the loss into "
                 "the silenced and the kept tokens' parts, which is exact only when the loss is a sum over tokens with "
@@ -250,9 +232,8 @@ class GradientProbeCallback(StepEventCallback):
             running = [get_token_rule(name) for name in (*trainer.token_rules, *trainer.shadow_token_rules)]
             bounds = [bound for spec in running if (bound := spec.probability_bound(trainer.args)) is not None]
             candidates = candidates_below(bounds[0]) if bounds else None
-            self.probe = GradientProbe(
-                self.settings.gradient_probe_steps, seed=trainer.args.seed, candidate_mask=candidates
-            )
+            every = self.settings.gradient_probe_steps
+            self.probe = GradientProbe(every, seed=trainer.args.seed, candidate_mask=candidates)
         step = trainer.state.global_step
         if not self.probe.is_due(step):
             return

@@ -1,12 +1,6 @@
-"""The arms of a counterfactual update (`stapo-trl counterfactual`): which loss tokens of an optimizer step are silenced
-before it is applied again from the same saved state. One pure function per arm over the step's pooled ``[N, T]``
-tensors, registered by name in `ARMS` (each `Arm`'s description says what it silences). ``s2t`` is STAPO's
-Algorithm 1 at the run's thresholds; ``s2t_low_p`` nears the paper's share of silenced tokens ("mostly under 0.01%");
-``lowest_p_outside_s2t`` matches ``s2t``'s count and advantage sign and, as far as the step allows, its ``p``, not its
-``H`` (S2T's candidates above ``tau_h`` first, ties by position); ``p_only`` is the paper's "w/o entropy" ablation
-(§5); ``low_p_high_h`` and ``s2t_as_many_as_low_p_high_h`` are a count-matched pair, both low ``p``, one high ``H``
-and one low.
-"""
+"""The arms of a counterfactual update (`stapo-trl counterfactual`): which loss tokens of an optimizer step are
+silenced before it is applied again from the same saved state, one function per arm over the step's pooled ``[N, T]``
+tensors (docs/diagnostics.md describes each; ``p_only`` is the "w/o entropy" ablation of the STAPO paper, §5)."""
 
 from __future__ import annotations
 
@@ -21,25 +15,18 @@ from ...core.token_rules.s2t import spurious_token_candidates, spurious_token_ma
 
 NONE_ARM = "none"
 LOW_P_DIVISOR = 100.0
-"""``s2t_low_p`` uses ``prob_threshold / LOW_P_DIVISOR``."""
+"""``s2t_low_p`` uses ``prob_threshold / LOW_P_DIVISOR``, nearer the paper's share of silenced tokens ("mostly under
+0.01%")."""
 
 
 @dataclass(frozen=True)
 class ArmSettings:
-    """What the arms read besides the tokens: the run's S2T thresholds, the step's S2T selection and the generator of
-    the random draws."""
+    """What the arms read besides the tokens: the run's S2T thresholds, the step's S2T selection, a generator."""
 
     prob_threshold: float
     entropy_quantile: float
     s2t: torch.Tensor
     generator: torch.Generator
-
-
-@dataclass(frozen=True)
-class Arm:
-    name: str
-    description: str
-    select: Callable[[StepTokens, ArmSettings], torch.Tensor]
 
 
 def s2t_selection(tokens: StepTokens, prob_threshold: float, entropy_quantile: float) -> torch.Tensor:
@@ -49,15 +36,13 @@ def s2t_selection(tokens: StepTokens, prob_threshold: float, entropy_quantile: f
 
 
 def low_p_candidates(tokens: StepTokens, prob_threshold: float) -> torch.Tensor:
-    """S2T's candidates (`spurious_token_candidates`): positive-advantage loss tokens with ``p`` below
-    ``prob_threshold``."""
+    """S2T's candidates: positive-advantage loss tokens with ``p`` below ``prob_threshold``."""
     arguments = (tokens.log_probs, tokens.entropies, tokens.advantages, tokens.loss_mask)
     return spurious_token_candidates(*arguments, prob_threshold=prob_threshold)
 
 
 def lowest_p_outside(tokens: StepTokens, excluded: torch.Tensor, count: int) -> torch.Tensor:
-    """The ``count`` (at most) positive-advantage loss tokens of lowest log-probability outside ``excluded``, ties
-    broken by position."""
+    """At most ``count`` positive-advantage loss tokens of lowest log-probability outside ``excluded``, by position."""
     pool = tokens.positive & ~excluded.bool()
     flat = pool.flatten()
     positions = flat.nonzero().squeeze(1)
@@ -76,53 +61,22 @@ def _count_matched(pool: torch.Tensor, count: int, settings: ArmSettings) -> tor
     return count_matched_draw([pool], count, settings.generator)[0]
 
 
-ARMS: dict[str, Arm] = {
-    arm.name: arm
-    for arm in (
-        Arm(
-            "none",
-            "nothing silenced: GRPO's update",
-            lambda tokens, settings: torch.zeros_like(tokens.loss_mask, dtype=torch.bool),
-        ),
-        Arm(
-            "s2t",
-            "S2T at the run's prob_threshold and entropy_quantile",
-            lambda tokens, settings: settings.s2t.clone(),
-        ),
-        Arm(
-            "s2t_low_p",
-            f"S2T at prob_threshold / {LOW_P_DIVISOR:g}",
-            lambda tokens, settings: s2t_selection(
-                tokens, settings.prob_threshold / LOW_P_DIVISOR, settings.entropy_quantile
-            ),
-        ),
-        Arm(
-            "random_positive",
-            "as many positive-advantage tokens as S2T silences, drawn uniformly",
-            lambda tokens, settings: _count_matched(tokens.positive, int(settings.s2t.sum()), settings),
-        ),
-        Arm(
-            "lowest_p_outside_s2t",
-            "as many positive-advantage tokens as S2T silences, the least likely of those S2T keeps",
-            lambda tokens, settings: lowest_p_outside(tokens, settings.s2t, int(settings.s2t.sum())),
-        ),
-        Arm(
-            "p_only",
-            "every S2T candidate (p below prob_threshold, any entropy)",
-            lambda tokens, settings: low_p_candidates(tokens, settings.prob_threshold),
-        ),
-        Arm("low_p_high_h", "the S2T candidates S2T keeps (entropy at or above tau_h)", _low_p_high_h),
-        Arm(
-            "s2t_as_many_as_low_p_high_h",
-            "as many of S2T's tokens as low_p_high_h silences, drawn uniformly",
-            lambda tokens, settings: _count_matched(
-                settings.s2t.bool(), int(_low_p_high_h(tokens, settings).sum()), settings
-            ),
-        ),
-    )
+ARMS: dict[str, Callable[[StepTokens, ArmSettings], torch.Tensor]] = {
+    "none": lambda tokens, settings: torch.zeros_like(tokens.loss_mask, dtype=torch.bool),
+    "s2t": lambda tokens, settings: settings.s2t.clone(),
+    "s2t_low_p": lambda tokens, settings: s2t_selection(
+        tokens, settings.prob_threshold / LOW_P_DIVISOR, settings.entropy_quantile
+    ),
+    "random_positive": lambda tokens, settings: _count_matched(tokens.positive, int(settings.s2t.sum()), settings),
+    "lowest_p_outside_s2t": lambda tokens, settings: lowest_p_outside(tokens, settings.s2t, int(settings.s2t.sum())),
+    "p_only": lambda tokens, settings: low_p_candidates(tokens, settings.prob_threshold),
+    "low_p_high_h": _low_p_high_h,
+    "s2t_as_many_as_low_p_high_h": lambda tokens, settings: _count_matched(
+        settings.s2t.bool(), int(_low_p_high_h(tokens, settings).sum()), settings
+    ),
 }
-"""The arms by name, in the order they run. An arm's random draws are seeded by its position here: new arms go last."""
-
+"""Each arm's selection, by name, in the order they run. An arm's random draws are seeded by its position here: new
+arms go last."""
 
 COMPARISONS = (
     ("s2t_as_many_as_low_p_high_h", "low_p_high_h"),
@@ -139,8 +93,7 @@ COMPARISONS = (
 )
 """The comparisons `stapo-trl counterfactual` reports, first arm minus second. The first is the primary comparison of
 the study's second plan, the second that of its first (docs/records/counterfactual-updates.md)."""
-PRIMARY_COMPARISON = COMPARISONS[0]
-FIRST_PLAN_PRIMARY_COMPARISON = COMPARISONS[1]
+PRIMARY_COMPARISON, FIRST_PLAN_PRIMARY_COMPARISON = COMPARISONS[:2]
 REFERENCE_ARM = "s2t"
 """The arm whose selection the counts of a summary describe (how many generations and tokens S2T silenced)."""
 
@@ -155,4 +108,4 @@ def select_tokens(arm: str, tokens: StepTokens, settings: ArmSettings) -> torch.
     """The loss tokens ``arm`` silences in the step (bool, shaped like ``tokens.loss_mask``)."""
     if arm not in ARMS:
         raise ValueError(f"Unknown counterfactual arm {arm!r}; choose from {', '.join(ARMS)}.")
-    return ARMS[arm].select(tokens, settings) & tokens.loss_mask.bool()
+    return ARMS[arm](tokens, settings) & tokens.loss_mask.bool()

@@ -1,7 +1,6 @@
-"""Applying a saved optimizer step again, from its saved state, with another set of silenced tokens, through the
-trainer's own code: `STAPOTrainer.set_kept_tokens` folds them into the saved micro-batches as the token rules do,
-``training_step`` runs each micro-batch from its saved random state, and the gradient is clipped and the optimizer and
-scheduler stepped as transformers does. With nothing silenced it reproduces the recorded update bit for bit."""
+"""Applying a saved optimizer step again, from its saved state, with other tokens silenced, through the trainer's own
+code (`STAPOTrainer.set_kept_tokens`, ``training_step`` from each micro-batch's saved random state, transformers'
+clipping and optimizer step): with nothing silenced it reproduces the recorded update bit for bit."""
 
 from __future__ import annotations
 
@@ -32,8 +31,7 @@ def set_trainable(model: torch.nn.Module, values: dict[str, torch.Tensor]) -> No
 
 
 def restore_start(trainer, start: dict[str, Any]) -> None:
-    """Put the trainer's model, optimizer and scheduler where a saved generation started. ``start`` is left as it is
-    (the optimizer keeps the tensors it is given and updates them in place, so it is given copies)."""
+    """Put the trainer's model, optimizer and scheduler where a saved generation started; ``start`` is not modified."""
     set_trainable(trainer.accelerator.unwrap_model(trainer.model), start["trainable"])
     trainer.optimizer.load_state_dict(copy.deepcopy(start["optimizer"]))
     trainer.lr_scheduler.load_state_dict(copy.deepcopy(start["lr_scheduler"]))
@@ -50,15 +48,13 @@ def snapshot(trainer) -> dict[str, Any]:
 
 
 def record_frozen_inputs(trainer, step: SavedStep) -> list[list[torch.Tensor]] | None:
-    """The first trainable layer's inputs in TRL's loss over each micro-batch of ``step`` (one list per micro-batch,
-    one tensor per forward call), for `replay_step` to skip the frozen layers, which hold no trainable parameter and
-    draw no random number; None when they cannot be skipped (`stapo_trl.cpu.frozen_layer_replay.replay_blockers`)."""
+    """The first trainable layer's inputs in TRL's loss over each micro-batch of ``step`` (a list per micro-batch, a
+    tensor per forward), for `replay_step` to skip the frozen layers; None when they cannot be skipped."""
     batches = [dict(batch) for batch in step.batches]
     nothing = torch.zeros_like(torch.cat([batch["completion_mask"] for batch in batches]), dtype=torch.bool)
     trainer.set_kept_tokens(batches, nothing)
     trainer.current_gradient_accumulation_steps = len(batches)
-    model = trainer.model
-    model.train()
+    model = trainer.model.train()
     recorded = []
     with restored_random_streams(), trainer.metrics_untouched(), torch.no_grad():
         for batch in batches:

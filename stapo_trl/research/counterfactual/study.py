@@ -1,11 +1,6 @@
 """`stapo-trl counterfactual RUN_DIR`: each saved generation's optimizer steps applied again from its saved state
-under each arm (same completions, advantages and dropout masks), and the policy read teacher-forced after the first
-and the last step on the run's held-out prompts: on *sampled* responses (one per prompt from the saved state's policy,
-the same for every arm) the mean entropy and ``KL(updated || saved state)`` per token; on each problem's *reference*
-(correct) response the summed log-probability; and the update's norm. ``none``'s replay is checked against the
-recorded parameters (``reproduction_max_abs_difference``). An arm that silences nothing in a generation takes
-``none``'s numbers (``same_as_none``); an arm's steps before its first silenced token are ``none``'s
-(``replayed_from_step``, `CounterfactualOptions.share_quiet_steps`)."""
+under each arm, and the policy read teacher-forced after the first and the last step on the run's held-out prompts
+(`measure`; docs/diagnostics.md describes the records)."""
 
 from __future__ import annotations
 
@@ -40,11 +35,9 @@ class CounterfactualError(UsageError, ValueError):
 @dataclass
 class CounterfactualOptions:
     arms: tuple[str, ...] = tuple(ARMS)
-    """The arms to run; `checked_arms` puts them in `ARMS`'s order with ``none`` first, which always runs."""
-    probe_problems: int = 32
-    """Held-out problems in each probe set."""
-    max_generations: int | None = None
-    """Only the first this many saved generations (all by default)."""
+    """The arms to run, put in `ARMS`'s order with ``none`` first, which always runs."""
+    probe_problems: int = 32  # held-out problems in each probe set
+    max_generations: int | None = None  # only the first this many saved generations
     seed: int = 0
     """Seeds the sampled responses (with the generation's index) and the random arm's draws."""
     share_quiet_steps: bool = True
@@ -52,7 +45,9 @@ class CounterfactualOptions:
     readouts there) instead of replaying them; False replays every step (the same records, slower)."""
 
     def __post_init__(self):
-        self.arms = checked_arms(self.arms)
+        if unknown := [arm for arm in self.arms if arm not in ARMS]:
+            raise CounterfactualError(f"Unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}.")
+        self.arms = tuple(arm for arm in ARMS if arm == NONE_ARM or arm in self.arms)
 
 
 @dataclass
@@ -61,13 +56,6 @@ class ProbeSet:
     references: ProbeSequences
     reference_frozen: FrozenInputs = field(default_factory=FrozenInputs)
     """The reference sequences' frozen-layer outputs, the same for every saved state: recorded once per run."""
-
-
-def checked_arms(arms) -> tuple[str, ...]:
-    unknown = [arm for arm in arms if arm not in ARMS]
-    if unknown:
-        raise CounterfactualError(f"Unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}.")
-    return tuple(arm for arm in ARMS if arm == NONE_ARM or arm in arms)
 
 
 def _cpu_model() -> str:
@@ -83,16 +71,14 @@ def _cpu_model() -> str:
 def replay_provenance() -> dict[str, Any]:
     """What replayed a run, written into each record: the git commit (and uncommitted changes) of a checkout, the
     packages' versions, the CPU, torch's threads and CPU capability (bit-for-bit replays need the same kernels)."""
-    source = Path(__file__).resolve().parents[1]
+    git = ["git", "-C", str(Path(__file__).resolve().parents[1])]
     commit = dirty = None
     try:
-        commit = subprocess.run(
-            ["git", "-C", str(source), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
+        commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
         changed = subprocess.run(
-            ["git", "-C", str(source), "status", "--porcelain", "--", "."], capture_output=True, text=True, check=True
-        ).stdout
-        dirty = bool(changed.strip())
+            [*git, "status", "--porcelain", "--", "."], capture_output=True, text=True, check=True
+        )
+        dirty = bool(changed.stdout.strip())
     except (OSError, subprocess.CalledProcessError):
         pass
     versions = {}
@@ -112,25 +98,22 @@ def replay_provenance() -> dict[str, Any]:
 
 
 def check_statistics_source(config, generations: list[SavedGeneration]) -> None:
-    """Refuse a run with ``token_stats_source: loss`` whose generations feed several optimizer steps: after an arm's
-    first silenced step, the saved statistics are no longer its own policy's."""
+    """Refuse a run with ``token_stats_source: loss`` whose generations feed several optimizer steps."""
     if getattr(config, "token_stats_source", "generation") != "loss":
         return
     several = [g.generation for g in generations if g.optimizer_steps > 1]
     if several:
         raise CounterfactualError(
             f"This run took p and H from the policy being optimized (token_stats_source: loss), and its generations "
-            f"feed {max(g.optimizer_steps for g in generations)} optimizer steps each (generation {several[0]} first): "
-            "after an arm's first silenced step its own policy differs from the recorded one, so the saved statistics "
-            "would select its later tokens from the wrong policy. Replay a run trained with token_stats_source: "
-            "generation (the default), or with one optimizer step per generation (steps_per_generation equal to "
-            "gradient_accumulation_steps)."
+            f"feed {max(g.optimizer_steps for g in generations)} optimizer steps each (generation {several[0]} "
+            "first): after an arm's first silenced step, the saved statistics are no longer its policy's. Replay a "
+            "run trained with token_stats_source: generation (the default), or with steps_per_generation equal to "
+            "gradient_accumulation_steps."
         )
 
 
 def recipe_arguments(run_dir: Path) -> list[str]:
-    """The `stapo-trl train` arguments that made the run: its ``recipe.yaml`` and the command line's flags (its
-    first line)."""
+    """The `stapo-trl train` arguments that made the run: its ``recipe.yaml`` and the flags of its first line."""
     recipe = run_dir / RECIPE_FILE
     if not recipe.is_file():
         raise CounterfactualError(f"{run_dir} has no {RECIPE_FILE}: it was not written by `stapo-trl train`.")
@@ -179,20 +162,19 @@ class StateReadout:
     sampled_frozen: FrozenInputs
 
 
-def _reference_log_probs(model, probe: ProbeSet, temperature: float) -> list[float]:
-    """The summed log-probability of each problem's reference response."""
+def _reference_log_prob(model, probe: ProbeSet, temperature: float) -> float:
+    """The mean over problems of the summed log-probability of each problem's reference response."""
     readout = read_policy(model, probe.references, temperature=temperature, frozen=probe.reference_frozen)
-    return per_row_sums(readout.log_probs, readout.rows, len(probe.prompts)).tolist()
+    per_problem = per_row_sums(readout.log_probs, readout.rows, len(probe.prompts)).tolist()
+    return sum(per_problem) / len(per_problem)
 
 
 def read_state(model, probe: ProbeSet, sampled: ProbeSequences, temperature: float) -> StateReadout:
-    sampled_frozen = FrozenInputs()
-    on_sampled = read_policy(model, sampled, temperature=temperature, keep_distributions=True, frozen=sampled_frozen)
-    per_problem = _reference_log_probs(model, probe, temperature)
+    frozen = FrozenInputs()
+    on_sampled = read_policy(model, sampled, temperature=temperature, keep_distributions=True, frozen=frozen)
     entropy = float(on_sampled.entropies.double().mean())
-    return StateReadout(
-        sampled, entropy, sum(per_problem) / len(per_problem), on_sampled.log_distributions, sampled_frozen
-    )
+    reference = _reference_log_prob(model, probe, temperature)
+    return StateReadout(sampled, entropy, reference, on_sampled.log_distributions, frozen)
 
 
 def measure(model, probe: ProbeSet, state: StateReadout, start: dict[str, torch.Tensor], temperature: float) -> dict:
@@ -200,11 +182,10 @@ def measure(model, probe: ProbeSet, state: StateReadout, start: dict[str, torch.
     on_sampled = read_policy(
         model, state.sampled, temperature=temperature, reference=state.distributions, frozen=state.sampled_frozen
     )
-    per_problem = _reference_log_probs(model, probe, temperature)
+    reference = _reference_log_prob(model, probe, temperature)
     now = trainable_parameters(model)
     update_sq = sum(float((now[name].double() - value.double()).square().sum()) for name, value in start.items())
     entropy = float(on_sampled.entropies.double().mean())
-    reference = sum(per_problem) / len(per_problem)
     return {
         "entropy": entropy,
         "entropy_change": entropy - state.entropy,
@@ -226,11 +207,10 @@ def step_tokens(batches: list[dict[str, Any]]) -> StepTokens:
 
 
 def _silenced_profile(tokens: StepTokens, silenced: torch.Tensor) -> dict[str, float | None]:
-    if not silenced.any():
-        return {"log_prob_median": None, "entropy_median": None}
+    found = bool(silenced.any())
     return {
-        "log_prob_median": float(tokens.log_probs[silenced].median()),
-        "entropy_median": float(tokens.entropies[silenced].median()),
+        "log_prob_median": float(tokens.log_probs[silenced].median()) if found else None,
+        "entropy_median": float(tokens.entropies[silenced].median()) if found else None,
     }
 
 
@@ -256,13 +236,11 @@ def run_generation(trainer, generation: SavedGeneration, probe: ProbeSet, option
     base = {"generation": generation.generation, "first_global_step": generation.first_global_step}
     per_arm_counts = {arm: [int(mask.sum()) for mask in masks] for arm, masks in selections.items()}
     active = [arm for arm in options.arms if arm != NONE_ARM and any(per_arm_counts[arm])]
-
     restore_start(trainer, start)
     frozen_inputs = [record_frozen_inputs(trainer, step) for step in steps]
     state = None
     if active:
-        tokenizer = trainer.processing_class
-        tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
+        tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         responses = sample_responses(
             model,
@@ -274,29 +252,21 @@ def run_generation(trainer, generation: SavedGeneration, probe: ProbeSet, option
             pad_token_id=pad,
         )
         state = read_state(model, probe, probe_sequences(probe.prompts, responses, pad), trainer.temperature)
-
-    records = []
-    measured: dict[str, dict] = {}
-    none_after: list[dict[str, Any]] = []
-    none_grad_norms: list[float] = []
+    records, none_points, none_after, none_grad_norms = [], None, [], []
     for arm in options.arms:
         same_as_none = arm != NONE_ARM and arm not in active
-        record = {**base, "arm": arm, "silenced_per_step": per_arm_counts.get(arm), "same_as_none": same_as_none}
+        record = {**base, "arm": arm, "silenced_per_step": per_arm_counts[arm], "same_as_none": same_as_none}
         if same_as_none:
-            record["points"] = measured.get(NONE_ARM)
-            records.append(record)
+            records.append(record | {"points": none_points})
             continue
         first = 0
         if arm != NONE_ARM and options.share_quiet_steps:
             first = next(index for index, count in enumerate(per_arm_counts[arm]) if count)
         started = time.perf_counter()
         points, grad_norms, profiles, reproduction = {}, none_grad_norms[:first], [], []
-        if first:
-            restore_start(trainer, none_after[first - 1])
-            if state is not None:
-                points["first_step"] = measured[NONE_ARM]["first_step"]
-        else:
-            restore_start(trainer, start)
+        restore_start(trainer, none_after[first - 1] if first else start)
+        if first and state is not None:
+            points["first_step"] = none_points["first_step"]
         for index, step in enumerate(steps):
             silenced = selections[arm][index]
             profiles.append(_silenced_profile(step_tokens(step.batches), silenced))
@@ -323,11 +293,10 @@ def run_generation(trainer, generation: SavedGeneration, probe: ProbeSet, option
             seconds=time.perf_counter() - started,
         )
         if arm == NONE_ARM:
-            none_grad_norms = grad_norms
+            none_grad_norms, none_points = grad_norms, points or None
             record["reproduction_max_abs_difference"] = reproduction
             record["state"] = (
                 None if state is None else {"entropy": state.entropy, "reference_log_prob": state.reference_log_prob}
             )
-            measured[NONE_ARM] = points or None
         records.append(record)
     return records

@@ -20,8 +20,7 @@ MEASURES = {
 """Each measure of `stapo_trl.research.counterfactual.study.measure`, with a short title."""
 POINTS = ("first_step", "generation")
 """Where each arm's policy is read: after the generation's first optimizer step, and after its last."""
-PRIMARY_POINT, PRIMARY_MEASURE = "generation", "entropy_change"
-"""Both plans' primary outcome is the entropy change after a generation's last optimizer step."""
+PRIMARY_POINT, PRIMARY_MEASURE = "generation", "entropy_change"  # both plans' primary outcome
 
 
 @functools.cache
@@ -62,18 +61,13 @@ class Interval:
     def reads(self) -> str:
         if self.n < 2:
             return "too few generations"
-        if self.low > 0:
-            return "above 0"
-        if self.high < 0:
-            return "below 0"
-        return "includes 0"
+        return "above 0" if self.low > 0 else "below 0" if self.high < 0 else "includes 0"
 
 
 def mean_interval(values: list[float]) -> Interval:
     """The mean of ``values`` and its two-sided 95% t-interval (None where fewer than 2 values)."""
     if len(values) < 2:
-        mean = values[0] if values else None
-        return Interval(len(values), mean, None, None, list(values))
+        return Interval(len(values), values[0] if values else None, None, None, list(values))
     mean = statistics.fmean(values)
     half = student_t_quantile(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
     return Interval(len(values), mean, mean - half, mean + half, list(values))
@@ -115,11 +109,8 @@ def paired_differences_by_run(
 
 def paired_differences(records: list[dict], first: str, second: str, point: str, measure: str) -> list[float]:
     """Every run's `paired_differences_by_run`, one list."""
-    return [
-        value
-        for values in paired_differences_by_run(records, first, second, point, measure).values()
-        for value in values
-    ]
+    by_run = paired_differences_by_run(records, first, second, point, measure)
+    return [value for values in by_run.values() for value in values]
 
 
 def comparison_cell(
@@ -136,18 +127,9 @@ def comparison_cell(
 def arm_values(records: list[dict], arm: str, selecting_arm: str, point: str, measure: str) -> list[float]:
     """``arm``'s own value of ``measure`` at ``point``, per (run, generation) where ``selecting_arm`` silenced a token
     up to ``point``: for ``none``, the size of the change that the paired differences are read against."""
-    values = [
-        _value(arms[arm], point, measure)
-        for arms in _states_where_silenced(records, selecting_arm, point)
-        if arm in arms
-    ]
+    states = _states_where_silenced(records, selecting_arm, point)
+    values = [_value(arms[arm], point, measure) for arms in states if arm in arms]
     return [value for value in values if value is not None]
-
-
-def per_silenced_token_cell(records: list[dict], arm: str) -> dict:
-    """``arm``'s entropy change after a generation's last step minus ``none``'s, per token ``arm`` silenced in the
-    generation, with `comparison_cell`'s intervals."""
-    return comparison_cell(records, arm, NONE_ARM, "generation", "entropy_change", per_silenced_token=True)
 
 
 def grad_norm_ratios(records: list[dict], arm: str) -> dict:
@@ -195,55 +177,50 @@ def silenced_profile(records: list[dict], arm: str) -> dict:
 
 def summarize(records: list[dict]) -> dict:
     """Counts, the reproduction check and every comparison's interval, by point and measure."""
-    reference = REFERENCE_ARM
     nones = [record for record in records if record["arm"] == NONE_ARM]
-    selected = [record for record in records if record["arm"] == reference]
+    counts = [record.get("silenced_per_step") or [] for record in records if record["arm"] == REFERENCE_ARM]
     reproduction = [value for record in nones for value in record.get("reproduction_max_abs_difference") or []]
-    comparisons = {}
-    for first, second in COMPARISONS:
-        key = f"{first} - {second}"
-        comparisons[key] = {
+    comparisons = {
+        f"{first} - {second}": {
             point: {measure: comparison_cell(records, first, second, point, measure) for measure in MEASURES}
             for point in POINTS
         }
-    per_token = {arm: per_silenced_token_cell(records, arm) for arm in ARMS if arm != NONE_ARM}
-    primary = {"comparison": " - ".join(PRIMARY_COMPARISON), "point": PRIMARY_POINT, "measure": PRIMARY_MEASURE}
-    first_plan = {"comparison": " - ".join(FIRST_PLAN_PRIMARY_COMPARISON)} | {
-        key: primary[key] for key in ("point", "measure")
+        for first, second in COMPARISONS
     }
+    arms = [arm for arm in ARMS if arm != NONE_ARM]
+    primary = {"comparison": " - ".join(PRIMARY_COMPARISON), "point": PRIMARY_POINT, "measure": PRIMARY_MEASURE}
+    first_plan = primary | {"comparison": " - ".join(FIRST_PLAN_PRIMARY_COMPARISON)}
     return {
         "generations": len(nones),
-        "reference_arm": reference,
-        "generations_with_silenced_tokens": sum(1 for r in selected if sum(r.get("silenced_per_step") or []) > 0),
-        "generations_with_silenced_tokens_in_first_step": sum(
-            1 for r in selected if (r.get("silenced_per_step") or [0])[0] > 0
-        ),
-        "silenced_tokens": sum(sum(r.get("silenced_per_step") or []) for r in selected),
+        "reference_arm": REFERENCE_ARM,
+        "generations_with_silenced_tokens": sum(1 for steps in counts if sum(steps) > 0),
+        "generations_with_silenced_tokens_in_first_step": sum(1 for steps in counts if steps and steps[0] > 0),
+        "silenced_tokens": sum(sum(steps) for steps in counts),
         "reproduction_max_abs_difference": max(reproduction) if reproduction else None,
         "primary": primary | comparisons[primary["comparison"]][PRIMARY_POINT][PRIMARY_MEASURE],
         "first_plan_primary": first_plan | comparisons[first_plan["comparison"]][PRIMARY_POINT][PRIMARY_MEASURE],
         "comparisons": comparisons,
         "none_over_the_same_generations": {
             point: {
-                measure: mean_interval(arm_values(records, NONE_ARM, reference, point, measure)).__dict__
+                measure: mean_interval(arm_values(records, NONE_ARM, REFERENCE_ARM, point, measure)).__dict__
                 for measure in MEASURES
             }
             for point in POINTS
         },
-        "entropy_change_per_silenced_token_vs_none": per_token,
-        "grad_norm_ratio_vs_none": {arm: grad_norm_ratios(records, arm) for arm in ARMS if arm != NONE_ARM},
-        "silenced_token_profile": {arm: silenced_profile(records, arm) for arm in ARMS if arm != NONE_ARM},
+        "entropy_change_per_silenced_token_vs_none": {
+            arm: comparison_cell(records, arm, NONE_ARM, "generation", "entropy_change", per_silenced_token=True)
+            for arm in arms
+        },
+        "grad_norm_ratio_vs_none": {arm: grad_norm_ratios(records, arm) for arm in arms},
+        "silenced_token_profile": {arm: silenced_profile(records, arm) for arm in arms},
     }
-
-
-def _number(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:+.3g}"
 
 
 def _cell(cell: dict) -> str:
     if cell["n"] == 0:
         return "no generation"
-    return f"{_number(cell['mean'])} [{_number(cell['low'])}, {_number(cell['high'])}] ({cell['n']})"
+    mean, low, high = ("n/a" if cell[key] is None else f"{cell[key]:+.3g}" for key in ("mean", "low", "high"))
+    return f"{mean} [{low}, {high}] ({cell['n']})"
 
 
 def summary_table(summary: dict, point: str = "generation") -> str:

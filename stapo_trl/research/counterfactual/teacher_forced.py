@@ -1,7 +1,6 @@
-"""What an update did to the policy, read teacher-forced on fixed prompts and responses (no sampling noise): at every
-response token, its log-probability and the next-token entropy at a sampling temperature, and optionally the
-distributions (for a KL divergence between two policies). Prompts are left-padded, responses right-padded; position ids
-follow the attention mask, as in `generate()`."""
+"""What an update did to the policy, read teacher-forced on fixed prompts (left-padded) and responses (right-padded):
+at every response token, its log-probability and the next-token entropy at a sampling temperature, and optionally the
+distributions (for a KL divergence between two policies)."""
 
 from __future__ import annotations
 
@@ -70,21 +69,11 @@ def sample_responses(
     device = next(model.parameters()).device
     with side_effect_free_pass(model):
         torch.manual_seed(seed)
-        output = model.generate(
-            input_ids=input_ids.to(device),
-            attention_mask=attention_mask.to(device),
-            do_sample=True,
-            temperature=temperature,
-            top_p=1.0,
-            top_k=0,
-            max_new_tokens=max_new_tokens,
-            eos_token_id=eos_token_id,
-            pad_token_id=pad_token_id,
-        )
-    responses = []
-    for row in output[:, length:].tolist():
-        responses.append(row[: row.index(eos_token_id) + 1 if eos_token_id in row else len(row)])
-    return responses
+        options = dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens)
+        options |= dict(eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+        output = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), **options)
+    rows = output[:, length:].tolist()
+    return [row[: row.index(eos_token_id) + 1 if eos_token_id in row else len(row)] for row in rows]
 
 
 @dataclass
@@ -95,10 +84,8 @@ class PolicyReadout:
     log_probs: torch.Tensor
     entropies: torch.Tensor
     log_distributions: torch.Tensor | None
-    rows: torch.Tensor
-    """The row of each read token, for per-sequence sums."""
-    kl_from: torch.Tensor | None = None
-    """``KL(this policy || the reference)`` at each read token, when `read_policy` was given a reference."""
+    rows: torch.Tensor  # the row of each read token, for per-sequence sums
+    kl_from: torch.Tensor | None = None  # KL(this policy || the reference), when `read_policy` was given a reference
 
 
 @torch.no_grad()
@@ -115,10 +102,9 @@ def read_policy(
     sequences, for ``KL(model || reference)``; ``frozen``: see `FrozenInputs`."""
     device = next(model.parameters()).device
     keep = sequences.response_mask.size(1)
-    log_probs, entropies, distributions, rows, kls = [], [], [], [], []
+    log_probs, entropies, distributions, rows, kls, recorded = [], [], [], [], [], []
     offset = 0
     recording = frozen is not None and frozen.recorded is None
-    recorded = []
     with side_effect_free_pass(model):
         for index, start in enumerate(range(0, sequences.input_ids.size(0), READOUT_ROWS)):
             chunk = slice(start, start + READOUT_ROWS)
