@@ -115,8 +115,7 @@ def load_arithmetic(
     system_prompt: str | None = None,
     num_fewshot: int = 0,
 ) -> Dataset:
-    """Generated arithmetic word problems as TRL-ready rows, in the columns of `load_dapo_math`; with `num_fewshot` > 0
-    each prompt is `fewshot_prompt`."""
+    """Generated problems as TRL rows (`ROW_FEATURES`); `num_fewshot` > 0 makes each prompt a `fewshot_prompt`."""
     check_prompt_style(prompt_style)
     if not 0 <= num_fewshot <= len(WORKED_EXAMPLES):
         raise ValueError(f"num_fewshot must be between 0 and {len(WORKED_EXAMPLES)}, got {num_fewshot}.")

@@ -17,9 +17,7 @@ logger = logging.getLogger(__name__)
 DAPO_MATH_HUB_ID = "BytedTsinghua-SIA/DAPO-Math-17k"
 OPEN_R1_HUB_ID = "open-r1/DAPO-Math-17k-Processed"
 
-_VERL_SCHEMA = (
-    "verl RL schema (prompt: list of chat messages, reward_model.ground_truth, data_source, extra_info.index)"
-)
+_VERL_SCHEMA = "verl schema (prompt: list of chat messages, reward_model.ground_truth, data_source, extra_info.index)"
 _OPEN_R1_SCHEMA = "open-r1 processed schema (prompt: str, solution: str)"
 
 

@@ -44,9 +44,8 @@ def answer_line(answer: str, style: str) -> str:
 def build_prompt(
     problem: str, style: str, system_prompt: str | None = None, original: str | None = None
 ) -> list[dict]:
-    """TRL's conversational prompt: an optional system message and the user turn for `problem`. `dapo` keeps
-    `original` when it already carries DAPO's instruction around the problem, and wraps the problem otherwise; `boxed`
-    appends `BOXED_INSTRUCTION` to the bare problem."""
+    """TRL's conversational prompt: an optional system message and the user turn for `problem`. `dapo` keeps `original`
+    when it already wraps the problem in DAPO's instruction, else wraps it; `boxed` appends `BOXED_INSTRUCTION`."""
     check_prompt_style(style)
     if style == "boxed":
         user = f"{problem}\n\n{BOXED_INSTRUCTION}"

@@ -19,14 +19,8 @@ SAMPLE = "sample"
 """Pass `source="sample"` to load the small sample shipped with stapo-trl instead of the Hub dataset."""
 
 ROW_FEATURES = Features(
-    {
-        "id": Value("string"),
-        "problem": Value("string"),
-        "answer": Value("string"),
-        "solution": Value("string"),
-        "prompt": List({"content": Value("string"), "role": Value("string")}),
-        "data_source": Value("string"),
-    }
+    {name: Value("string") for name in ("id", "problem", "answer", "solution")}
+    | {"prompt": List({"content": Value("string"), "role": Value("string")}), "data_source": Value("string")}
 )
 """The columns every stapo-trl loader returns; `solution` repeats `answer` because TRL rewards read `solution`."""
 

@@ -228,8 +228,7 @@ def vllm_max_lora_rank(rank: int, accepted: Sequence[int]) -> int:
 
 
 class VLLMBackend:
-    """Offline vLLM: `LLM(model, tensor_parallel_size=...)`, one `SamplingParams(n=..., seed=...)` per problem, and a
-    `LoRARequest` when evaluating an adapter."""
+    """Offline vLLM: `LLM(...)`, one `SamplingParams(n=..., seed=...)` per problem, a `LoRARequest` for an adapter."""
 
     name = "vllm"
 

@@ -11,6 +11,7 @@ from .paper_results import PAPER_BENCHMARKS
 from .results_table import COLUMN_TITLES, OTHER_K_MARK, PARTIAL_MARK, TableRow
 
 AVERAGE = "average"
+PARTIAL_FOOTNOTE = "Some cells are on part of a benchmark or use another k than the paper; results.md marks them."
 
 
 def chart_series(rows: Sequence[TableRow]) -> dict[str, dict[str, float]]:
@@ -30,18 +31,9 @@ def plot_results(rows: Sequence[TableRow], path: str | Path, title: str | None =
         raise ValueError("There are no result rows to plot.")
     series = chart_series(rows)
     groups = [name for name in (*PAPER_BENCHMARKS, AVERAGE) if any(name in values for values in series.values())]
-    partial = any(row.notes & {PARTIAL_MARK, OTHER_K_MARK} for row in rows)
+    bars = [BarGroup(*item, quoted=row.source == "paper") for row, item in zip(rows, series.items(), strict=True)]
+    footnote = PARTIAL_FOOTNOTE if any(row.notes & {PARTIAL_MARK, OTHER_K_MARK} for row in rows) else None
+    titles = {**COLUMN_TITLES, AVERAGE: "Avg"}
     return plot_grouped_bars(
-        [
-            BarGroup(label, values, quoted=row.source == "paper")
-            for row, (label, values) in zip(rows, series.items(), strict=True)
-        ],
-        groups,
-        path,
-        group_titles={**COLUMN_TITLES, AVERAGE: "Avg"},
-        ylabel="avg@k (%)",
-        title=title,
-        footnote="Some cells are on part of a benchmark or use another k than the paper; results.md marks them."
-        if partial
-        else None,
+        bars, groups, path, group_titles=titles, ylabel="avg@k (%)", title=title, footnote=footnote
     )

@@ -22,8 +22,7 @@ def accepts(score: float | None) -> bool:
 def reward_verdicts(
     reward: Callable, completions: Sequence[str], solutions: Sequence[str]
 ) -> tuple[list, list | None]:
-    """`reward`'s scores of `completions`, and the answers it extracted when it reports them through TRL's
-    `log_extra` (else None)."""
+    """`reward`'s scores of `completions`, and the answers it reports through TRL's `log_extra` (or None)."""
     logged: list[list[Any]] = []
     scores = reward(
         completions=list(completions),
@@ -43,8 +42,7 @@ class Grade:
 
 
 class Grader:
-    """Grades completions with named rewards from `stapo_trl.rewards` (for example `boxed`, `dapo`,
-    `math_verify`)."""
+    """Grades completions with named rewards of `stapo_trl.rewards` (for example `boxed`, `dapo`, `math_verify`)."""
 
     def __init__(self, names: Sequence[str]) -> None:
         if not names:

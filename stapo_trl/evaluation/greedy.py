@@ -96,8 +96,7 @@ def greedy_accuracy(
             output = model.generate(
                 **inputs, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad_token_id
             )
-            new_tokens = output[:, inputs["input_ids"].shape[1] :]
-            completions += tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+            completions += tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     finally:
         tokenizer.padding_side = padding_side
         model.train(was_training)
@@ -157,8 +156,7 @@ def prompt_prefix_cache(model, token_ids: list[list[int]], pad_token_id: int, de
 
 
 def per_problem_records(dataset, results: dict[str, GreedyAccuracy]) -> list[dict[str, Any]]:
-    """One record per problem: whether each labelled result (``{"before": ..., "after": ...}``) was correct and
-    answered, and its completion."""
+    """One record per problem with each labelled result's (``{"before": ...}``) correct, answered and completion."""
     records = []
     for index in range(len(dataset)):
         record: dict[str, Any] = {"problem": index, "solution": dataset[index]["solution"]}
