@@ -12,13 +12,12 @@ from ..rewards import available_rewards
 
 
 def _option(default, help: str, **metadata):
-    """A field whose ``help`` (and ``choices``) TRL's parser shows."""
     return field(default=default, metadata={"help": help, **metadata})
 
 
 @dataclass
 class TrainScriptArguments:
-    """Arguments of `stapo-trl train` that are not training or model arguments (`--help-all` prints their help)."""
+    """Arguments of `stapo-trl train` that are not training or model arguments (docs/training.md)."""
 
     method: str = _option(
         "stapo",
@@ -60,7 +59,7 @@ class TrainScriptArguments:
         "and after training. 0 turns this off.",
     )
     heldout_max_new_tokens: int | None = _option(
-        None, "Token budget of the held-out greedy evaluation; defaults to max_completion_length."
+        None, "Token budget of the held-out evaluation (max_completion_length)."
     )
     lora_layers: int | None = _option(
         None,
@@ -69,22 +68,18 @@ class TrainScriptArguments:
     )
     cpu_lm_head: bool = _option(
         True,
-        "On the CPU, run TRL's fused LM head with stapo-trl's CPU path (stapo_trl.cpu.lm_head; same "
-        "results to float tolerance, a fraction of the time and memory); false keeps TRL's torch fallback. No "
-        "effect on GPUs.",
+        "On the CPU, run TRL's fused LM head with stapo-trl's CPU path (stapo_trl.cpu.lm_head: same results to float "
+        "tolerance, a fraction of the time and memory); false keeps TRL's torch fallback.",
     )
     replay_frozen_layers: bool = _option(
         True,
-        "On the CPU, let the loss pass reuse the frozen bottom layers' hidden states from generate() "
-        "(with colocated vLLM: from TRL's old-log-prob pass) instead of running those layers again "
-        "(stapo_trl.cpu.frozen_layer_replay; same results up to float rounding); false runs every layer. No "
-        "effect on GPUs.",
+        "On the CPU, let the loss pass reuse the frozen layers' hidden states from generate() (or from TRL's "
+        "old-log-prob pass with colocated vLLM; same results up to float rounding); false runs every layer.",
     )
     reward_funcs: list[str] = field(
         default_factory=lambda: ["boxed"],
         metadata={
-            "help": "Reward functions by registered name (dapo, boxed, math_verify, think_format) or dotted path "
-            "(my_package.rewards.my_reward)."
+            "help": "Reward functions by registered name (dapo, boxed, math_verify, ...) or dotted import path."
         },
     )
     reward_model_name_or_path: str | None = _option(
@@ -97,15 +92,14 @@ class TrainScriptArguments:
     )
     overwrite_output_dir: bool = _option(
         False,
-        "Start afresh in an output_dir that holds an earlier run: its checkpoints and run files are "
-        "deleted first. Without it such an output_dir is refused, unless resume_from_checkpoint continues it.",
+        "Start afresh in an output_dir that holds an earlier run: its checkpoints and run files are deleted first. "
+        "Without it such an output_dir is refused, unless resume_from_checkpoint continues it.",
     )
 
     def __post_init__(self):
-        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
-            raise ValueError(f"max_prompt_tokens must be a positive number of tokens, got {self.max_prompt_tokens}.")
-        if self.num_train_problems is not None and self.num_train_problems < 1:
-            raise ValueError(f"num_train_problems must be at least 1, got {self.num_train_problems}.")
+        for name in ("max_prompt_tokens", "num_train_problems", "lora_layers"):
+            if (value := getattr(self, name)) is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}.")
         if self.num_fewshot:
             if not 0 < self.num_fewshot <= len(WORKED_EXAMPLES):
                 raise ValueError(f"num_fewshot must be between 0 and {len(WORKED_EXAMPLES)}, got {self.num_fewshot}.")
@@ -115,8 +109,6 @@ class TrainScriptArguments:
                     f"problems); got dataset_name {self.dataset_name!r}. Remove num_fewshot, or put your own examples "
                     "in system_prompt."
                 )
-        if self.lora_layers is not None and self.lora_layers < 1:
-            raise ValueError(f"lora_layers must be a positive number of layers, got {self.lora_layers}.")
         if self.heldout_problems < 0:
             raise ValueError(f"heldout_problems must be 0 (off) or a positive count, got {self.heldout_problems}.")
         if not self.reward_funcs:

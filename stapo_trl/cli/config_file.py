@@ -91,8 +91,7 @@ def split_flags(argv: list[str], names) -> tuple[dict[str, str | None], list[str
 
 
 def read_config_flag(argv: list[str], kind: ConfigFileKind) -> tuple[Path | None, dict[str, Any], list[str]]:
-    """The path given as ``--config`` (None without one), the file's mapping (`read_config_file`; ``{}`` without one)
-    and the rest of ``argv``."""
+    """The ``--config`` path (or None), the file's mapping (or ``{}``) and the rest of ``argv``."""
     flags, rest = split_flags(argv, ("--config",))
     if "--config" not in flags:
         return None, {}, rest
@@ -109,8 +108,7 @@ def suggest(name: str, candidates: Iterable[str]) -> str:
 
 
 def parser_actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
-    """Each destination of ``parser`` and the action of its ``--name`` option (not the ``--no_name`` action that
-    `HfArgumentParser` adds, with the same destination, for a boolean that defaults to true)."""
+    """Each destination of ``parser`` and its ``--name`` action (not `HfArgumentParser`'s ``--no_name``)."""
     return {action.dest: action for action in reversed(parser._actions) if action.dest != "help"}  # the first wins
 
 

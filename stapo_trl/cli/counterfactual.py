@@ -85,7 +85,7 @@ def run_counterfactual(run_dir: Path, output_dir: Path, options) -> Path:
     from ..research.generation_states import saved_generations
     from ..storage import append_text, read_json_lines
     from .recipe import parse_train_args
-    from .train import build_trainer, resolve_rewards_and_model
+    from .train import build_trainer
 
     generations = saved_generations(run_dir)
     if not generations:
@@ -109,8 +109,7 @@ def run_counterfactual(run_dir: Path, output_dir: Path, options) -> Path:
     check_statistics_source(training, generations)
     provenance = replay_provenance()
     with cpu_runtime(training, lm_head=script.cpu_lm_head, replay_frozen_layers=False) as runtime:
-        reward_funcs, model_path = resolve_rewards_and_model(request)
-        trainer, tokenizer, heldout = build_trainer(request, reward_funcs, model_path)
+        trainer, tokenizer, heldout = build_trainer(request)
         runtime.attach(trainer)  # the in-place key/value cache for the sampled probe responses
         if heldout is None or len(heldout) == 0:
             raise CounterfactualError("The run's recipe gives no held-out problems to read the policy on.")

@@ -16,8 +16,7 @@ EVAL_CONFIG = ConfigFileKind(PROG, "config file", "whose keys are the options of
 
 
 def parse_eval_args(argv: list[str]) -> EvalConfig:
-    """An `EvalConfig` from the command line, with ``--config FILE.yaml`` read first and checked as a recipe is: its
-    keys set the defaults, flags override them. TRL is imported here, so that `stapo-trl eval -h` loads none."""
+    """An `EvalConfig` from the command line; a ``--config FILE.yaml``'s keys are checked and set the defaults."""
     from trl import TrlParser
 
     path, values, cli_args = read_config_flag(argv, EVAL_CONFIG)

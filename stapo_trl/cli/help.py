@@ -1,5 +1,5 @@
-"""`stapo-trl train -h` and `stapo-trl eval -h`: the options grouped (argparse argument groups), one line or one
-paragraph each. `--help-all` prints the raw parser's listing of every option."""
+"""`stapo-trl train -h` and `stapo-trl eval -h`: the options in argparse argument groups, one line or one paragraph
+each; `--help-all` prints the raw parser's listing. The evaluation package and TRL are imported only where used."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ import functools
 
 from ..core.token_rules import switched_rules
 from ..methods import METHOD_NAMES
-
-# The evaluation package and TRL's parser are imported where they are used, so that `-h` loads neither.
 
 HELP_ALL_FLAG = "--help-all"
 
@@ -74,7 +72,7 @@ GROUPS: dict[str, dict[str, str]] = {
 
 
 def option_groups() -> list[tuple[str, tuple[tuple[str, str], ...]]]:
-    """The groups of ``train -h``: `GROUPS`, with each token rule's (``spec.presentation``) after "data and rewards"."""
+    """`GROUPS`, with each token rule's own group (``spec.presentation``) after "data and rewards"."""
     groups = [(title, tuple(options.items())) for title, options in GROUPS.items()]
     split = list(GROUPS).index("data and rewards") + 1
     rules = [(spec.presentation.help_title, spec.presentation.help_options) for spec in switched_rules()]
@@ -82,8 +80,7 @@ def option_groups() -> list[tuple[str, tuple[tuple[str, str], ...]]]:
 
 
 def grouped_help(usage: str, description: str, groups, examples: list[str], help_position: int) -> str:
-    """The help of a command: ``groups`` is ``[(title, [(name, metavar or None, text)])]``; help text starts at column
-    ``help_position`` (on the option's line where it fits, else on the next)."""
+    """The help of a command; ``groups``: ``[(title, [(name, metavar or None, text)])]``."""
     formatter = functools.partial(argparse.RawDescriptionHelpFormatter, width=119, max_help_position=help_position)
     epilog = "\n".join(["examples:", *(f"  {example}" for example in examples)])
     parser = argparse.ArgumentParser(
@@ -98,7 +95,7 @@ def grouped_help(usage: str, description: str, groups, examples: list[str], help
 
 
 def train_help(argv: list[str]) -> bool:
-    """Print ``train -h``, or for ``--help-all`` the parser's listing of every option, if ``argv`` asks for it."""
+    """Print ``train -h`` (or ``--help-all``) if ``argv`` asks for it."""
     if HELP_ALL_FLAG in argv:
         from .recipe import make_train_parser
 
@@ -138,7 +135,6 @@ EVAL_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = tuple(
 
 
 def _metavar(item) -> str:
-    """How an `EvalConfig` field's value is written on the command line."""
     kind = str(item.type)
     if "bool" in kind:
         return "true|false"
@@ -150,8 +146,8 @@ def _metavar(item) -> str:
 
 
 def eval_help(argv: list[str]) -> bool:
-    """Print ``eval -h`` (every option once: a boolean as ``--name true|false``, not as ``--name`` and ``--no_name``,
-    each with its help and default), or for ``--help-all`` the raw parser's listing, if ``argv`` asks for it."""
+    """Print ``eval -h`` (every option once, a boolean as ``--name true|false``, with its help and default) or
+    ``--help-all`` if ``argv`` asks for it."""
     from ..evaluation import EvalConfig
 
     if HELP_ALL_FLAG in argv:
@@ -163,8 +159,7 @@ def eval_help(argv: list[str]) -> bool:
         return False
     fields = {item.name: item for item in dataclasses.fields(EvalConfig)}
     config_text = (
-        "read options from a YAML file of option: value pairs; flags on the command line override it. It is checked as"
-        " a train recipe is: a key given twice, an unknown key or a value of the wrong type is an error"
+        "a YAML file of option: value pairs, checked as a train recipe is; flags on the command line override it"
     )
     groups = [("config", [("config", "FILE.yaml", config_text)])]
     for title, names in EVAL_GROUPS:

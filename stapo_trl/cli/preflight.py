@@ -95,8 +95,8 @@ def _shown(names: list[str], limit: int = 4) -> str:
 
 
 def check_output_dir(output_dir: str, resume_from_checkpoint, overwrite: bool) -> str | None:
-    """Refuse an ``output_dir`` that is a file, or that holds an earlier run which would be overwritten. With
-    ``overwrite``, delete that earlier run and return a note saying so; ``resume_from_checkpoint`` continues it."""
+    """Refuse an ``output_dir`` that is a file or holds an earlier run; with ``overwrite``, delete that run and return
+    a note saying so."""
     directory = _refuse_a_file(output_dir)
     resuming = resume_from_checkpoint not in (None, False, "")
     if resuming and overwrite:

@@ -88,12 +88,12 @@ def tool_arguments() -> tuple[type, ...]:
     return (TokenDumpArguments, GradientProbeArguments, GenerationStatesArguments)
 
 
-def make_train_parser(prog: str = "stapo-trl train"):
+def make_train_parser():
     from trl import ModelConfig, TrlParser
 
     from ..core.config import STAPOConfig
 
-    return TrlParser((TrainScriptArguments, STAPOConfig, ModelConfig, *tool_arguments()), prog=prog)
+    return TrlParser((TrainScriptArguments, STAPOConfig, ModelConfig, *tool_arguments()), prog="stapo-trl train")
 
 
 @functools.cache
@@ -104,12 +104,8 @@ def _launch_parser() -> argparse.ArgumentParser:
 
 
 def _option_names(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
-    return {
-        option.lstrip("-"): action
-        for action in parser._actions
-        for option in action.option_strings
-        if option.startswith("--")
-    }
+    options = [(option, action) for action in parser._actions for option in action.option_strings]
+    return {option[2:]: action for option, action in options if option.startswith("--")}
 
 
 def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
@@ -160,9 +156,8 @@ LAUNCHER_CHOICES = ("--config_file", "--multi_gpu", "--use_deepspeed", "--use_fs
 def cpu_multi_process_launch(
     launch_args: list[str], world_size: int, on_cpu: bool
 ) -> tuple[list[str], dict[str, str]]:
-    """The launch arguments and environment that start ``world_size`` processes on the CPU, where accelerate without a
-    launcher named starts one: ``--multi_gpu`` (its multi-process launcher, whatever the device) and
-    ``ACCELERATE_USE_CPU=true`` (the processes join through gloo)."""
+    """The launch arguments and environment that start ``world_size`` processes on the CPU (accelerate without a
+    launcher named starts one): ``--multi_gpu`` and ``ACCELERATE_USE_CPU=true`` (the processes join through gloo)."""
     if world_size <= 1 or not on_cpu or any(token.split("=", 1)[0] in LAUNCHER_CHOICES for token in launch_args):
         return launch_args, {}
     return [*launch_args, "--multi_gpu"], {"ACCELERATE_USE_CPU": "true"}
@@ -183,8 +178,7 @@ CHECKPOINTING_NAMES = {
 def _spell_checkpointing_for_this_transformers(
     recipe: dict[str, Any], cli_args: list[str], actions: dict[str, argparse.Action]
 ) -> tuple[dict[str, Any], list[str]]:
-    """The recipe and flags with ``activation_checkpointing*`` as ``gradient_checkpointing*`` where ``actions`` lacks
-    the new names (transformers before 5.24)."""
+    """``activation_checkpointing*`` written ``gradient_checkpointing*`` where ``actions`` lacks the new names."""
     missing = {new: old for new, old in CHECKPOINTING_NAMES.items() if new not in actions}
     if not missing:
         return recipe, cli_args
@@ -197,8 +191,7 @@ def _spell_checkpointing_for_this_transformers(
 
 
 def _refuse_stray_arguments(remaining: list[str], actions: dict, launch_options: dict[str, argparse.Action]) -> None:
-    """Refuse a leftover token that is neither an `accelerate launch` option nor its value (an unknown option
-    first): `stapo-trl train`, like `trl grpo`, takes no positional arguments."""
+    """Refuse a leftover token that is neither an `accelerate launch` option nor its value, unknown options first."""
     for token in remaining:
         name = token.lstrip("-").split("=", 1)[0]
         if token.startswith("-") and name != ACCELERATE_CONFIG_KEY and (name not in launch_options or name in actions):

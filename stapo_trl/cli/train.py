@@ -72,7 +72,7 @@ DISTRIBUTED_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MAS
 @contextmanager
 def rendezvous_note():
     """While the process group forms: past ``RENDEZVOUS_NOTE_SECONDS`` (or ``STAPO_TRL_RENDEZVOUS_NOTE_SECONDS``),
-    print once which distributed variables make this process wait for others (left in a shell from a torchrun?)."""
+    print once which distributed variables make this process wait for others."""
     world_size = os.environ.get("WORLD_SIZE", "1")
     found = ", ".join(f"{name}={os.environ[name]}" for name in DISTRIBUTED_VARIABLES if name in os.environ)
     note = (
@@ -98,8 +98,7 @@ class CurrentStderrHandler(logging.StreamHandler):
 
 
 def configure_logging(state) -> None:
-    """INFO from stapo-trl on the main process, warnings only elsewhere; silence the warnings every run would print
-    that say nothing about the recipe."""
+    """INFO from stapo-trl on the main process, warnings elsewhere; silence warnings that say nothing of the recipe."""
     package_logger = logging.getLogger("stapo_trl")
     package_logger.setLevel(logging.INFO if state.is_main_process else logging.WARNING)
     if not package_logger.handlers:
@@ -207,8 +206,8 @@ def write_recipe(request: TrainRequest, output_dir: Path) -> Path:
     output_dir.mkdir(parents=True, exist_ok=True)
     lines = [f"# {' '.join(['stapo-trl train', *request.argv])}"]
     if request.recipe_path is not None:
-        lines += [f"# {request.recipe_path} (flags on the command line above override it):"]
-        lines += [request.recipe_path.read_text().rstrip()]
+        lines.append(f"# {request.recipe_path} (flags on the command line above override it):")
+        lines.append(request.recipe_path.read_text().rstrip())
     return write_text_atomically(output_dir / RECIPE_FILE, "\n".join(lines) + "\n")
 
 
@@ -224,8 +223,7 @@ def log_at_train_begin(trainer, metrics: dict[str, float]):
 
 
 def run_training(request: TrainRequest) -> RunRecord | None:
-    """Train and summarize inside `stapo_trl.cpu.cpu_runtime` (its CPU speed-ups), whatever the method; a missing vLLM
-    is reported first, before the runtime asks for its CPU build."""
+    """Train and summarize inside `stapo_trl.cpu.cpu_runtime` (its CPU speed-ups), after checking for vLLM."""
     from ..cpu.runtime import cpu_runtime  # imports vLLM where installed
 
     check_vllm(request.training.use_vllm)
@@ -234,24 +232,18 @@ def run_training(request: TrainRequest) -> RunRecord | None:
         return train_and_summarize(request)
 
 
-def resolve_rewards_and_model(request: TrainRequest) -> tuple[list, str]:
-    """The recipe's reward functions, and the path its model loads from."""
-    script, model_args = request.script, request.model
-    try:
-        reward_funcs = [get_reward_func(name) for name in script.reward_funcs]
-    except (ValueError, TypeError) as error:
-        raise RecipeError(f"reward_funcs: {error}") from None
-    if script.reward_model_name_or_path:
-        # TRL loads a string reward as a sequence-classification model, as in `trl grpo`.
-        reward_funcs.append(script.reward_model_name_or_path)
-    return reward_funcs, resolve_model_path(model_args.model_name_or_path)
-
-
-def build_trainer(request: TrainRequest, reward_funcs: list, model_path: str):
+def build_trainer(request: TrainRequest):
     """``(trainer, tokenizer, held-out dataset or None)`` of the recipe (`stapo-trl counterfactual` uses it too)."""
     from ..core.trainer import STAPOTrainer
 
     script, training, model_args = request.script, request.training, request.model
+    try:
+        reward_funcs = [get_reward_func(name) for name in script.reward_funcs]
+    except (ValueError, TypeError) as error:
+        raise RecipeError(f"reward_funcs: {error}") from None
+    if script.reward_model_name_or_path:  # TRL loads it as a sequence-classification model, as in `trl grpo`
+        reward_funcs.append(script.reward_model_name_or_path)
+    model_path = resolve_model_path(model_args.model_name_or_path)
     tokenizer, config = load_checked_tokenizer_and_config(
         model_path,
         model_args.model_name_or_path,
@@ -294,8 +286,7 @@ def build_trainer(request: TrainRequest, reward_funcs: list, model_path: str):
 
 
 def tool_callbacks(training, dump, probe, states) -> list:
-    """The model card and the infinite-reward warning, plus the tools their settings turn on (the dump only where a
-    token rule runs)."""
+    """The model card and the infinite-reward warning, plus the tools their settings turn on."""
     from ..card.model_card import ModelCardCallback
     from ..diagnostics.token_dump import SilencedTokenDumpCallback
     from ..research.generation_states import GenerationStatesCallback
@@ -322,20 +313,19 @@ def train_and_summarize(request: TrainRequest) -> RunRecord | None:
     if not model_args.model_name_or_path:
         raise RecipeError("No model: set model_name_or_path in the recipe or on the command line.")
     lock = OutputDirLock(training.output_dir) if state.is_main_process else None
-    if state.is_main_process:
-        note = check_output_dir(training.output_dir, training.resume_from_checkpoint, script.overwrite_output_dir)
-        if note:
-            logger.info(note)
+    if state.is_main_process and (
+        note := check_output_dir(training.output_dir, training.resume_from_checkpoint, script.overwrite_output_dir)
+    ):
+        logger.info(note)
     resolve_resume_checkpoint(training.resume_from_checkpoint, training.output_dir)
     if script.heldout_problems and state.num_processes > 1:
         raise RecipeError(
             "heldout_problems runs a greedy evaluation in one process; it is not supported with several processes. "
             "Set heldout_problems: 0 for multi-process runs."
         )
-    reward_funcs, model_path = resolve_rewards_and_model(request)
     if state.is_main_process:
         write_recipe(request, Path(training.output_dir))
-    trainer, tokenizer, heldout = build_trainer(request, reward_funcs, model_path)
+    trainer, tokenizer, heldout = build_trainer(request)
     base_model = name_base_model(trainer, model_args.model_name_or_path)
     trainer.add_callback(MetricsFileCallback(Path(training.output_dir) / METRICS_FILE))
     if not training.disable_tqdm and trainer.pop_callback(ProgressCallback) is not None:
@@ -348,7 +338,7 @@ def train_and_summarize(request: TrainRequest) -> RunRecord | None:
             trainer.model,
             tokenizer,
             heldout,
-            reward_funcs[0],
+            trainer.reward_funcs[0],
             max_new_tokens=script.heldout_max_new_tokens or training.max_completion_length,
             description=f"held-out greedy accuracy, {label}",
             show_progress=not training.disable_tqdm,
