@@ -1,13 +1,5 @@
-"""Verifiable math rewards for TRL, registered by name: `available_rewards()` describes each, docs/data.md compares
-them.
-
-```python
-from stapo_trl.rewards import get_reward_func
-
-reward = get_reward_func("boxed")  # or "dapo", "math_verify", "think_format", "soft_overlong_punishment", or a dotted path
-reward([r"... so the answer is \\boxed{42}"], solution=["42"])  # [1.0]
-```
-"""
+"""Verifiable math rewards for TRL, registered by name (`get_reward_func("boxed")`, or a dotted path):
+`available_rewards()` describes each, docs/data.md compares them and shows their use."""
 
 from __future__ import annotations
 

@@ -48,8 +48,7 @@ def main():
                 return {"verdict": "no_answer", "stage": stage}
             stage = "verify"
             correct = verify(gold, prediction, timeout_seconds=None, raise_on_error=True)
-            parsed = str(prediction[-1]) if prediction else None
-            return {"verdict": "correct" if correct else "incorrect", "stage": stage, "parsed": parsed}
+            return {"verdict": "correct" if correct else "incorrect", "stage": stage, "parsed": str(prediction[-1])}
         except _Deadline:
             return {"verdict": "timeout", "stage": stage}
         except Exception as error:

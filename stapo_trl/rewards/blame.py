@@ -45,27 +45,20 @@ def reward_function_error(
     )
 
 
-def warn_about_infinite_rewards(rewards: torch.Tensor, names: Sequence[str], step: int) -> list[str]:
-    """Warn, naming the function, when a reward function returned +inf or -inf (TRL's mean reward and advantages
-    become inf and NaN; None, a completion not scored, is not warned about). Returns the names warned about."""
-    warned = []
-    for column, name in enumerate(names):
-        infinite = torch.isinf(rewards[:, column])
-        if bool(infinite.any()):
-            warned.append(name)
-            first = int(infinite.nonzero()[0, 0])
-            logger.warning(
-                f"Reward function {name!r} returned {int(infinite.sum())} infinite reward(s) of {infinite.numel()} at "
-                f"optimizer step {step} (the first at completion {first}: {float(rewards[first, column])}). TRL's mean "
-                "reward and advantages become inf and NaN. Return finite scores, or None for a completion the function "
-                "does not score."
-            )
-    return warned
-
-
 class InfiniteRewardWarningCallback(StepEventCallback):
-    """Warns (`warn_about_infinite_rewards`) at every training generation whose rewards hold +inf or -inf."""
+    """Warns, naming the function, at every training generation where a reward function returned +inf or -inf (TRL's
+    mean reward and advantages become inf and NaN; None, a completion not scored, is not warned about)."""
 
     def on_generation_scored(self, trainer, batch, rewards) -> None:
-        if rewards is not None:
-            warn_about_infinite_rewards(rewards, trainer.reward_func_names, trainer.state.global_step + 1)
+        if rewards is None:
+            return
+        for column, name in enumerate(trainer.reward_func_names):
+            infinite = torch.isinf(rewards[:, column])
+            if bool(infinite.any()):
+                first = int(infinite.nonzero()[0, 0])
+                logger.warning(
+                    f"Reward function {name!r} returned {int(infinite.sum())} infinite reward(s) of {infinite.numel()} "
+                    f"at optimizer step {trainer.state.global_step + 1} (the first at completion {first}: "
+                    f"{float(rewards[first, column])}). TRL's mean reward and advantages become inf and NaN. Return "
+                    "finite scores, or None for a completion the function does not score."
+                )

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from .extraction import last_answer_line, last_boxed_content, normalize_final_answer
 from .registry import register_reward
@@ -16,17 +15,9 @@ BOXED_WINDOW_CHARS = 100
 """JustRL's strict-box rule grades only the final 100 characters of a response."""
 
 
-def _grade(
-    completions: Sequence[Any],
-    solution: Sequence[Any] | None,
-    reward_name: str,
-    window: int,
-    extract: Callable[[str], str | None],
-    log_extra: Callable[[str, list], None] | None,
-) -> list[float | None]:
+def _grade(completions, solution, reward_name: str, window: int, extract, log_extra) -> list[float | None]:
     texts, golds = pair_up(completions, solution, reward_name)
-    scores: list[float | None] = []
-    extracted: list[str | None] = []
+    scores, extracted = [], []
     for text, gold in zip(texts, golds, strict=True):
         raw = extract(text[-window:])
         prediction = None if raw is None else normalize_final_answer(raw)
@@ -40,10 +31,7 @@ def _grade(
 
 @register_reward("dapo", description="DAPO: +1/-1 exact match of the last `Answer:` line (final 300 chars).")
 def dapo_reward(
-    completions: Sequence[Any],
-    solution: Sequence[Any] | None = None,
-    log_extra: Callable[[str, list], None] | None = None,
-    **kwargs: Any,
+    completions: Sequence, solution: Sequence | None = None, log_extra=None, **kwargs
 ) -> list[float | None]:
     """+1 when the last `Answer: ...` line in the final 300 characters equals the gold answer after
     `normalize_final_answer` (DAPO, arXiv 2503.14476, §2.4), else -1; None (which TRL skips) without a gold answer."""
@@ -52,10 +40,7 @@ def dapo_reward(
 
 @register_reward("boxed", description="JustRL: +1/-1 exact match of the last \\boxed{} (final 100 chars).")
 def boxed_reward(
-    completions: Sequence[Any],
-    solution: Sequence[Any] | None = None,
-    log_extra: Callable[[str, list], None] | None = None,
-    **kwargs: Any,
+    completions: Sequence, solution: Sequence | None = None, log_extra=None, **kwargs
 ) -> list[float | None]:
     """+1 when the last `\\boxed{...}` in the final 100 characters equals the gold answer after
     `normalize_final_answer` (JustRL's strict-box rule), else -1; None (skipped by TRL) for a missing gold answer."""

@@ -1,7 +1,6 @@
 """The `math_verify` reward: symbolic equivalence via Hugging Face's math-verify library, bounded in time from any
-thread. math-verify bounds its work with `signal.alarm`, which works only in a main thread (TRL's `accuracy_reward`
-turns the bound off in worker threads, where `\\boxed{9^{9^{9^{9}}}}` can hang the trainer); this reward runs it in
-child processes, each bounding a request with its own alarm, and kills a child that does not answer in time."""
+thread (math-verify's `signal.alarm` bound works only in a main thread): it runs in child processes, each bounding a
+request with its own alarm, and a child that does not answer in time is killed."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,12 +54,9 @@ class _VerifierProcess:
         self._start()
 
     def _start(self) -> None:
+        command = [sys.executable, "-u", str(_WORKER_SCRIPT)]
         self._process = subprocess.Popen(
-            [sys.executable, "-u", str(_WORKER_SCRIPT)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            close_fds=True,
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
         )
         self._buffer = b""
         hello = self._read_line(_STARTUP_TIMEOUT_S)
@@ -77,10 +73,6 @@ class _VerifierProcess:
                 "Install it with `pip install 'math-verify>=0.9,<0.10'`."
             )
 
-    @property
-    def alive(self) -> bool:
-        return self._process.poll() is None
-
     def kill(self) -> None:
         if self._process.poll() is None:
             self._process.kill()
@@ -94,10 +86,7 @@ class _VerifierProcess:
         stdout = self._process.stdout
         while b"\n" not in self._buffer:
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            ready, _, _ = select.select([stdout], [], [], remaining)
-            if not ready:
+            if remaining <= 0 or not select.select([stdout], [], [], remaining)[0]:
                 return None
             chunk = os.read(stdout.fileno(), 65536)
             if not chunk:
@@ -108,7 +97,7 @@ class _VerifierProcess:
 
     def judge(self, gold: str, prediction: str, timeout: float, grace: float) -> Verdict:
         """Verdict for one pair; restarts the child first if an earlier request had to kill it."""
-        if not self.alive:
+        if self._process.poll() is not None:
             self._start()
         request = json.dumps({"gold": gold, "prediction": prediction, "timeout": timeout}).encode() + b"\n"
         try:
@@ -119,7 +108,7 @@ class _VerifierProcess:
             return _EXITED
         line = self._read_line(timeout + grace)
         if line is None:
-            alive = self.alive
+            alive = self._process.poll() is None
             self.kill()
             return Verdict("timeout", "worker") if alive else _EXITED
         return Verdict(**json.loads(line))
@@ -200,57 +189,42 @@ class MathVerifyReward:
 
     @property
     def hard_timeout_seconds(self) -> float:
-        """Longest wait for one completion before its child process is killed: the soft bound plus a grace period."""
+        """Longest wait for one completion before its child process is killed: the bound plus a grace period."""
         return self.timeout_seconds + max(2.0, self.timeout_seconds)
 
     def judge(self, completions: Sequence[Any], solution: Sequence[Any] | None) -> list[Verdict]:
         """The verdict for each completion, without turning it into a score."""
         texts, golds = pair_up(completions, solution, self.__name__)
-        verdicts: list[Verdict] = []
         grace = self.hard_timeout_seconds - self.timeout_seconds
         with _shared_pool().lease() as worker:
-            for text, gold in zip(texts, golds, strict=True):
-                if gold is None:
-                    verdicts.append(Verdict("gold_missing", "gold"))
-                    continue
-                verdicts.append(worker.judge(gold, text, self.timeout_seconds, grace))
-        return verdicts
+            return [
+                Verdict("gold_missing", "gold")
+                if gold is None
+                else worker.judge(gold, text, self.timeout_seconds, grace)
+                for text, gold in zip(texts, golds, strict=True)
+            ]
 
-    def __call__(
-        self,
-        completions: Sequence[Any],
-        solution: Sequence[Any] | None = None,
-        log_extra: Callable[[str, list], None] | None = None,
-        log_metric: Callable[[str, float], None] | None = None,
-        **kwargs: Any,
-    ) -> list[float | None]:
+    def __call__(self, completions, solution=None, log_extra=None, log_metric=None, **kwargs) -> list[float | None]:
         verdicts = self.judge(completions, solution)
-        scores: list[float | None] = []
         for index, verdict in enumerate(verdicts):
-            if verdict.verdict in _SCORES:
-                scores.append(_SCORES[verdict.verdict])
-            elif verdict.verdict == "timeout":
-                scores.append(None if verdict.stage == "gold" else 0.0)
-            elif verdict.verdict == "error" and verdict.stage != "gold" and self.on_error == "raise":
+            if verdict.verdict == "error" and verdict.stage != "gold" and self.on_error == "raise":
                 raise MathVerifyError(
                     f"math-verify failed on completion {index} at stage {verdict.stage}: {verdict.detail}"
                 )
-            else:
-                scores.append(None)
+        # A timeout scores 0.0 unless it was the gold answer's; an error, a missing or unparsable gold answer None.
+        scores = [0.0 if v.verdict == "timeout" and v.stage != "gold" else _SCORES.get(v.verdict) for v in verdicts]
         counts, total = Counter(verdict.verdict for verdict in verdicts), len(verdicts)
         if counts["timeout"]:
             logger.warning(
                 f"math_verify_reward: {counts['timeout']} of {total} completions hit the {self.timeout_seconds:.1f} s "
                 "bound and scored 0.0 (or None for a gold answer)."
             )
-        errors = [v for v in verdicts if v.verdict == "error"]
-        if errors:
+        if errors := [v for v in verdicts if v.verdict == "error"]:
             logger.warning(
                 f"math_verify_reward: math-verify raised on {len(errors)} of {total} completions; they score None. "
                 f"First: stage {errors[0].stage}, {errors[0].detail}"
             )
-        gold_problems = counts["gold_unparsable"] + counts["gold_missing"]
-        if gold_problems:
+        if gold_problems := counts["gold_unparsable"] + counts["gold_missing"]:
             logger.warning(
                 f"math_verify_reward: {gold_problems} of {total} completions have a missing or unparsable gold answer "
                 "and score None."

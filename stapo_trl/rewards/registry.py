@@ -76,8 +76,7 @@ def get_reward_func(name: str | Callable, **options: Any) -> Callable:
         return name
     if not isinstance(name, str):
         raise TypeError(f"A reward is given by name or dotted path, got {type(name).__name__}.")
-    entry = REWARD_REGISTRY.get(name)
-    if entry is not None:
+    if (entry := REWARD_REGISTRY.get(name)) is not None:
         try:
             return entry.build(**options)
         except TypeError as error:

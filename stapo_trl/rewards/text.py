@@ -3,6 +3,7 @@ for every reward."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -11,17 +12,13 @@ from ..data.sources import gold_text
 
 logger = logging.getLogger(__name__)
 
-_warned_types: set[str] = set()
 
-
-def _warn_once(kind: str, value: Any) -> None:
-    key = f"{kind}:{type(value).__name__}"
-    if key not in _warned_types:
-        _warned_types.add(key)
-        logger.warning(
-            f"A reward received a {kind} of type {type(value).__name__}; it is read as str(value). Pass strings or chat "
-            "messages instead."
-        )
+@functools.cache
+def _warn_once(kind: str, type_name: str) -> None:
+    logger.warning(
+        f"A reward received a {kind} of type {type_name}; it is read as str(value). Pass strings or chat messages "
+        "instead."
+    )
 
 
 def content_text(content: Any) -> str:
@@ -39,10 +36,10 @@ def content_text(content: Any) -> str:
                 if block.get("type", "text") == "text" and block.get("text") is not None:
                     parts.append(content_text(block["text"]))
             else:
-                _warn_once("content block", block)
+                _warn_once("content block", type(block).__name__)
                 parts.append(str(block))
         return "".join(parts)
-    _warn_once("message content", content)
+    _warn_once("message content", type(content).__name__)
     return str(content)
 
 
@@ -61,7 +58,7 @@ def completion_text(completion: Any) -> str:
             return "".join(content_text(part) for part in completion)
         assistant = [message for message in messages if message.get("role", "assistant") == "assistant"]
         return content_text((assistant or messages)[-1].get("content"))
-    _warn_once("completion", completion)
+    _warn_once("completion", type(completion).__name__)
     return str(completion)
 
 
