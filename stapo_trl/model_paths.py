@@ -1,6 +1,5 @@
-"""What a model reference names on this machine: a saved-model directory, something that is not one, or a Hub id.
-
-Shared by training and evaluation, which both refuse a bad local path before loading anything."""
+"""What a model reference names on this machine (a saved-model directory, something that is not one, or a Hub id),
+for training and evaluation, which both refuse a bad local path before loading anything."""
 
 from __future__ import annotations
 

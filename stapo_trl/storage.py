@@ -45,8 +45,7 @@ def naming(path: str | os.PathLike) -> Iterator[None]:
         raise type(error)(error.errno, error.strerror or os.strerror(error.errno), str(path)) from error
 
 
-UNSYNCABLE_DIRECTORY = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP}
-"""What ``fsync`` of a directory raises on file systems that do not sync directories (some network and FUSE ones)."""
+UNSYNCABLE_DIRECTORY = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP}  # fsync of a directory on some network/FUSE
 
 
 def sync_file(path: str | os.PathLike) -> None:
@@ -60,8 +59,7 @@ def sync_file(path: str | os.PathLike) -> None:
 
 
 def sync_directory(path: str | os.PathLike) -> None:
-    """Flush the directory ``path``'s entries to the storage, where the operating system can (not on Windows, nor on
-    file systems that refuse to sync a directory)."""
+    """Flush the directory ``path``'s entries to the storage, where the operating system and file system can."""
     if os.name == "nt":
         return
     try:
@@ -72,8 +70,7 @@ def sync_directory(path: str | os.PathLike) -> None:
 
 
 def sync_tree(root: str | os.PathLike) -> None:
-    """`sync_file` for every file under ``root`` and `sync_directory` for every directory (``save_pretrained``'s
-    output, before it is moved into place)."""
+    """`sync_file` for every file under ``root`` and `sync_directory` for every directory."""
     for directory, _, files in os.walk(root):
         for name in files:
             sync_file(os.path.join(directory, name))
@@ -104,8 +101,7 @@ def _write_durably(path: str | os.PathLike, text: str, mode: str) -> None:
 
 
 def read_json_file(path: str | os.PathLike, what: str, remedy: str) -> Any:
-    """The JSON value in ``path``, a file stapo-trl wrote (``what`` says which); a file that cannot be parsed raises
-    `DamagedFileError` naming it, ``what`` and ``remedy``."""
+    """The JSON value in ``path``, a file stapo-trl wrote; one that cannot be parsed raises `DamagedFileError`."""
     path = Path(path)
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -131,8 +127,7 @@ def read_json_lines(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
-RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
-"""How libraries written in Rust (safetensors) report an OS error inside their own exception's message."""
+RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # an OS error in a Rust library's message (safetensors)
 
 
 def storage_problem(error: BaseException, location: str | os.PathLike | None = None) -> str | None:
