@@ -45,38 +45,24 @@ SETTINGS = (
     ("temperature", "sampling temperature"),
     ("max_completion_length", "max completion tokens"),
 )
-NOT_IN_RECIPE = {
-    "output_dir",
-    "logging_dir",
-    "hub_token",
-    "push_to_hub_token",
-    "accelerator_config",
-    "activation_checkpointing",
-    "gradient_checkpointing",
-    "dataloader_pin_memory",
-    "debug",
-    "disable_tqdm",
-    "pad_to_multiple_of",
-}
-"""Config fields the card's recipe leaves out: paths, tokens, and those `TrainingArguments.__post_init__` resolves
-from other fields or the machine."""
+NOT_IN_RECIPE = (
+    {"output_dir", "logging_dir", "hub_token", "push_to_hub_token", "debug", "disable_tqdm"}
+    | {"accelerator_config", "activation_checkpointing", "gradient_checkpointing"}
+    | {"dataloader_pin_memory", "pad_to_multiple_of"}
+)
+"""Config fields the card's recipe leaves out: paths, tokens, and those resolved from other fields or the machine."""
 
 ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])/(?:[\w.-]+/)+[\w.-]*")
 """An absolute POSIX path in text (not a URL's path)."""
 
 
-def _value(value: Any) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-# --------------------------------------------------------------------------------------------------- what is known
 @dataclass
 class CardFacts:
     """What the card says about the saved model, besides the training config and log."""
 
     model_name: str
     location: str
-    """What the quick start loads (`portable_location`); ``on_hub`` when it is a Hub repo id."""
+    """What the quick start loads: the Hub id (``on_hub``), else ``output_dir`` if relative, else its name."""
     adapter: bool = False
     adapter_type: str | None = None
     """PEFT's name for the adapter's type (``LORA``, ``PROMPT_TUNING``, ...)."""
@@ -92,15 +78,8 @@ class CardFacts:
     license: str | None = None
 
 
-def portable_location(output_dir: str | Path, hub_model_id: str | None = None) -> str:
-    """What a quick start should load: the Hub id, else ``output_dir`` as written when relative, else its name."""
-    path = Path(output_dir)
-    return hub_model_id or (path.name if path.is_absolute() else path.as_posix())
-
-
 def base_model_license(base_model: str | None) -> str | None:
-    """The license of the base model (a Hub id or a local directory): from `KNOWN_LICENSES`, else as the card in the
-    directory or in the Hugging Face cache states it; nothing is downloaded."""
+    """The base model's license: `KNOWN_LICENSES`, else its card's in its directory or the HF cache (offline)."""
     if not base_model or base_model in KNOWN_LICENSES:
         return KNOWN_LICENSES.get(base_model)
     candidates = [Path(base_model) / "README.md"]
@@ -115,26 +94,6 @@ def base_model_license(base_model: str | None) -> str | None:
     return None
 
 
-def card_metadata(facts: CardFacts, results: CardResults | None = None):
-    """The card's metadata, with ``results`` as its ``model-index``."""
-    tags = ["generated_from_trainer", *facts.tags]
-    if facts.adapter:
-        tags = [*tags, *([facts.adapter_type.lower()] if facts.adapter_type else []), "transformers"]
-    if facts.base_model and facts.adapter:
-        tags.append(f"base_model:adapter:{facts.base_model}")
-    return ModelCardData(
-        base_model=facts.base_model,
-        datasets=[facts.dataset] if facts.dataset else None,
-        library_name="peft" if facts.adapter else "transformers",
-        license=facts.license,
-        model_name=facts.model_name,
-        pipeline_tag="text-generation",
-        tags=list(dict.fromkeys(tags)),
-        eval_results=(results.eval_results or None) if results is not None else None,
-    )
-
-
-# --------------------------------------------------------------------------------------------------- the sections
 def intro_section(facts: CardFacts, method: str) -> list[str]:
     kind = "LoRA" if facts.adapter_type == "LORA" else "PEFT"
     what = f"a {kind} adapter for" if facts.adapter else "a fine-tuned version of"
@@ -154,15 +113,11 @@ def intro_section(facts: CardFacts, method: str) -> list[str]:
     return lines
 
 
-QUESTION = "What is 12 + 7? Think step by step, then give the final answer on a line that starts with 'Answer:'."
-
-
 def quick_start_section(facts: CardFacts) -> list[str]:
-    """Code that loads the saved model and generates: a pipeline, or for an adapter trained on a GGUF file's weights,
-    PEFT on those same weights (offline)."""
+    """Code that loads the saved model and generates: a pipeline, or PEFT on the GGUF weights it was trained on."""
     location = json.dumps(facts.location)
-    generate = f"""\
-output = generator([{{"role": "user", "content": {json.dumps(QUESTION)}}}], max_new_tokens=128, return_full_text=False)[0]
+    generate = """\
+output = generator([{"role": "user", "content": "What is 12 + 7? Think step by step, then give the final answer on a line that starts with 'Answer:'."}], max_new_tokens=128, return_full_text=False)[0]
 print(output["generated_text"])"""
     if facts.adapter and facts.gguf_source and "/" in facts.gguf_source:
         package, file_name = facts.gguf_source.split("/", 1)
@@ -187,12 +142,10 @@ from transformers import pipeline
 
 generator = pipeline("text-generation", model={location}, device_map="auto")
 {generate}"""
-    where = (
-        f"`{facts.location}` is the Hub repository this card belongs to"
-        if facts.on_hub
-        else f"`{facts.location}` is the directory this card was written in; use the Hub repo id once it is pushed"
-    )
-    return ["## Quick start", "", f"{where}.", "", "```python", code, "```"]
+    hub = "the Hub repository this card belongs to"
+    local = "the directory this card was written in; use the Hub repo id once it is pushed"
+    where = hub if facts.on_hub else local
+    return ["## Quick start", "", f"`{facts.location}` is {where}.", "", "```python", code, "```"]
 
 
 def method_section(config: Any) -> list[str]:
@@ -224,7 +177,9 @@ def method_section(config: Any) -> list[str]:
         rows.append(("top_entropy_quantile", "20-Entropy: share of highest-entropy tokens kept"))
     if config.delta is not None:
         rows.append(("delta", "dual-clip bound for negative advantages"))
-    lines += [f"| `{key}` ({meaning}) | {_value(getattr(config, key))} |" for key, meaning in rows]
+    for key, meaning in rows:
+        value = getattr(config, key)
+        lines.append(f"| `{key}` ({meaning}) | {f'{value:g}' if isinstance(value, float) else value} |")
     return lines
 
 
@@ -267,20 +222,20 @@ def statistics_section(config: Any, record: RunRecord) -> list[str]:
 
 def eval_summaries(output_dir: str | Path) -> list[tuple[str, dict[str, Any]]]:
     """``(relative path, summary)`` of the `stapo-trl eval` summaries in ``output_dir`` or one level below."""
-    output_dir = Path(output_dir)
-    found = []
-    for path in [output_dir / EVAL_SUMMARY_FILE, *sorted(output_dir.glob(f"*/{EVAL_SUMMARY_FILE}"))]:
-        try:
-            summary = json.loads(path.read_text()) if path.is_file() else {}
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            continue
-        if isinstance(summary, dict) and "settings" in summary:
-            found.append((path.relative_to(output_dir).as_posix(), summary))
+    output_dir, found = Path(output_dir), []
+    candidates = [output_dir / EVAL_SUMMARY_FILE, *sorted(output_dir.glob(f"*/{EVAL_SUMMARY_FILE}"))]
+    for path in filter(Path.is_file, candidates):
+        with contextlib.suppress(json.JSONDecodeError, UnicodeDecodeError):
+            summary = json.loads(path.read_text())
+            if isinstance(summary, dict) and "settings" in summary:
+                found.append((path.relative_to(output_dir).as_posix(), summary))
     return found
 
 
-def evaluation_section(output_dir: str | Path, record: RunRecord, results: CardResults | None = None) -> list[str]:
-    """The held-out accuracy, the `eval_summaries`' tables, and which results the ``model-index`` holds, if any."""
+def evaluation_section(
+    record: RunRecord, summaries: list[tuple[str, dict[str, Any]]], results: CardResults
+) -> list[str]:
+    """The held-out accuracy, the tables of the `eval_summaries`, and which results the ``model-index`` holds."""
     lines: list[str] = []
     before, after = record.accuracy_before, record.accuracy_after
     if before and after:
@@ -290,10 +245,10 @@ def evaluation_section(output_dir: str | Path, record: RunRecord, results: CardR
             "after (± one binomial standard error).",
             "",
         ]
-    for location, summary in eval_summaries(output_dir):
+    for location, summary in summaries:
         table = markdown_table(summary_rows(summary)).rstrip()
         lines += [f"`stapo-trl eval` ({location}; avg@k in %):", "", table, ""]
-    if results is not None and (results.eval_results or results.left_out):
+    if results.eval_results or results.left_out:
         lines.append(
             f"The metadata's `model-index`, which the Hub shows on the model's page, holds {len(results.eval_results)} "
             "of these results: it takes the held-out accuracy after training, and avg@k only where it was measured on "
@@ -306,16 +261,14 @@ def evaluation_section(output_dir: str | Path, record: RunRecord, results: CardR
 
 
 def _non_default_config(config: Any) -> dict[str, Any]:
-    """The config's values that differ from its fields' defaults, but those `__post_init__` fills in (building a
-    default config would reset accelerate's state mid-training)."""
+    """The values that differ from the fields' defaults (a default config, once built, would reset accelerate)."""
     values, changed = config.to_dict(), {}
     empty = (None, "", "none", [], {}, ["none"])
     for name, spec in type(config).__dataclass_fields__.items():
         if name in NOT_IN_RECIPE or name not in values or not spec.init:
             continue
         default = spec.default_factory() if callable(spec.default_factory) else spec.default
-        value = values[name]
-        if value != default and not (value in empty and default in empty):
+        if (value := values[name]) != default and not (value in empty and default in empty):
             changed[name] = value
     return changed
 
@@ -340,7 +293,6 @@ def shorten_local_paths(text: str) -> tuple[str, int]:
     return shortened, len(ABSOLUTE_PATH.findall(text))
 
 
-# --------------------------------------------------------------------------------------------------- the card
 def card_sections(text: str) -> dict[str, str]:
     """A card's body split at its level-2 headings: heading line -> the section's text, heading included."""
     parts = re.split(r"^(?=## )", text, flags=re.MULTILINE)
@@ -368,13 +320,29 @@ def build_model_card(config: Any, record: RunRecord, output_dir: str | Path, fac
         citations += f"\n\nCite STAPO as:\n\n```bibtex\n{STAPO_CITATION}\n```"
     dataset = facts.dataset or facts.dataset_reference  # how model-index names the held-out problems' data
     heldout = (dataset, facts.dataset or facts.dataset_description or dataset) if dataset is not None else None
-    results = card_results(record.accuracy_after, heldout, eval_summaries(output_dir))
+    summaries = eval_summaries(output_dir)
+    results = card_results(record.accuracy_after, heldout, summaries)
     stapo_sections = (
         method_section(config),
         base_weights_section(facts),
         statistics_section(config, record),
-        evaluation_section(output_dir, record, results),
+        evaluation_section(record, summaries, results),
         recipe_section(config, output_dir),
+    )
+    tags = ["generated_from_trainer", *facts.tags]
+    if facts.adapter:
+        tags = [*tags, *([facts.adapter_type.lower()] if facts.adapter_type else []), "transformers"]
+    if facts.base_model and facts.adapter:
+        tags.append(f"base_model:adapter:{facts.base_model}")
+    metadata = ModelCardData(
+        base_model=facts.base_model,
+        datasets=[facts.dataset] if facts.dataset else None,
+        library_name="peft" if facts.adapter else "transformers",
+        license=facts.license,
+        model_name=facts.model_name,
+        pipeline_tag="text-generation",
+        tags=list(dict.fromkeys(tags)),
+        eval_results=results.eval_results or None,
     )
     body = [
         f"# Model Card for {facts.model_name}",
@@ -384,15 +352,15 @@ def build_model_card(config: Any, record: RunRecord, output_dir: str | Path, fac
         "\n\n".join("\n".join(part) for part in stapo_sections if part),
         citations,
     ]
-    return ModelCard(f"---\n{card_metadata(facts, results).to_yaml()}\n---\n\n" + "\n\n".join(body))
+    return ModelCard(f"---\n{metadata.to_yaml()}\n---\n\n" + "\n\n".join(body))
 
 
 def run_facts(data: dict[str, Any], output_dir: str | Path, hub_model_id: str | None, **known: Any) -> CardFacts:
     """The `CardFacts` of a run from its card's metadata (``data``), its record and ``known``."""
     written = read_run_record(output_dir) or RunRecord()  # the model and data `stapo-trl train` was given
-    source = written.model_source
+    source, path = written.model_source, Path(output_dir)
     return CardFacts(
-        location=portable_location(output_dir, hub_model_id),
+        location=hub_model_id or (path.name if path.is_absolute() else path.as_posix()),
         on_hub=bool(hub_model_id),
         base_model=data.get("base_model"),
         gguf_source=source if isinstance(source, str) and source.lower().endswith(".gguf") else None,
@@ -404,9 +372,8 @@ def run_facts(data: dict[str, Any], output_dir: str | Path, hub_model_id: str | 
 
 def refresh_model_card(output_dir: str | Path) -> Path:
     """Rewrite a saved run's card from ``README.md``, ``training_args.bin`` and ``trainer_state.json`` in
-    ``output_dir`` (after `stapo-trl eval --output_dir OUTPUT_DIR/eval`, say): the STAPO sections and the
-    ``model-index`` are rebuilt from the files; the rest of the metadata, TRL's training procedure and citations are
-    kept."""
+    ``output_dir`` (after `stapo-trl eval --output_dir OUTPUT_DIR/eval`, say): the STAPO sections and ``model-index``
+    are rebuilt; the rest of the metadata, TRL's training procedure and citations are kept."""
     output_dir = Path(output_dir)
     card, args, state = (output_dir / name for name in ("README.md", "training_args.bin", TRAINER_STATE_FILE))
     missing = [path.name for path in (card, args) if not path.is_file()]
@@ -420,7 +387,7 @@ def refresh_model_card(output_dir: str | Path) -> Path:
     card_data = ModelCard.load(card).data
     data = card_data.to_dict()
     datasets, tags = data.get("datasets") or [], data.get("tags") or []
-    generated = {"generated_from_trainer", "lora", "transformers"}  # added again by card_metadata
+    generated = {"generated_from_trainer", "lora", "transformers"}  # added again by build_model_card
     facts = run_facts(
         data,
         output_dir,
@@ -432,12 +399,10 @@ def refresh_model_card(output_dir: str | Path) -> Path:
         tags=[tag for tag in tags if tag not in generated and not tag.startswith("base_model:")],
         license=data.get("license"),
     )
-    built = build_model_card(config, build_run_record(history), output_dir, facts, card.read_text(encoding="utf-8"))
-    built.save(card)
+    build_model_card(config, build_run_record(history), output_dir, facts, card.read_text(encoding="utf-8")).save(card)
     return card
 
 
-# --------------------------------------------------------------------------------------------------- checks
 def check_model_card(card_path: str | Path) -> list[str]:
     """What would stop the card from passing the Hub's metadata validation or from being portable, as far as can be
     told offline (docs/diagnostics.md, "The model card"); empty when nothing was found."""
@@ -466,9 +431,8 @@ def check_model_card(card_path: str | Path) -> list[str]:
 
 
 class ModelCardCallback(StepEventCallback):
-    """Rebuilds the card a `STAPOTrainer` writes (on each checkpoint save and on ``push_to_hub``) into the whole card
-    of `build_model_card`, from the log history and the evaluation summaries in ``output_dir``. ``stapo-trl train``
-    adds it to every run."""
+    """Rebuilds the card a `STAPOTrainer` writes (at each checkpoint and ``push_to_hub``) into `build_model_card`'s,
+    from the log history and the evaluation summaries in ``output_dir``; ``stapo-trl train`` adds it to every run."""
 
     def on_model_card(self, trainer, card_path, *, model_name=None, dataset_name=None) -> None:
         trl_card = ModelCard.load(card_path)

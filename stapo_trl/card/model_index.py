@@ -23,36 +23,6 @@ class CardResults:
     left_out: list[str] = field(default_factory=list)
 
 
-def benchmark_results(summary: dict[str, Any], location: str) -> CardResults:
-    """One result per benchmark and sampling setting of a `stapo-trl eval` summary (read from ``location``) that was
-    measured on a whole benchmark from a Hub dataset, with all its samples; the others left out with the reason."""
-    found = CardResults()
-    datasets = summary.get("datasets") or {}
-    for setting in summary.get("settings", []):
-        for name, score in setting.get("benchmarks", {}).items():
-            data = datasets.get(name) or {}
-            title = BENCHMARKS[name].title if name in BENCHMARKS else name
-            if (reason := _left_out_because(data, score)) is not None:
-                found.left_out.append(f"{title} ({setting['label']}) in {location}: {reason}")
-                continue
-            k = score["samples_per_problem"]
-            sampling = {"temperature": setting.get("temperature"), "top_p": setting.get("top_p")}
-            found.eval_results.append(
-                EvalResult(
-                    **TASK,
-                    dataset_type=data["source"],
-                    dataset_name=title,
-                    dataset_split=data.get("split"),
-                    metric_type=f"avg@{k}",
-                    metric_name=f"avg@{k} (%)",
-                    metric_value=round(float(score["avg_at_k"]), 2),
-                    metric_config=setting["label"],
-                    metric_args={**sampling, "max_new_tokens": summary.get("max_new_tokens")},
-                )
-            )
-    return found
-
-
 def _left_out_because(data: dict[str, Any], score: dict[str, Any]) -> str | None:
     """Why a benchmark's avg@k stays out of ``model-index``, or None."""
     if not data:
@@ -74,31 +44,49 @@ def card_results(
     summaries: list[tuple[str, dict[str, Any]]],
 ) -> CardResults:
     """The card's results: the held-out accuracy (when ``heldout_dataset``, its data's id and description, is known)
-    and each ``(location, summary)``'s; a result for the same data, metric and setting as an earlier one is left out."""
+    and the avg@k of each ``(location, summary)`` measured on a whole Hub benchmark with all its samples; the others,
+    and a result for the same data, metric and setting as an earlier one, are left out with the reason."""
     results = CardResults()
     if accuracy_after and heldout_dataset is not None:
         dataset, title = heldout_dataset
-        heldout = EvalResult(
-            **TASK,
-            dataset_type=dataset,
-            dataset_name=f"{title}: {accuracy_after['total']} problems held out from training",
-            metric_type="accuracy",
-            metric_name="held-out greedy accuracy",
-            metric_value=round(float(accuracy_after["accuracy"]), 4),
-            metric_config="greedy",
+        results.eval_results.append(
+            EvalResult(
+                **TASK,
+                dataset_type=dataset,
+                dataset_name=f"{title}: {accuracy_after['total']} problems held out from training",
+                metric_type="accuracy",
+                metric_name="held-out greedy accuracy",
+                metric_value=round(float(accuracy_after["accuracy"]), 4),
+                metric_config="greedy",
+            )
         )
-        results.eval_results.append(heldout)
     seen = set()
     for location, summary in summaries:
-        found = benchmark_results(summary, location)
-        results.left_out += found.left_out
-        for result in found.eval_results:
-            key = (result.unique_identifier, result.metric_type, result.metric_config)
-            if key in seen:
-                results.left_out.append(
-                    f"{result.dataset_name} ({result.metric_config}) in {location}: an earlier summary has it"
+        datasets, repeated = summary.get("datasets") or {}, []
+        for setting in summary.get("settings", []):
+            for name, score in setting.get("benchmarks", {}).items():
+                data, title = datasets.get(name) or {}, BENCHMARKS[name].title if name in BENCHMARKS else name
+                where = f"{title} ({setting['label']}) in {location}"
+                if (reason := _left_out_because(data, score)) is not None:
+                    results.left_out.append(f"{where}: {reason}")
+                    continue
+                k = score["samples_per_problem"]
+                sampling = {"temperature": setting.get("temperature"), "top_p": setting.get("top_p")}
+                result = EvalResult(
+                    **TASK,
+                    dataset_type=data["source"],
+                    dataset_name=title,
+                    dataset_split=data.get("split"),
+                    metric_type=f"avg@{k}",
+                    metric_name=f"avg@{k} (%)",
+                    metric_value=round(float(score["avg_at_k"]), 2),
+                    metric_config=setting["label"],
+                    metric_args={**sampling, "max_new_tokens": summary.get("max_new_tokens")},
                 )
-                continue
-            seen.add(key)
-            results.eval_results.append(result)
+                if (key := (result.unique_identifier, result.metric_type, result.metric_config)) in seen:
+                    repeated.append(f"{where}: an earlier summary has it")
+                else:
+                    seen.add(key)
+                    results.eval_results.append(result)
+        results.left_out += repeated
     return results

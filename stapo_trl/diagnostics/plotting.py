@@ -1,11 +1,9 @@
-"""Every figure the package draws, and the only module that imports matplotlib (on the headless Agg backend, inside
-the drawing functions). The caller states what a figure shows as the data classes below, and a function here renders
-it as a PNG: an axis that cannot go negative starts at its floor, a step logged without a value breaks the line and is
-marked on the x axis, and a panel with nothing to draw says why."""
+"""Every figure the package draws, as PNGs of what the data classes below state, and the only module that imports
+matplotlib (headless Agg, inside the drawing functions): an axis that cannot go negative starts at its floor, a step
+logged without a value breaks the line and is marked on the x axis, and a panel with nothing to draw says why."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,17 +44,14 @@ class LinePanel:
 
 @dataclass
 class TokenBars:
-    """One run's most frequent silenced tokens and their counts; or ``rows`` of a table of tokens in context
-    (`TOKEN_TABLE_COLUMNS`); or a note saying why there are none."""
+    """One run's most frequent silenced tokens and their counts; or ``rows`` of a table of tokens in context (step,
+    token in context, p, H, A); or a note saying why there are none."""
 
     title: str
     tokens: list[str]
     counts: list[int]
     note: str | None = None
     rows: list[tuple[str, ...]] | None = None
-
-
-TOKEN_TABLE_COLUMNS = ("step", "token in context", "p", "H", "A")
 
 
 @dataclass
@@ -125,7 +120,7 @@ def save_figure(figure, path: str | Path, dpi: int = 100, title: str | None = No
 
 def draw_line_panel(axis, panel: LinePanel) -> None:
     """Draw a :class:`LinePanel`: lines broken at undefined steps, which are marked on the x axis, and its notes."""
-    marked_undefined = False
+    undefined_label = panel.undefined_label  # in the legend once
     for series in panel.series:
         (line,) = axis.plot(series.steps, _floats(series.values), marker="o", markersize=3, label=series.label)
         if series.band is not None:
@@ -133,16 +128,19 @@ def draw_line_panel(axis, panel: LinePanel) -> None:
             if panel.y_floor is not None:
                 low = np.maximum(low, panel.y_floor)
             axis.fill_between(series.steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
-        undefined = series.undefined_steps
-        if undefined:
-            label = panel.undefined_label if not marked_undefined else None
-            cross = {"linestyle": "none", "marker": "x", "markersize": 7, "markeredgewidth": 1.5, "label": label}
+        if undefined := series.undefined_steps:
+            cross = {
+                "linestyle": "none",
+                "marker": "x",
+                "markersize": 7,
+                "markeredgewidth": 1.5,
+                "color": line.get_color(),
+            }
             on_axis = axis.get_xaxis_transform()
-            axis.plot(undefined, [0.04] * len(undefined), color=line.get_color(), transform=on_axis, **cross)
-            marked_undefined = True
+            axis.plot(undefined, [0.04] * len(undefined), transform=on_axis, label=undefined_label, **cross)
+            undefined_label = None
     if panel.y_floor is not None:
-        bottom, top = axis.get_ylim()
-        axis.set_ylim(panel.y_floor, max(top, panel.y_floor + 1e-3))
+        axis.set_ylim(panel.y_floor, max(axis.get_ylim()[1], panel.y_floor + 1e-3))
     title = panel.title
     if panel.notes and any(series.defined for series in panel.series):
         title += "\n" + "; ".join(panel.notes)
@@ -165,8 +163,6 @@ def plot_line_panels(
     dpi: int = 100,
 ) -> Path:
     """Write a row of :class:`LinePanel`\\ s as one PNG."""
-    if not panels:
-        raise ValueError("There are no panels to plot.")
     figure, axes = panel_row(len(panels), panel_size)
     for axis, panel in zip(axes, panels, strict=True):
         draw_line_panel(axis, panel)
@@ -180,8 +176,7 @@ def plot_token_bars(bars: Sequence[TokenBars], path: str | Path, limit: int = 15
     for axis, run_bars in zip(axes, bars, strict=True):
         axis.set_title(run_bars.title, fontsize=10)
         if run_bars.note or run_bars.rows:
-            axis.set_xticks([])
-            axis.set_yticks([])
+            axis.set(xticks=[], yticks=[])
         if run_bars.note:
             _note(axis, run_bars.note)
             continue
@@ -190,7 +185,7 @@ def plot_token_bars(bars: Sequence[TokenBars], path: str | Path, limit: int = 15
                 spine.set_visible(False)
             table = axis.table(
                 cellText=[list(row) for row in run_bars.rows],
-                colLabels=list(TOKEN_TABLE_COLUMNS),
+                colLabels=["step", "token in context", "p", "H", "A"],
                 colWidths=[0.06, 0.70, 0.08, 0.07, 0.09],
                 cellLoc="left",
                 bbox=[0.0, 0.0, 1.0, 1.0],
@@ -253,27 +248,8 @@ def plot_density_panels(
             axis.legend(fontsize=7, loc="upper left")
     axes[0].set_ylabel("H: entropy at the position (nats)")
     if limits is not None:
-        axes[0].set_xlim(limits[0], 0.0)
-        axes[0].set_ylim(0.0, limits[1])
+        axes[0].set(xlim=(limits[0], 0.0), ylim=(0.0, limits[1]))
     return save_figure(figure, path, title=title)
-
-
-def populated_density_limits(
-    counts: Sequence[Sequence[int]], extent: tuple[float, float, float, float], probability_bound: float | None = None
-) -> tuple[float, float] | None:
-    """The lowest log10 p and the highest H worth showing of a density histogram (its populated bins and the
-    probability bound, with a margin); None when every bin is empty."""
-    counts = np.asarray(counts)
-    if counts.sum() == 0:
-        return None
-    x_low, x_high, y_low, y_high = extent
-    rows, columns = np.nonzero(counts)
-    x_width = (x_high - x_low) / counts.shape[0]
-    y_width = (y_high - y_low) / counts.shape[1]
-    lowest_p = x_low + rows.min() * x_width - 2 * x_width
-    if probability_bound:
-        lowest_p = min(lowest_p, math.log10(probability_bound) - 2 * x_width)
-    return max(x_low, float(lowest_p)), min(y_high, float(y_low + (columns.max() + 1) * y_width * 1.15 + y_width))
 
 
 ZERO_LABEL = "0"
@@ -291,9 +267,8 @@ def draw_grouped_bars(
     """Draw a grouped bar chart on ``axis``: one group per entry of ``groups``, one bar per row that has a value
     there, and a legend naming every row. A value of 0 gets a stub in the row's colour on the baseline and the label
     `ZERO_LABEL` above it. The axis starts at 0 (lower only if a value is negative)."""
-    plt = pyplot()
     width = 0.8 / len(rows)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = pyplot().rcParams["axes.prop_cycle"].by_key()["color"]
     lowest, highest = 0.0, 0.0
     for index, row in enumerate(rows):
         present = [name for name in groups if name in row.values]
@@ -312,8 +287,7 @@ def draw_grouped_bars(
                 axis.annotate(ZERO_LABEL, (position, 0.0), color=color, **text)
         lowest, highest = min([lowest, *values]), max([highest, *values])
     axis.set_ylim(lowest * 1.08 if lowest < 0 else 0.0, highest * 1.08 if highest > 0 else 1.0)
-    axis.set_xticks(range(len(groups)))
-    axis.set_xticklabels([(group_titles or {}).get(name, name) for name in groups])
+    axis.set_xticks(range(len(groups)), [(group_titles or {}).get(name, name) for name in groups])
     axis.set_ylabel(ylabel)
     axis.grid(axis="y", alpha=0.3)
     axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
@@ -330,10 +304,7 @@ def plot_grouped_bars(
     footnote: str | None = None,
 ) -> Path:
     """Write :func:`draw_grouped_bars`'s chart as a PNG."""
-    if not rows:
-        raise ValueError("There are no rows to plot.")
-    plt = pyplot()
-    figure, axis = plt.subplots(figsize=(max(6.0, 1.3 * len(groups) + 0.25 * len(rows)), 3.8), constrained_layout=True)
+    figure, (axis,) = panel_row(1, (max(6.0, 1.3 * len(groups) + 0.25 * len(rows)), 3.8))
     draw_grouped_bars(axis, rows, groups, group_titles=group_titles, ylabel=ylabel)
     if title:
         axis.set_title(title, fontsize=10)
@@ -365,8 +336,6 @@ class DifferencePanel:
 def plot_difference_panels(panels: Sequence[DifferencePanel], path: str | Path, title: str | None = None) -> Path:
     """One panel per measure, one row per comparison: every paired difference as a dot, each group's mean as a
     diamond, and the mean with its 95% interval as a bar, beside a line at 0."""
-    if not panels:
-        raise ValueError("There are no panels to plot.")
     rows = max(len(panel.rows) for panel in panels)
     figure, axes = panel_row(len(panels), (4.2, 0.55 * rows + 1.6), sharey=True)
     for axis, panel in zip(axes, panels, strict=True):
@@ -388,8 +357,7 @@ def plot_difference_panels(panels: Sequence[DifferencePanel], path: str | Path, 
             if row.mean is not None:
                 axis.plot([row.mean], [y], marker="|", markersize=14, color="C3", zorder=4)
         axis.axvline(0.0, color="0.3", linewidth=0.8)
-        axis.set_yticks(range(len(labels)))
-        axis.set_yticklabels(list(reversed(labels)), fontsize=8)
+        axis.set_yticks(range(len(labels)), list(reversed(labels)), fontsize=8)
         axis.set_ylim(-0.6, len(labels) - 0.4)
         axis.set_title(panel.title, fontsize=9)
         axis.set_xlabel(panel.xlabel, fontsize=8)

@@ -105,7 +105,7 @@ def console_lines(run: RunLogs) -> list[str]:
 
 def paired_heldout(runs: list[RunLogs]) -> list[str]:
     """For each pair of runs with held-out results (``heldout_results.jsonl``) on the same problems, a Markdown line:
-    how many each solved after training, and on how many they disagree each way."""
+    how many each solved after training, how many they disagree on each way, and whether that is beyond chance."""
     results = {}
     for run in runs:
         path = run.directory / HELDOUT_RESULTS_FILE
@@ -122,22 +122,16 @@ def paired_heldout(runs: list[RunLogs]) -> list[str]:
         pairs = [(bool(x["after_correct"]), bool(y["after_correct"])) for x, y in zip(a, b, strict=True)]
         only_a, only_b = sum(x and not y for x, y in pairs), sum(y and not x for x, y in pairs)
         solved_a, solved_b = sum(x for x, _ in pairs), sum(y for _, y in pairs)
+        verdict, total = "They agree on every problem.", only_a + only_b
+        if total:  # an exact two-sided sign test (McNemar's) on the discordant problems
+            p_value = min(1.0, 2 * sum(math.comb(total, k) for k in range(min(only_a, only_b) + 1)) / 2**total)
+            reading = "a difference beyond chance" if p_value < 0.05 else "within chance"
+            verdict = f"Exact sign test on the {total} problems they disagree on: p = {p_value:.2g}, {reading}."
         lines.append(
             f"- {first} solved {solved_a} and {second} {solved_b} of the same {len(a)} problems after training; "
-            f"{only_a} were solved by {first} alone and {only_b} by {second} alone. " + paired_verdict(only_a, only_b)
+            f"{only_a} were solved by {first} alone and {only_b} by {second} alone. " + verdict
         )
     return lines
-
-
-def paired_verdict(only_a: int, only_b: int) -> str:
-    """Whether the discordant problems differ beyond chance: an exact two-sided sign test (McNemar's)."""
-    total = only_a + only_b
-    if total == 0:
-        return "They agree on every problem."
-    tail = sum(math.comb(total, k) for k in range(min(only_a, only_b) + 1)) / 2**total
-    p_value = min(1.0, 2 * tail)
-    reading = "a difference beyond chance" if p_value < 0.05 else "within chance"
-    return f"Exact sign test on the {total} problems they disagree on: p = {p_value:.2g}, {reading}."
 
 
 def write_report(
@@ -173,14 +167,11 @@ def write_report(
             why = "none was applied; the rules in shadow are summarized below" if shadow else "none was on"
             notes.append(f"{run.label}: no token rule silenced tokens in the log ({why}).")
     report = Report(output_dir, figures, output_dir / REPORT_FILE, runs, notes)
-    report.markdown.write_text(_markdown(runs, notes, figures, lambda path: path.name))
+    report.markdown.write_text(_markdown(runs, notes, figures, embed=False))
     if html:
         import markdown
 
-        def embedded(path: Path) -> str:
-            return f"data:image/png;base64,{b64encode(path.read_bytes()).decode()}"
-
-        body = markdown.markdown(_markdown(runs, notes, figures, embedded), extensions=["tables"])
+        body = markdown.markdown(_markdown(runs, notes, figures, embed=True), extensions=["tables"])
         report.html = output_dir / HTML_FILE
         report.html.write_text(
             "<!doctype html><html><head><meta charset='utf-8'><title>stapo-trl report</title>"
@@ -189,7 +180,7 @@ def write_report(
     return report
 
 
-def _markdown(runs: list[RunLogs], notes: list[str], figures: dict[str, Path], image_source) -> str:
+def _markdown(runs: list[RunLogs], notes: list[str], figures: dict[str, Path], embed: bool) -> str:
     lines = ["# stapo-trl report", ""]
     lines += [f"- **{run.label}**: `{run.directory}` (log: `{run.source.name}`)" for run in runs]
     lines += ["", _summary_table(runs), ""]
@@ -204,8 +195,7 @@ def _markdown(runs: list[RunLogs], notes: list[str], figures: dict[str, Path], i
     for run in runs:
         record = run.record
         lines += [f"**{run.label}**", ""]
-        lines += [f"- {sentence}" for sentence in trend_sentences(record)]
-        lines += [f"- {line}" for line in rule_lines(record)]
+        lines += [f"- {line}" for line in (*trend_sentences(record), *rule_lines(record))]
         if (share := record.optimization.get("gradient_probe/silenced_grad_sq_share")) is not None:
             tokens = record.optimization.get("gradient_probe/silenced_token_share")
             lines.append(
@@ -219,9 +209,9 @@ def _markdown(runs: list[RunLogs], notes: list[str], figures: dict[str, Path], i
     if comparison := paired_heldout(runs):
         lines += ["## Held-out problems, run against run", "", *comparison, ""]
     for name, path in figures.items():
-        lines += ["", f"## {FIGURE_TITLES[name]}", "", f"![{FIGURE_TITLES[name]}]({image_source(path)})"]
-    with_dump = [run for run in runs if run.dump_stats is not None]
-    if with_dump:
+        image = f"data:image/png;base64,{b64encode(path.read_bytes()).decode()}" if embed else path.name
+        lines += ["", f"## {FIGURE_TITLES[name]}", "", f"![{FIGURE_TITLES[name]}]({image})"]
+    if with_dump := [run for run in runs if run.dump_stats is not None]:
         lines += ["", "## Silenced tokens in context", ""]
         for run in with_dump:
             examples = (run.silenced_tokens or [])[:5]

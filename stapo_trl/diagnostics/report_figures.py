@@ -20,7 +20,6 @@ from .plotting import (
     plot_density_panels,
     plot_line_panels,
     plot_token_bars,
-    populated_density_limits,
 )
 from .run_logs import RunLogs
 from .run_record import is_finite_number, rule_summary, spread, token_in_context, training_records, visible_token
@@ -191,13 +190,21 @@ def _density_extent(stats: dict[str, Any]) -> tuple[float, float, float, float]:
 
 
 def density_limits(runs: list[RunLogs]) -> tuple[float, float] | None:
-    """The lowest log10 p and highest H that the runs' populated density bins reach (all tokens, any advantage)."""
+    """The lowest log10 p and highest H worth showing of the runs' densities (all tokens, any advantage): their
+    populated bins and probability bounds, with a margin; None when every bin is empty."""
     limits = []
     for stats in [run.dump_stats for run in runs if run.dump_stats is not None]:
         counts = np.add(stats["density"]["positive_advantage"], stats["density"]["other"])
-        found = populated_density_limits(counts, _density_extent(stats), stats.get("probability_bound"))
-        if found is not None:
-            limits.append(found)
+        if counts.sum() == 0:
+            continue
+        x_low, x_high, y_low, y_high = _density_extent(stats)
+        rows, columns = np.nonzero(counts)
+        x_width, y_width = (x_high - x_low) / counts.shape[0], (y_high - y_low) / counts.shape[1]
+        lowest_p = x_low + rows.min() * x_width - 2 * x_width
+        if probability_bound := stats.get("probability_bound"):
+            lowest_p = min(lowest_p, math.log10(probability_bound) - 2 * x_width)
+        highest_h = y_low + (columns.max() + 1) * y_width * 1.15 + y_width
+        limits.append((max(x_low, float(lowest_p)), min(y_high, float(highest_h))))
     return (min(low for low, _ in limits), max(high for _, high in limits)) if limits else None
 
 

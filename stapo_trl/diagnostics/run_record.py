@@ -1,7 +1,6 @@
-"""The record of a training run: its facts, built once from the log by `build_run_record`, written by `stapo-trl
-train` to ``run_summary.json``, and rendered, never recomputed, by the end-of-run summary, the model card and
-`stapo-trl report`, in each token rule's own words (`RulePresentation`, filled by `fill`). Its trends are least-squares
-slopes with their standard errors (docs/diagnostics.md, "Trends, the same everywhere")."""
+"""The record of a training run: its facts, built once from the log by `build_run_record`, written to
+``run_summary.json``, and rendered, never recomputed, by the end-of-run summary, the model card and `stapo-trl report`,
+in each token rule's own words (`RulePresentation`); its trends: docs/diagnostics.md, "Trends, the same everywhere"."""
 
 from __future__ import annotations
 
@@ -47,7 +46,6 @@ SUMMARIES = {
 }
 
 
-# ------------------------------------------------------------------------------------------------ the log's values
 def is_finite_number(value) -> bool:
     """Whether a logged value is a finite number: not None (TRL logs None for a window of NaN), NaN, inf or a bool."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
@@ -64,12 +62,9 @@ def training_records(records: list[dict]) -> list[dict]:
 
 
 def finite_series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
-    """``(steps, values)`` of ``key`` over the training records where it is finite; a record without a ``step``
-    counts as the step after the one before it."""
-    points = []
-    for index, record in enumerate(training_records(records)):
-        if is_finite_number(value := record.get(key)):
-            points.append((record.get("step", index + 1), float(value)))
+    """``(steps, values)`` of ``key`` over training records where it is finite; a record without a ``step`` counts as
+    the step after the one before it."""
+    points = [(r.get("step", i + 1), float(r[key])) for i, r in enumerate(records) if is_finite_number(r.get(key))]
     return [step for step, _ in points], [value for _, value in points]
 
 
@@ -128,11 +123,9 @@ def trend(label: str, steps: list[int], values: list[float]) -> Trend | None:
     return Trend(label, sum(values[:quarter]) / quarter, sum(values[-quarter:]) / quarter, slope, standard_error, n)
 
 
-# ------------------------------------------------------------------------------------------- dumped tokens as text
 def visible_token(text: str) -> str:
     """A token's text with its whitespace made visible, for axis labels and tables."""
-    shown = text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥")
-    return shown if shown else "∅"
+    return text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥") or "∅"
 
 
 def token_in_context(record: dict[str, Any], context: int, brackets: tuple[str, str] = ("[", "]")) -> str:
@@ -159,7 +152,6 @@ def spread(records: list[dict[str, Any]], count: int) -> list[dict[str, Any]]:
     return [records[round(index * (len(records) - 1) / (count - 1))] for index in range(count)]
 
 
-# ------------------------------------------------------------------------------------------------------ the record
 @dataclass
 class RunRecord:
     """What one run did, as ``run_summary.json`` holds it. Every field is plain JSON."""
@@ -169,8 +161,7 @@ class RunRecord:
     logged_steps: int = 0
     last_logged_step: int | None = None
     trends: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """`Trend.to_dict` of each of `TREND_METRICS` that was logged; ``reward_first`` and ``reward_last`` repeat the
-    reward's quarter means."""
+    """`Trend.to_dict` of each logged `TREND_METRICS`; ``reward_first`` and ``reward_last`` repeat its quarter means."""
     reward_first: float | None = None
     reward_last: float | None = None
     token_rules: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -182,8 +173,7 @@ class RunRecord:
     accuracy_after: dict[str, Any] | None = None
     """The held-out greedy accuracy at step 0 and at the last evaluation (the fields of `HELDOUT_METRICS`)."""
     dump: dict[str, int] | None = None
-    """The silenced-token dump's totals: ``silenced``, ``written`` and ``dropped``; ``silenced_examples`` shows a few
-    dumped tokens in their context."""
+    """The dump's totals ``silenced``, ``written`` and ``dropped``; ``silenced_examples``: a few tokens in context."""
     silenced_examples: list[str] = field(default_factory=list)
     method: str | None = None
     model: str | None = None
@@ -194,8 +184,7 @@ class RunRecord:
     dataset_description: str | None = None
     """What the model was trained on, for the model card, when it is not a Hub dataset."""
     dataset_reference: str | None = None
-    """The training data as `stapo-trl train` was given it (``dataset_name``: a Hub id, ``arithmetic`` or ``sample``),
-    a local file or directory by its name alone; the card's ``model-index`` names the held-out problems' data by it."""
+    """``dataset_name`` as given (a Hub id, ``arithmetic``, ``sample``, or a local path's name), for ``model-index``."""
     seconds_total: float | None = None
     seconds_training: float | None = None
     files: dict[str, str] = field(default_factory=dict)
@@ -273,9 +262,8 @@ def rule_summary(spec: TokenRuleSpec, steps: list[dict[str, Any]], prefix: str =
 
 def write_run_record(record: RunRecord, output_dir: str | Path) -> Path:
     """Write ``output_dir/run_summary.json`` atomically."""
-    return write_text_atomically(
-        Path(output_dir) / RUN_SUMMARY_FILE, json.dumps(dataclasses.asdict(record), indent=2) + "\n"
-    )
+    text = json.dumps(dataclasses.asdict(record), indent=2) + "\n"
+    return write_text_atomically(Path(output_dir) / RUN_SUMMARY_FILE, text)
 
 
 def read_run_record(output_dir: str | Path) -> RunRecord | None:
@@ -288,7 +276,6 @@ def read_run_record(output_dir: str | Path) -> RunRecord | None:
     return RunRecord(**{key: value for key, value in values.items() if key in known})
 
 
-# --------------------------------------------------------------------------------------------- the shared wording
 class _WordingFormatter(string.Formatter):
     def format_field(self, value: Any, format_spec: str) -> str:
         if format_spec == "on/off":
@@ -304,9 +291,7 @@ _FORMATTER = _WordingFormatter()
 def fill(template: str, values: dict[str, Any]) -> str | None:
     """A rule's wording (`RulePresentation`) filled from ``values``; None when a field it names is not finite there."""
     names = [name for _, name, _, _ in _FORMATTER.parse(template) if name]
-    if not all(is_finite_number(values.get(name)) for name in names):
-        return None
-    return _FORMATTER.format(template, **values)
+    return _FORMATTER.format(template, **values) if all(is_finite_number(values.get(n)) for n in names) else None
 
 
 def fill_first(alternatives: str | tuple[str, ...], values: dict[str, Any]) -> str | None:

@@ -43,15 +43,13 @@ def token_density(log_probs: torch.Tensor, entropies: torch.Tensor, mask: torch.
     log10_p = log_probs.detach().double() / math.log(10)
     entropy = entropies.detach().double()
     selected = mask.bool() & torch.isfinite(log10_p) & torch.isfinite(entropy)
-    counts = torch.zeros(DENSITY_BINS, dtype=torch.int64, device=log_probs.device)
-    if not bool(selected.any()):
-        return counts
     ranges = (LOG10_P_RANGE, ENTROPY_RANGE)
     columns = [
         ((values[selected] - low) / (high - low) * size).floor().long().clamp(0, size - 1)
         for values, (low, high), size in zip((log10_p, entropy), ranges, DENSITY_BINS, strict=True)
     ]
     flat = columns[0] * DENSITY_BINS[1] + columns[1]
+    counts = torch.zeros(DENSITY_BINS, dtype=torch.int64, device=log_probs.device)
     counts.view(-1).index_add_(0, flat, torch.ones_like(flat))
     return counts
 
@@ -76,13 +74,12 @@ def token_records(
     """The dump records of the silenced tokens at ``positions`` (``(row, position)`` pairs): text, the context from
     the completion's own loss tokens, p, H and advantage; ``sample_id`` ``"<step>-<process>-<row>"`` names the
     completion."""
-    records, advantages = [], tokens.advantages
+    records, advantages = [], per_token_advantages(tokens.advantages, tokens.loss_mask)
     decode = partial(tokenizer.decode, skip_special_tokens=False, clean_up_tokenization_spaces=False)
     for row, position in positions.tolist():
         length = int(tokens.loss_mask[row].nonzero().max()) + 1 if bool(tokens.loss_mask[row].any()) else position + 1
         ids = tokens.completion_ids[row].tolist()
         log_prob = float(tokens.log_probs[row, position])
-        advantage = advantages[row, position] if advantages.dim() == 2 else advantages[row]
         records.append(
             {
                 "step": step,
@@ -95,7 +92,7 @@ def token_records(
                 "log_prob": log_prob,
                 "p": math.exp(log_prob),
                 "entropy": float(tokens.entropies[row, position]),
-                "advantage": float(advantage),
+                "advantage": float(advantages[row, position]),
             }
         )
     return records
@@ -141,16 +138,14 @@ class SilencedTokenDump:
 
     def _open(self) -> None:
         """Start the records over, or after a resume keep those of the steps the checkpoint covers."""
-        resumed = self.stats is not None
+        self._opened, resumed = True, self.stats is not None
         if not resumed:
             self.stats = {
                 "tokens_per_step": self.tokens_per_step,
                 "max_tokens": self.max_tokens,
                 "context_tokens": self.context_tokens,
                 "probability_bound": self.probability_bound,
-                "silenced": 0,
-                "written": 0,
-                "dropped": 0,
+                **dict.fromkeys(("silenced", "written", "dropped"), 0),
                 "steps": [],
                 "density": {
                     "log10_p_range": list(LOG10_P_RANGE),
@@ -174,7 +169,7 @@ class SilencedTokenDump:
         ``seed`` and ``step``, and decodes the sampled tokens in its own range."""
         loss_mask = tokens.loss_mask.bool()
         silenced = tokens.silenced.bool() & loss_mask
-        positive = loss_mask & (per_token_advantages(tokens.advantages, loss_mask) > 0)
+        positive = tokens.positive
         masks = (positive, loss_mask & ~positive)
         density = torch.stack([token_density(tokens.log_probs, tokens.entropies, mask) for mask in masks])
         counts = torch.zeros(world_size(), dtype=torch.int64, device=density.device)
@@ -182,10 +177,8 @@ class SilencedTokenDump:
         reduced = all_reduce_sum(torch.cat([counts, density.view(-1)]))
         counts, density = reduced[: world_size()].cpu(), reduced[world_size() :].view(2, *DENSITY_BINS).cpu()
         num_silenced = int(counts.sum())
-
         if not self._opened:
             self._open()
-            self._opened = True
         budget = max(min(self.tokens_per_step, self.max_tokens - self.stats["written"]), 0)
         take = min(budget, num_silenced)
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
@@ -237,24 +230,20 @@ class TokenDumpArguments:
     dump_silenced_tokens: bool = field(
         default=False,
         metadata={
-            "help": "Write a sample of the silenced tokens of each optimizer step (text, dump_context_tokens tokens "
-            "of context either side, p, H, advantage, step, sample id) to output_dir/silenced_tokens.jsonl: at most "
-            "dump_tokens_per_step (64) a step, drawn uniformly, and dump_max_tokens (5000) a run. The tokens left out "
-            "are counted, not written: output_dir/silenced_tokens_stats.json holds the counts silenced, written and "
-            "dropped, and a (log10 p, H) histogram of every loss token. Read them with `stapo-trl report`. Off by "
-            "default; nothing is computed while off."
+            "help": "Write a sample of each step's silenced tokens (in context, with p, H and advantage) to "
+            "silenced_tokens.jsonl, at most dump_tokens_per_step (64) a step and dump_max_tokens (5000) a run, and "
+            "their counts and a (log10 p, H) histogram to silenced_tokens_stats.json, for `stapo-trl report`."
         },
     )
     dump_tokens_per_step: int = field(
         default=64,
         metadata={
-            "help": "At most this many silenced tokens per optimizer step are written, sampled uniformly over all "
-            "processes; the rest are counted as dropped."
+            "help": "Silenced tokens written per optimizer step, sampled over all processes; the rest are dropped."
         },
     )
     dump_max_tokens: int = field(
         default=5000,
-        metadata={"help": "At most this many silenced tokens are written over the run; later ones are counted only."},
+        metadata={"help": "Silenced tokens written over the run; later ones are counted only."},
     )
     dump_context_tokens: int = field(
         default=20, metadata={"help": "Completion tokens of context decoded on each side of a silenced token."}
@@ -271,19 +260,17 @@ class TokenDumpArguments:
             raise ValueError(f"{', '.join(changed)} {off}")
 
 
-def warn_if_nothing_to_record(config) -> bool:
-    """Warn, and return True, when a run with ``config`` runs no token rule, applied or in shadow: the dump would
-    record nothing (a warning, since one recipe serves every method)."""
-    if getattr(config, "active_token_rules", None) or getattr(config, "shadow_token_rules", None):
-        return False
-    warnings.warn(
-        "The silenced-token dump has nothing to record in this run: no token rule is on or in shadow, so no token is "
-        "silenced and no token statistics are computed, and no dump is written. `stapo-trl report` still plots the "
-        "run's logged metrics.",
-        UserWarning,
-        stacklevel=3,
-    )
-    return True
+def warn_if_nothing_to_record(config) -> None:
+    """Warn when a run with ``config`` runs no token rule, applied or in shadow: the dump would record nothing (a
+    warning, not an error, since one recipe serves every method)."""
+    if not (getattr(config, "active_token_rules", None) or getattr(config, "shadow_token_rules", None)):
+        warnings.warn(
+            "The silenced-token dump has nothing to record in this run: no token rule is on or in shadow, so no token "
+            "is silenced and no token statistics are computed, and no dump is written. `stapo-trl report` still plots "
+            "the run's logged metrics.",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 class SilencedTokenDumpCallback(StepEventCallback):
