@@ -129,8 +129,8 @@ def shared_prefix_length(token_ids: list[list[int]]) -> int:
 def prompt_prefix_cache(model, token_ids: list[list[int]], pad_token_id: int, device) -> dict[str, Any] | None:
     """`generate()` inputs (``input_ids``, ``attention_mask``, the cache) that run the shared leading tokens of
     ``token_ids`` once: the prefix's cache is copied to every row, laid out as ``[prefix][padding][remainder]`` with
-    the padding masked out, so remainder tokens keep their positions (`generate()` derives them from the mask). None
-    for one row, under `MIN_SHARED_PREFIX_TOKENS` shared tokens, or a cache it cannot copy."""
+    the padding out of the attention mask, so remainder tokens keep their positions (`generate()` derives them from
+    the mask). None for one row, under `MIN_SHARED_PREFIX_TOKENS` shared tokens, or a cache it cannot copy."""
     if len(token_ids) < 2:
         return None
     shared = shared_prefix_length(token_ids)

@@ -155,25 +155,15 @@ def _generate_and_grade(generator: GenerationBackend, part: list, sampling, grad
             )
         grades = grader.grade([output.text for output in outputs], [problem.answer] * len(outputs))
         for index, output, grade in zip(request.sample_indices, outputs, grades, strict=True):
-            records.append(
-                {
-                    "benchmark": problem.benchmark,
-                    "problem_id": problem.problem_id,
-                    "sample": index,
-                    "answer": problem.answer,
-                    "completion": output.text,
-                    "num_tokens": output.num_tokens,
-                    "finish_reason": output.finish_reason,
-                    "grades": grade.scores,
-                    "extracted": grade.extracted,
-                    "correct": grade.correct,
-                    "backend": backend_name,
-                }
-            )
+            record = {"benchmark": problem.benchmark, "problem_id": problem.problem_id, "sample": index}
+            record |= {"answer": problem.answer, "completion": output.text, "num_tokens": output.num_tokens}
+            record |= {"finish_reason": output.finish_reason, "grades": grade.scores, "extracted": grade.extracted}
+            records.append(record | {"correct": grade.correct, "backend": backend_name})
     return records
 
 
-def _score_setting(config: EvalConfig, store: SampleStore, problems: dict) -> tuple[dict[str, Any], float | None]:
+def _score_setting(config: EvalConfig, store: SampleStore, problems: dict) -> dict[str, Any]:
+    """The summary's ``benchmarks`` (each one's score) and ``average`` (their mean avg@k) of one setting."""
     scores = {}
     for name in config.benchmarks:
         wanted, k = {problem.problem_id for problem in problems[name]}, config.samples_for(name)
@@ -187,7 +177,7 @@ def _score_setting(config: EvalConfig, store: SampleStore, problems: dict) -> tu
         score.partial = len(problems[name]) < FULL_SIZES[name]
         scores[name] = score.to_dict()
     average = sum(score["avg_at_k"] for score in scores.values()) / len(scores) if scores else None
-    return scores, average
+    return {"benchmarks": scores, "average": average}
 
 
 def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) -> EvalResult:
@@ -235,19 +225,10 @@ def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) ->
                         store.append(records)
                         progress.update(len(records))
                         progress.set_postfix_str(f"{part[-1][0].benchmark}, {_problems_done(problems, config, store)}")
-            scores, average = _score_setting(config, store, problems)
-            settings_summary.append(
-                {
-                    "name": name,
-                    "label": sampling_label(temperature, top_p),
-                    "temperature": temperature,
-                    "top_p": top_p,
-                    "benchmarks": scores,
-                    "average": average,
-                    "samples_file": str(store.path),
-                    "samples_generated_this_run": pending,
-                }
-            )
+            label = sampling_label(temperature, top_p)
+            setting = {"name": name, "label": label, "temperature": temperature, "top_p": top_p}
+            setting |= _score_setting(config, store, problems)
+            settings_summary.append(setting | {"samples_file": str(store.path), "samples_generated_this_run": pending})
     finally:
         if owned_backend is not None:
             owned_backend.close()
