@@ -59,7 +59,7 @@ class TrainScriptArguments:
         "and after training. 0 turns this off.",
     )
     heldout_max_new_tokens: int | None = _option(
-        None, "Token budget of the held-out evaluation (max_completion_length)."
+        None, "Token budget of the held-out greedy evaluation; defaults to max_completion_length."
     )
     lora_layers: int | None = _option(
         None,
@@ -87,9 +87,7 @@ class TrainScriptArguments:
         "A reward model (Hub id or local directory of a sequence-classification model), added after "
         "reward_funcs, as trl grpo does.",
     )
-    dry_run: bool = _option(
-        False, "Resolve the recipe, print the plan and exit without loading the model or the data."
-    )
+    dry_run: bool = _option(False, "Resolve the recipe, print the plan and exit without loading model or data.")
     overwrite_output_dir: bool = _option(
         False,
         "Start afresh in an output_dir that holds an earlier run: its checkpoints and run files are deleted first. "

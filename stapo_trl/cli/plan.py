@@ -105,9 +105,8 @@ def describe_model(model_args: Any, training: Any, script: Any) -> str:
         targets = ",".join(model_args.lora_target_modules or ["PEFT defaults"])
         where = f" of the last {script.lora_layers} layers" if script.lora_layers else ""
         dropout = 0.0 if dropout_off else getattr(model_args, "lora_dropout", 0.0)
-        details.append(
-            f"LoRA r={model_args.lora_r} alpha={model_args.lora_alpha} dropout {dropout:g} on {targets}{where}"
-        )
+        lora = f"LoRA r={model_args.lora_r} alpha={model_args.lora_alpha}"
+        details.append(f"{lora} dropout {dropout:g} on {targets}{where}")
     else:
         details.append("full fine-tuning")
     if dropout_off:

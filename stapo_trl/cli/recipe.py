@@ -153,9 +153,7 @@ LAUNCHER_CHOICES = ("--config_file", "--multi_gpu", "--use_deepspeed", "--use_fs
 """Launch arguments that name `accelerate launch`'s launcher (an accelerate config names one too)."""
 
 
-def cpu_multi_process_launch(
-    launch_args: list[str], world_size: int, on_cpu: bool
-) -> tuple[list[str], dict[str, str]]:
+def cpu_multi_process_launch(launch_args: list[str], world_size: int, on_cpu: bool) -> tuple[list, dict[str, str]]:
     """The launch arguments and environment that start ``world_size`` processes on the CPU (accelerate without a
     launcher named starts one): ``--multi_gpu`` and ``ACCELERATE_USE_CPU=true`` (the processes join through gloo)."""
     if world_size <= 1 or not on_cpu or any(token.split("=", 1)[0] in LAUNCHER_CHOICES for token in launch_args):
@@ -175,9 +173,7 @@ CHECKPOINTING_NAMES = {
 """transformers 5.24 renamed ``gradient_checkpointing*``; the recipes use the new names."""
 
 
-def _spell_checkpointing_for_this_transformers(
-    recipe: dict[str, Any], cli_args: list[str], actions: dict[str, argparse.Action]
-) -> tuple[dict[str, Any], list[str]]:
+def _spell_checkpointing_for_this_transformers(recipe: dict, cli_args: list[str], actions: dict) -> tuple[dict, list]:
     """``activation_checkpointing*`` written ``gradient_checkpointing*`` where ``actions`` lacks the new names."""
     missing = {new: old for new, old in CHECKPOINTING_NAMES.items() if new not in actions}
     if not missing:
@@ -206,8 +202,7 @@ def _refuse_stray_arguments(remaining: list[str], actions: dict, launch_options:
         elif token.startswith("-"):
             name = token.lstrip("-").split("=", 1)[0]
             action = launch_options.get(name)
-            takes_value = name == ACCELERATE_CONFIG_KEY or (action is not None and action.nargs != 0)
-            expects_value = takes_value and "=" not in token
+            expects_value = "=" not in token and (name == ACCELERATE_CONFIG_KEY or getattr(action, "nargs", 0) != 0)
         else:
             raise RecipeError(
                 f"unexpected argument {token!r}: stapo-trl train takes no positional arguments, only --key value "

@@ -145,10 +145,8 @@ def load_datasets(script: Any, tokenizer, seed: int):
         if script.heldout_problems:
             heldout = load_arithmetic(script.heldout_problems, split="heldout", **style)
     else:
-        split, config_name = script.dataset_train_split, script.dataset_config
-        train = load_dapo_math(
-            script.dataset_name, split=split, config_name=config_name, dedupe=script.dedupe, **style
-        )
+        style.update(split=script.dataset_train_split, config_name=script.dataset_config, dedupe=script.dedupe)
+        train = load_dapo_math(script.dataset_name, **style)
         if script.heldout_problems:
             train, heldout = split_heldout(train, script.heldout_problems, seed)
         if script.num_train_problems:
@@ -386,7 +384,7 @@ def train_and_summarize(request: TrainRequest) -> RunRecord | None:
     if trainer.accelerator.is_main_process:
         print("\n".join(console_summary(record)), flush=True)
         print(f"See what the mask did: stapo-trl report {output_dir}", flush=True)
-    if hasattr(trainer, "end"):
+    if hasattr(trainer, "end"):  # transformers 5
         trainer.end()
     if lock is not None:
         lock.release()
