@@ -1,10 +1,3 @@
-"""The boundary between stapo-trl and the internals of TRL 1.16, transformers and vLLM. With the core's
-`stapo_trl.core.trl_seams`, it is the only place that names a private of TRL or transformers
-(`tests/repository/test_trl_seams.py` scans the rest of the package to keep it so).
-
-- `helpers`: small functions that each read or pass one private name for the rest of the package.
-- `patches`: every assignment to a TRL, vLLM or transformers module global (`tests/repository/test_trl_patches.py`
-  fails on one anywhere else).
-- `drift_checks`: one `Seam` per assumption made here or in the core's seams, with checks of the installed versions;
-  ``python -m stapo_trl.trl_boundary`` prints them.
-"""
+"""The only place, with the core's `stapo_trl.core.trl_seams`, that names a private of TRL or transformers: `helpers`
+reads or passes each private name, `patches` makes every assignment to a TRL, vLLM or transformers module global, and
+`drift_checks` checks each assumption against the installed versions (``python -m stapo_trl.trl_boundary``)."""

@@ -1,9 +1,6 @@
-"""The drift checks of the TRL boundary: each place where stapo-trl relies on TRL 1.16's, transformers' or vLLM's
-internals is one `Seam` in `SEAMS`, with what TRL does there, what stapo-trl relies on, and checks of the installed
-versions: parameters (`takes`), lines of source (`contains`), attributes (`has`) and a few functions. The verl plugin's
-checks (`stapo_trl.verl.drift`) are seams too. ``python -m stapo_trl.trl_boundary`` prints them, which is where a port
-to a new TRL starts; `tests/repository/test_trl_seams.py` runs them.
-"""
+"""The TRL boundary's drift checks: each place where stapo-trl relies on TRL 1.16's, transformers' or vLLM's internals
+is one `Seam` in `SEAMS`, checked against the installed versions (the verl plugin's, `stapo_trl.verl.drift`, too).
+``python -m stapo_trl.trl_boundary`` prints them; `tests/repository/test_trl_seams.py` runs them."""
 
 from __future__ import annotations
 
@@ -21,17 +18,13 @@ from trl.generation.vllm_generation import VLLMGeneration
 
 from .helpers import DECODER_CACHE_ARGUMENT, DECODER_LOOP, TRL_REWARD_COUNT_MESSAGE, missing
 
-# vLLM is optional: the checks that read it import it (`Seam.requires`).
-
 TESTED_TRL = "1.16"
 
 Check = Callable[[], list[str]]
-"""A check of the installed versions: the problems it finds, none when they fit."""
 
 
 def _reading(target: str, problems_of: Callable[[str, Any], list[str]]) -> Check:
-    """A check of ``target`` (``"module:attribute.path"``), looked up when it runs, so that it reads what is installed
-    (or patched) then; ``problems_of`` gets its label (the path, or the module) and the object."""
+    """A check that looks ``target`` (``"module:attribute.path"``) up when it runs and hands it to ``problems_of``."""
 
     def check() -> list[str]:
         module, _, path = target.partition(":")
@@ -47,8 +40,7 @@ def _reading(target: str, problems_of: Callable[[str, Any], list[str]]) -> Check
 
 
 def takes(target: str, parameters: str) -> Check:
-    """``target``'s parameters are ``parameters`` (``"a, b"``); ending with ``...``, these first; starting with
-    ``...``, these among others."""
+    """``target``'s parameters are ``parameters`` (``"a, b"``; ``"a, ..."``: these first; ``"..., a"``: among them)."""
     expected = parameters.split(", ")
 
     def problems_of(label: str, function) -> list[str]:
@@ -80,19 +72,16 @@ def contains(target: str, *needles: str, in_order: bool = False) -> Check:
 
 def has(target: str, *names: str) -> Check:
     """``target`` has the attributes ``names``."""
-    return _reading(
-        target, lambda label, found: [f"{label} has no {name}" for name in names if not hasattr(found, name)]
-    )
+    return _reading(target, lambda label, found: [f"{label} has no {n}" for n in names if not hasattr(found, n)])
 
 
 class Seam:
-    """One touch point: what the library does there (``trl_does``: TRL, transformers, vLLM or verl), what stapo-trl
-    relies on, and the checks that the installed versions still do it."""
+    """One touch point: what the library does there (``trl_does``), what stapo-trl relies on, and the checks of the
+    installed versions; ``requires`` names a package the checks read besides TRL and transformers (``"vllm"``)."""
 
     def __init__(self, name: str, trl_does: str, we_rely_on: str, *checks: Check, requires: str | None = None):
         self.name, self.trl_does, self.we_rely_on, self.checks = name, trl_does, we_rely_on, checks
         self.requires = requires
-        """A package the checks read besides TRL and transformers (``"vllm"``); without it they cannot run."""
 
     def can_check(self) -> bool:
         return self.requires is None or importlib.util.find_spec(self.requires) is not None
@@ -115,10 +104,6 @@ def print_checks(seams: Iterable[Seam]) -> int:
         for problem in problems:
             print(f"       {problem}")
     return int(failed)
-
-
-def _name_or_path() -> list[str]:
-    return [] if "_name_or_path" in PretrainedConfig().to_dict() else ["PretrainedConfig has no _name_or_path"]
 
 
 def _vllm_engine_construction() -> list[str]:
@@ -151,41 +136,35 @@ FUSED_HEAD_FORWARD = "trl.kernels:ChunkedLogProbFunction.forward"
 SEAMS: tuple[Seam, ...] = (
     Seam(
         "per_token_logps_and_entropies",
-        "_get_per_token_logps_and_entropies returns (log_probs, entropies, aux_loss) for the loss, the old-log-prob "
-        "pass and the reference pass.",
+        "_get_per_token_logps_and_entropies returns (log_probs, entropies, aux_loss) for every pass.",
         "Forcing compute_entropy on the policy's passes gives p and H at no extra forward.",
         takes(LOGPS, "self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, ..."),
         contains(LOGPS, "return logps, entropies"),
     ),
     Seam(
         "generate_and_score_completions",
-        "_generate_and_score_completions(inputs) returns the generation batch: completion_mask, tool_mask, "
-        "advantages, num_items_in_batch (the loss-token count of the whole generation over all processes).",
+        "_generate_and_score_completions returns the generation batch, with num_items_in_batch over all processes.",
         "Extra batch-first keys added to that dict survive TRL's shuffle and split into micro-batches.",
         takes(GENERATION_BATCH, "self, inputs"),
         contains(GENERATION_BATCH, '"num_items_in_batch"', '"advantages"', '"completion_mask"', '"tool_mask"'),
     ),
     Seam(
         "calculate_rewards",
-        "_calculate_rewards(inputs, prompts, completions, completion_ids_list) calls every reward function on this "
-        "process's completions and returns rewards_per_func [completions, functions], None as NaN; it refuses an "
-        "output of the wrong length with a ValueError that starts \"The reward function '<name>'\".",
-        "Wrapping it names the user's reward function that raised, and the step, and warns about infinite rewards.",
+        "_calculate_rewards returns rewards_per_func (None as NaN) and refuses an output of the wrong length.",
+        "Wrapping it names the reward function that raised, and the step, and warns about infinite rewards.",
         takes(f"{GRPO}._calculate_rewards", "self, inputs, prompts, completions, completion_ids_list"),
         contains(f"{GRPO}._calculate_rewards", "return rewards_per_func", TRL_REWARD_COUNT_MESSAGE, "torch.nan"),
     ),
     Seam(
         "generate_single_turn",
-        "_generate_single_turn(prompt_ids, ...) samples once and returns (completion_ids, logprobs).",
+        "_generate_single_turn samples once and returns (completion_ids, logprobs).",
         "Wrapping the first call of a generation lets the LM-head recorder see every sampling step.",
         contains(f"{GRPO}._generate_single_turn", "return completion_ids, logprobs"),
     ),
     Seam(
         "on_optimizer_step_start",
-        "_prepare_inputs buffers a generation's micro-batches in self._buffered_inputs and returns "
-        "_buffered_inputs[self._step % steps_per_generation]; training_step then adds 1 to self._step.",
-        "At a micro-batch whose index is a multiple of gradient_accumulation_steps, the next GA buffered dicts are "
-        "the optimizer step's micro-batches, and TRL's loss reads them after they are edited.",
+        "_prepare_inputs returns _buffered_inputs[self._step % steps_per_generation]; training_step then adds 1.",
+        "From a multiple of gradient_accumulation_steps, the next GA buffered dicts are one optimizer step's.",
         contains(
             f"{GRPO}._prepare_inputs",
             "self._buffered_inputs = [",
@@ -200,8 +179,7 @@ SEAMS: tuple[Seam, ...] = (
     ),
     Seam(
         "wrap_train_sampler",
-        "_get_train_sampler returns a RepeatSampler whose shuffle draws torch.randperm(num_samples, generator) "
-        "from a generator seeded once with seed.",
+        "RepeatSampler shuffles with torch.randperm from a generator seeded once with seed.",
         "Reseeding that generator and replaying earlier epochs gives any epoch's order (resume).",
         contains(f"{GRPO}._get_train_sampler", "RepeatSampler("),
         contains(f"{SAMPLER}.__init__", "self.shuffle =", "self.seed =", "self.generator =", "self.num_samples ="),
@@ -209,8 +187,7 @@ SEAMS: tuple[Seam, ...] = (
     ),
     Seam(
         "save_extra_state / load_extra_state",
-        "Trainer._save_checkpoint saves the optimizer (_save_optimizer_and_scheduler) before trainer_state.json; "
-        "_load_optimizer_and_scheduler(checkpoint) runs when training resumes.",
+        "Trainer._save_checkpoint saves the optimizer before trainer_state.json and loads it back on resume.",
         "Files written after the optimizer are on disk before the checkpoint counts as complete.",
         takes(f"{TRAINER}._save_optimizer_and_scheduler", "self, output_dir"),
         takes(f"{TRAINER}._load_optimizer_and_scheduler", "self, checkpoint"),
@@ -223,7 +200,7 @@ SEAMS: tuple[Seam, ...] = (
     ),
     Seam(
         "log_metric",
-        'self._metrics = {"train": defaultdict(list), "eval": ...}; log() averages each list, NaN skipped.',
+        "log() averages each list of self._metrics[mode], NaN skipped.",
         "Appending to self._metrics[mode][name] logs a metric with TRL's own at the next log.",
         contains(f"{GRPO}.__init__", 'self._metrics = {"train": defaultdict(list)'),
     ),
@@ -235,7 +212,7 @@ SEAMS: tuple[Seam, ...] = (
     ),
     Seam(
         "card_name / card_tags / card_paper",
-        "create_model_card names the trainer, tags and paper from the class attributes _name, _tag_names, _paper.",
+        "create_model_card reads the trainer's name, tags and paper from _name, _tag_names and _paper.",
         "Setting them on the subclass puts STAPO's name and paper on the card.",
         has(GRPO, "_name", "_tag_names", "_paper"),
         contains(f"{GRPO}.create_model_card", "self._name", "self._paper", "self._tag_names"),
@@ -251,13 +228,11 @@ SEAMS: tuple[Seam, ...] = (
         "set_model_name_or_path",
         "PretrainedConfig._name_or_path is what the model card names as the base model.",
         "Setting it names a GGUF's Hub source instead of its conversion in this machine's cache.",
-        _name_or_path,
+        lambda: [] if "_name_or_path" in PretrainedConfig().to_dict() else ["PretrainedConfig has no _name_or_path"],
     ),
     Seam(
         "install_fused_head_op",
-        "add_fused_lm_head's forward calls trl.trainer.utils._ChunkedLogProbFunction.apply, which returns (log_probs, "
-        "entropy, log_sum_sq_probs, mean_logits, is_top1), on only the labelled positions when "
-        "trl.trainer.utils._use_triton(device) is true, else on every position (labels clamped to 0).",
+        "add_fused_lm_head's op scores only the labelled positions where _use_triton(device) is true.",
         "Replacing both names swaps the op under every fused head; the CPU scores only labelled positions.",
         has("trl.trainer.utils", "_ChunkedLogProbFunction", "_use_triton"),
         takes(
@@ -277,12 +252,8 @@ SEAMS: tuple[Seam, ...] = (
     ),
     Seam(
         "decoder_layers",
-        "transformers' decoder-only backbones (LlamaModel, Qwen3Model, ...) run `for decoder_layer in "
-        "self.layers[: self.config.num_hidden_layers]: hidden_states = decoder_layer(hidden_states, ..., cache=cache)`; "
-        "each attention stores its keys and values in cache.layers[self.layer_idx], whose reorder_cache(index) "
-        "re-indexes them along the batch.",
-        "Swapping the frozen layers' modules skips them in the loss pass, and at generate()'s first forward runs them "
-        "once per distinct prompt, copying their cache entries to the repeats (stapo_trl.cpu.frozen_layer_replay).",
+        "Decoder-only backbones loop over self.layers, each attention caching in cache.layers[self.layer_idx].",
+        "Swapping frozen layers' modules skips or shares their work (stapo_trl.cpu.frozen_layer_replay).",
         contains("transformers:LlamaModel.forward", *DECODER_LOOP),
         contains("transformers:Qwen3Model.forward", *DECODER_LOOP),
         takes(f"{LLAMA}:LlamaDecoderLayer.forward", f"..., {DECODER_CACHE_ARGUMENT}"),
@@ -292,8 +263,7 @@ SEAMS: tuple[Seam, ...] = (
     ),
     Seam(
         "TRL helpers",
-        "trl.models.utils.disable_gradient_checkpointing, trl.trainer.utils.get_config_model_id and "
-        "maybe_gather_lm_head_ctx are TRL internals, not part of its top-level API.",
+        "disable_gradient_checkpointing, get_config_model_id and maybe_gather_lm_head_ctx are TRL internals.",
         "The statistics pass uses them as TRL's own passes do.",
         takes("trl.models.utils:disable_gradient_checkpointing", "model, gradient_checkpointing_kwargs"),
         takes("trl.trainer.utils:get_config_model_id", "config"),
@@ -301,11 +271,8 @@ SEAMS: tuple[Seam, ...] = (
     ),
     Seam(
         "colocated vLLM on CPU: engine construction",
-        "GRPOTrainer.__init__ builds VLLMGeneration (a name imported into trl.trainer.grpo_trainer) with mode, "
-        "tensor_parallel_size, gpu_memory_utilization (default 0.3), enable_sleep_mode; in colocate mode "
-        "_init_vllm calls the module's LLM(...) with external_launcher and no dtype, enforce_eager or KV cache size.",
-        "colocated_vllm_on_cpu swaps that name for CPUColocatedVLLMGeneration while trainers are built, and adds "
-        "dtype, enforce_eager and kv_cache_memory_bytes to the LLM(...) call.",
+        "GRPOTrainer builds VLLMGeneration, whose colocate engine gets no dtype, enforce_eager or KV cache size.",
+        "colocated_vllm_on_cpu swaps that name for its adapter, which adds those three to the LLM(...) call.",
         takes(
             f"{VLLM_GENERATION}.__init__",
             "..., model, mode, tensor_parallel_size, gpu_memory_utilization, enable_sleep_mode",
@@ -319,10 +286,8 @@ SEAMS: tuple[Seam, ...] = (
     ),
     Seam(
         "colocated vLLM on CPU: weight sync",
-        "_generate_single_turn calls vllm_generation.sync_weights() when global_step moved; in colocate mode "
-        "sync_weights calls model_runner.model.load_weights once per (name, tensor) of _iter_named_params(), a "
-        "generator that merges PEFT adapters and gathers shards, then resets the prefix cache.",
-        "iter_vllm_weights yields the same tensors; the CPU sync sends them all to vLLM's reload_weights at once.",
+        "sync_weights loads each tensor of _iter_named_params() into the engine, then resets the prefix cache.",
+        "The CPU sync sends the same tensors to vLLM's reload_weights at once.",
         contains(
             f"{VLLM_GENERATION}.sync_weights",
             "for name, param in self._iter_named_params():",
@@ -339,11 +304,8 @@ SEAMS: tuple[Seam, ...] = (
     ),
     Seam(
         "colocated vLLM on CPU: vLLM reload_weights",
-        "vLLM's CPU backend packs each linear weight for its GEMM and replaces the parameter "
-        "(dispatch_cpu_unquantized_gemm, remove_weight=True); reload_weights(weights_iterator, weights_path, "
-        "is_checkpoint_format) restores the layers, loads and repacks them.",
-        "LLM.collective_rpc('reload_weights', ...) runs in the training process (external launcher) and takes a "
-        "generator of checkpoint-format tensors.",
+        "vLLM's CPU backend packs each linear weight for its GEMM; reload_weights loads and repacks them.",
+        "LLM.collective_rpc('reload_weights', ...) runs in the training process with a generator of tensors.",
         contains(
             "vllm.model_executor.layers.linear:UnquantizedLinearMethod.process_weights_after_loading",
             "dispatch_cpu_unquantized_gemm(layer, remove_weight=True)",
@@ -356,8 +318,7 @@ SEAMS: tuple[Seam, ...] = (
     ),
     Seam(
         "colocated vLLM on CPU: tied LM head",
-        "A tied ParallelLMHead shares the embedding's weight (tie_weights) and packs its own CPU GEMM kernel from it "
-        "(process_weights_after_loading, remove_weight=False), which reload_weights does not rebuild.",
+        "A tied LM head packs its own CPU GEMM kernel from the embedding's weight, which reload_weights leaves stale.",
         "Calling process_weights_after_loading again on every layer that shares a weight rebuilds layer.cpu_linear.",
         contains(f"{EMBEDDING_METHOD}.tie_weights", "layer.weight = embed_tokens.weight"),
         contains(
@@ -369,10 +330,8 @@ SEAMS: tuple[Seam, ...] = (
     ),
     Seam(
         "colocated vLLM on CPU: worker threads, KV cache, sleep",
-        "CPUWorker.init_device replaces torch.set_num_threads with a no-op and vLLM sets torch to 1 thread; the CPU "
-        "platform sizes the KV cache from VLLM_CPU_KVCACHE_SPACE (GiB); CPUWorker.sleep and wake_up only warn.",
-        "Restoring torch.set_num_threads and the thread count after the engine is built; EngineArgs takes dtype, "
-        "enforce_eager and kv_cache_memory_bytes; sleep mode is refused.",
+        "vLLM's CPU worker sets torch to 1 thread, sizes the KV cache from VLLM_CPU_KVCACHE_SPACE and cannot sleep.",
+        "The adapter restores torch's threads, passes the KV cache size itself and refuses sleep mode.",
         contains(f"{CPU_WORKER}.init_device", "torch.set_num_threads = skip_set_num_threads"),
         contains("vllm.utils.torch_utils:set_torch_threads_for_runtime", "torch.set_num_threads(1)"),
         contains(

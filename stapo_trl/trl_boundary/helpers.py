@@ -1,5 +1,4 @@
-"""Helpers that each touch one private name of TRL or transformers, so that the rest of the package does not; each
-assumption they make is a `Seam` of `stapo_trl.trl_boundary.drift_checks`."""
+"""Helpers that each touch one private name of TRL or transformers, so that the rest of the package does not."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ import torch
 from transformers import PretrainedConfig, Trainer
 
 TRL_REWARD_COUNT_MESSAGE = "The reward function '"
-"""How TRL's refusal of a reward function's output starts (it then names the function and the counts)."""
+"""How TRL's refusal of a reward function's output starts."""
 
 
 def save_model_without_push(trainer: Trainer, output_dir: str) -> None:
@@ -19,8 +18,7 @@ def save_model_without_push(trainer: Trainer, output_dir: str) -> None:
 
 
 def iter_vllm_weights(generation) -> Any:
-    """The ``(name, tensor)`` pairs TRL's `VLLMGeneration` pushes into vLLM on a weight sync, under vLLM's names (PEFT
-    adapters merged, shards gathered until the generator is exhausted)."""
+    """The ``(name, tensor)`` pairs TRL's `VLLMGeneration` pushes into vLLM on a weight sync (PEFT adapters merged)."""
     return generation._iter_named_params()
 
 
@@ -35,26 +33,23 @@ def missing(source: str, *needles: str) -> list[str]:
 
 
 DECODER_LOOP = ("decoder_layer in", "self.layers[: self.config.num_hidden_layers]", "hidden_states = decoder_layer(")
-"""How transformers' decoder-only backbones run their layers: hidden states in first, the next ones out as a tensor."""
+"""How transformers' decoder-only backbones run their layers."""
 
 DECODER_CACHE_ARGUMENT = "cache"
-"""The keyword under which transformers' decoder layers receive the KV cache (``past_key_values`` before 5.x)."""
+"""The keyword under which transformers' decoder layers receive the KV cache."""
 
 
 def decoder_layer_cache(layer_kwargs: dict[str, Any]) -> Any:
-    """The KV cache a decoder layer was called with, when it is one whose per-layer entries can be re-indexed along
-    the batch (a transformers ``Cache`` of layers with ``reorder_cache``, not offloaded); otherwise None."""
+    """The KV cache a decoder layer was called with when its per-layer entries can be re-indexed along the batch (not
+    offloaded); otherwise None."""
     cache = layer_kwargs.get(DECODER_CACHE_ARGUMENT)
-    layers = getattr(cache, "layers", None)
-    if not isinstance(layers, list) or getattr(cache, "offloading", False):
-        return None
-    return cache
+    reorderable = isinstance(getattr(cache, "layers", None), list) and not getattr(cache, "offloading", False)
+    return cache if reorderable else None
 
 
 def decoder_layers(model: torch.nn.Module) -> tuple[torch.nn.ModuleList | None, list[str]]:
-    """The decoder layers of a transformers causal LM's backbone (``model.base_model.layers``) when its forward runs
-    them as `DECODER_LOOP` says (so that swapping a layer module changes what the loop computes); else
-    ``(None, why not)``."""
+    """The decoder layers of a causal LM's backbone (``model.base_model.layers``) when its forward runs them as
+    `DECODER_LOOP` says; else ``(None, why not)``."""
     backbone = getattr(model, "base_model", None)
     layers = getattr(backbone, "layers", None)
     if not isinstance(layers, torch.nn.ModuleList):

@@ -1,8 +1,6 @@
 """Every assignment stapo-trl makes to a global of a TRL, vLLM or transformers module (and the one to torch's that
-undoes vLLM's), with what it replaces and why. Nothing runs at import: the CPU runtime (`stapo_trl.cpu`) enters each
-patch, which is undone when its block ends or by the function it returns. The TRL code each relies on is a seam of
-`stapo_trl.trl_boundary.drift_checks`.
-"""
+undoes vLLM's). Nothing runs at import: the CPU runtime (`stapo_trl.cpu`) enters each patch, undone when its block ends
+or by the function it returns; the TRL code each relies on is a seam of `stapo_trl.trl_boundary.drift_checks`."""
 
 from __future__ import annotations
 
@@ -17,18 +15,14 @@ import trl.trainer.utils as trl_trainer_utils
 
 
 def fused_head_op() -> Any:
-    """The op `add_fused_lm_head`'s forward calls for its per-token statistics: TRL's ``ChunkedLogProbFunction``
-    unless `install_fused_head_op` replaced it."""
+    """The op `add_fused_lm_head`'s forward calls: TRL's ``ChunkedLogProbFunction`` unless replaced."""
     return trl_trainer_utils._ChunkedLogProbFunction
 
 
 def install_fused_head_op(op: Any) -> Callable[[], None]:
     """Replaces ``trl.trainer.utils._ChunkedLogProbFunction`` with ``op`` and ``trl.trainer.utils._use_triton`` with
-    a test that is also true on the CPU; returns the function that puts both back.
-
-    Why: every model patched by `add_fused_lm_head` (TRL's forward looks both names up at each call, so also those
-    patched before) then calls ``op.apply`` with TRL's arguments and, on the CPU, only the labelled positions, as on
-    Triton devices. GPUs keep TRL's test. Seam: install_fused_head_op."""
+    a test also true on the CPU, so that every fused head (patched before or after) calls ``op.apply`` on only the
+    labelled positions; returns the function that puts both back. Seam: install_fused_head_op."""
     previous_op, previous_compact = trl_trainer_utils._ChunkedLogProbFunction, trl_trainer_utils._use_triton
 
     def compact(device: torch.device) -> bool:
@@ -44,11 +38,8 @@ def install_fused_head_op(op: Any) -> Callable[[], None]:
 
 @contextmanager
 def vllm_engine_options(**options) -> Iterator[None]:
-    """Replaces ``trl.generation.vllm_generation.LLM`` (vLLM's ``LLM`` as TRL imported it), while the block runs, with
-    a function that adds ``options`` to TRL's keyword arguments.
-
-    Why: in colocate mode ``VLLMGeneration._init_vllm`` passes no dtype, ``enforce_eager`` or KV cache size, which
-    vLLM's CPU backend needs chosen. Seam: colocated vLLM on CPU, engine construction."""
+    """Replaces ``trl.generation.vllm_generation.LLM`` while the block runs with a function that adds ``options`` to
+    TRL's keyword arguments. Seam: colocated vLLM on CPU, engine construction."""
     original = trl_vllm_generation.LLM
 
     def build_llm(*args, **kwargs):
@@ -63,10 +54,8 @@ def vllm_engine_options(**options) -> Iterator[None]:
 
 @contextmanager
 def grpo_vllm_generation(factory: Callable[..., Any]) -> Iterator[None]:
-    """Replaces ``trl.trainer.grpo_trainer.VLLMGeneration`` with ``factory`` while the block runs.
-
-    Why: ``GRPOTrainer.__init__`` builds its engine by that name and takes no other class; every `GRPOTrainer` built
-    inside the block keeps ``factory``'s engine. Seam: colocated vLLM on CPU, engine construction."""
+    """Replaces ``trl.trainer.grpo_trainer.VLLMGeneration``, the name ``GRPOTrainer.__init__`` builds its engine by,
+    with ``factory`` while the block runs. Seam: colocated vLLM on CPU, engine construction."""
     original = trl_grpo_trainer.VLLMGeneration
     trl_grpo_trainer.VLLMGeneration = factory
     try:
@@ -77,8 +66,8 @@ def grpo_vllm_generation(factory: Callable[..., Any]) -> Iterator[None]:
 
 @contextmanager
 def torch_threads_kept_from_vllm() -> Iterator[None]:
-    """Puts back ``torch.set_num_threads`` and torch's thread count after the block, where vLLM's CPU worker may replace
-    them (docs/vllm.md, "What differs from the GPU path"). Seam: colocated vLLM on CPU, worker threads."""
+    """Puts back ``torch.set_num_threads`` and torch's thread count after the block, where vLLM's CPU worker may
+    replace them. Seam: colocated vLLM on CPU, worker threads."""
     threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
     try:
         yield
