@@ -1,12 +1,6 @@
 """A verl 0.9.1 actor mini-batch, its micro-batches and a model output, built from padded ``[B, T]`` tensors with
-verl's own functions as its trainers and FSDP engine build them (only the model is left out), so that verl's
-``ppo_loss`` can be called on known tensors. Two layouts, one per trainer:
-
-- ``"v0"`` (``trainer.use_v1=False``): a left/right-padded batch turned into verl's no-padding layout by
-  ``left_right_2_no_padding``; ``prompts`` and ``responses`` stay padded.
-- ``"v1"`` (verl's default): each sample stored alone in TransferQueue and packed back as jagged nested tensors,
-  ``prompts`` and ``responses`` included, so ``ppo_loss`` takes the nested branch of ``no_padding_2_padding``.
-"""
+verl's own functions, so that verl's ``ppo_loss`` can be called on known tensors, in the layout of either trainer:
+``"v0"`` (``trainer.use_v1=False``, padded prompts and responses) or ``"v1"`` (nested; docs/verl.md)."""
 
 from __future__ import annotations
 
@@ -15,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from transfer_queue.storage.managers.simple_storage_manager import AsyncSimpleStorageManager
 from verl.utils import tensordict_utils as tu
+from verl.utils.model import compute_position_id_with_mask
 from verl.workers.engine.utils import prepare_micro_batches
 from verl.workers.utils.padding import left_right_2_no_padding, response_to_nested
 
@@ -27,10 +22,10 @@ LAYOUTS = ("v0", "v1")
 
 @dataclass
 class ActorMicroBatch:
+    """A micro-batch ``TensorDict`` as the engine passes it to the loss, and the rows of the padded inputs it holds."""
+
     data: object
-    """The micro-batch ``TensorDict``, as the engine passes it to the loss."""
     rows: torch.Tensor
-    """The rows of the padded inputs that it holds, in order."""
 
 
 def _padded_batch(advantages: torch.Tensor, response_mask: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -45,26 +40,19 @@ def _padded_batch(advantages: torch.Tensor, response_mask: torch.Tensor) -> dict
         "responses": responses,
         "input_ids": torch.cat([prompts, responses], dim=1),
         "attention_mask": attention_mask,
-        "position_ids": (attention_mask.cumsum(dim=1) - 1).clamp(min=0),
+        "position_ids": compute_position_id_with_mask(attention_mask),
         "response_mask": response_mask,
         "advantages": per_token_advantages(advantages, response_mask) * response_mask,
     }
 
 
-def response_lengths(response_mask: torch.Tensor) -> list[int]:
-    """Each row's response length in the v1 layout: up to its last loss token (a response holds at least one)."""
-    positions = torch.arange(1, response_mask.shape[1] + 1)
-    return (response_mask.bool() * positions).amax(dim=1).clamp(min=1).tolist()
-
-
-def _v1_batch(old_log_probs, advantages, response_mask, prompt_lengths, extra):
-    """Each sample's fields as verl's v1 agent loop stores them, then packed as TransferQueue's default storage packs
-    a batch it returns (``AsyncSimpleStorageManager._pack_field_values``: jagged nested tensors)."""
-    rows = response_mask.shape[0]
-    prompt_lengths = [PROMPT_LENGTH + row % 2 for row in range(rows)] if prompt_lengths is None else prompt_lengths
-    lengths = response_lengths(response_mask)
+def _v1_batch(old_log_probs, advantages, response_mask, extra):
+    """Each sample's fields as verl's v1 agent loop stores them (prompts of 2 and 3 tokens on alternate rows, each
+    response up to its last loss token), packed as TransferQueue's default storage returns a batch."""
+    lengths = (response_mask.bool() * torch.arange(1, response_mask.shape[1] + 1)).amax(dim=1).clamp(min=1).tolist()
     samples = []
-    for row, (prompt_length, length) in enumerate(zip(prompt_lengths, lengths, strict=True)):
+    for row, length in enumerate(lengths):
+        prompt_length = PROMPT_LENGTH + row % 2
         prompts, responses = torch.arange(3, 3 + prompt_length), torch.arange(10, 10 + length)
         mask = response_mask[row, :length].to(torch.long)
         samples.append(
@@ -97,15 +85,12 @@ def actor_mini_batch(
     dp_size: int = 1,
     global_batch_size: int | None = None,
     batch_num_tokens: int | None = None,
-    prompt_lengths: list[int] | None = None,
     extra: dict[str, torch.Tensor] | None = None,
 ):
-    """One rank's mini-batch in verl's ``layout`` (``"v0"`` or ``"v1"``), with the engine's global batch information.
-
+    """One rank's mini-batch in verl's ``layout`` (``"v0"`` or ``"v1"``), with the engine's global batch information:
     ``response_mask`` marks each response's loss tokens (right padding after them); ``advantages`` is ``[B]`` or
     ``[B, T]``. ``batch_num_tokens`` defaults to this mini-batch's ``loss_mask`` tokens (one rank). In the v1 layout,
-    ``prompt_lengths`` defaults to 2 and 3 on alternate rows, and ``extra`` adds padded ``[B, T]`` fields that the
-    driver writes per response (such as the old policy's ``entropy``).
+    ``extra`` adds padded ``[B, T]`` fields that the driver writes per response (such as the old policy's ``entropy``).
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}.")
@@ -115,7 +100,7 @@ def actor_mini_batch(
         data["row"] = torch.arange(rows)
         data = left_right_2_no_padding(data)
     else:
-        data = _v1_batch(old_log_probs, advantages, response_mask, prompt_lengths, extra or {})
+        data = _v1_batch(old_log_probs, advantages, response_mask, extra or {})
     tokens = int(data["loss_mask"].sum()) if batch_num_tokens is None else batch_num_tokens
     tu.assign_non_tensor(
         data,
@@ -139,8 +124,7 @@ def sequence_lengths(micro_batch) -> tuple[list[int], list[int]]:
     prompts, responses = micro_batch["prompts"], micro_batch["responses"]
     if prompts.is_nested:
         return prompts.offsets().diff().tolist(), responses.offsets().diff().tolist()
-    attention = micro_batch["attention_mask"]
-    prompt_width = prompts.shape[1]
+    attention, prompt_width = micro_batch["attention_mask"], prompts.shape[1]
     return attention[:, :prompt_width].sum(dim=1).tolist(), attention[:, prompt_width:].sum(dim=1).tolist()
 
 

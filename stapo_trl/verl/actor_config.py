@@ -1,12 +1,6 @@
-"""verl's FSDP actor config with the plugin's start-up checks:
-``actor_rollout_ref.actor._target_=stapo_trl.verl.actor_config.CheckedFSDPActorConfig``.
-
-verl builds the actor config from that target on the driver (``validate_config``, before Ray starts) and in every
-actor worker (``init_model``), so each of those processes imports stapo-trl (a process without it stops with Hydra's
-``Error locating target``), registers the plugin's loss modes whatever ``VERL_USE_EXTERNAL_PLUGINS`` says, and runs
-:func:`check_actor_settings`. On the driver, ``validate`` also gets a node of the whole config, from which
-:func:`check_trainer_settings` stops a pool trainer mode that verl would ignore or cannot run.
-"""
+"""verl's FSDP actor config with the plugin's start-up checks, run on the driver before Ray starts and in every actor
+worker: ``actor_rollout_ref.actor._target_=stapo_trl.verl.actor_config.CheckedFSDPActorConfig`` (docs/verl.md).
+Importing it registers the plugin's loss modes whatever ``VERL_USE_EXTERNAL_PLUGINS`` says."""
 
 from __future__ import annotations
 
@@ -20,11 +14,6 @@ from verl.workers.config import FSDPActorConfig
 from .losses import SILENCING_LOSS_MODES
 from .mini_batch_pool import POOL_TRAINER_MODES
 
-INSTALL_HINT = (
-    "Install stapo-trl with its verl extra in the environment of every node (pip install -e '.[verl]' in a clone of "
-    "stapo-trl; docs/verl.md)"
-)
-
 
 def check_actor_settings(actor: Any) -> None:
     """Raise a ValueError that says what to change when verl's actor config cannot run the chosen loss."""
@@ -33,8 +22,9 @@ def check_actor_settings(actor: Any) -> None:
         raise ValueError(
             f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode!r} is not a policy loss verl knows in this "
             f"process (it knows {', '.join(sorted(POLICY_LOSS_REGISTRY))}). stapo-trl registers stapo, stare, "
-            f"stare_c2 and the names given to register_s2t_loss or register_stare_loss in a module verl imports. "
-            f"{INSTALL_HINT}, and check the name."
+            "stare_c2 and the names given to register_s2t_loss or register_stare_loss in a module verl imports. "
+            "Install stapo-trl with its verl extra in the environment of every node (pip install -e '.[verl]' in a "
+            "clone of stapo-trl; docs/verl.md), and check the name."
         )
     if loss_mode not in SILENCING_LOSS_MODES:
         return
@@ -54,20 +44,9 @@ def check_actor_settings(actor: Any) -> None:
         )
 
 
-def v1_trainer_unavailable() -> str | None:
-    """Why verl's v1 trainer, which the pool trainer subclasses, cannot be imported here; None when it can."""
-    for module in ("transfer_queue", "verl.trainer.ppo.v1.trainer_sync"):
-        try:
-            importlib.import_module(module)
-        except ImportError as error:
-            return f"importing {module} fails ({error})"
-    return None
-
-
 def check_trainer_settings(config: Any) -> None:
-    """Refuse a pool trainer mode that this run would not use: with ``trainer.use_v1=False`` verl's v0 trainer ignores
-    ``trainer.v1.trainer_mode`` and would train with no mask, and without verl's v1 trainer (a verl without
-    TransferQueue, such as its ``neo`` branch) the mode cannot be built."""
+    """Refuse a pool trainer mode that this run would not use: verl's v0 trainer (``trainer.use_v1=False``) ignores it,
+    and without verl's v1 trainer (a verl without TransferQueue) it cannot be built."""
     mode = OmegaConf.select(config, "trainer.v1.trainer_mode")
     if mode not in POOL_TRAINER_MODES:
         return
@@ -81,12 +60,15 @@ def check_trainer_settings(config: Any) -> None:
             "trainer, and trainer.use_v1=False selects verl's v0 trainer, which ignores trainer_mode: the run would "
             f"train with no mask. Set trainer.use_v1=True. {alternative}"
         )
-    problem = v1_trainer_unavailable()
-    if problem is not None:
-        raise ValueError(
-            f"trainer.v1.trainer_mode={mode} subclasses verl's v1 trainer, which this verl cannot provide: {problem}. "
-            f"The pool trainer supports verl 0.9.1 with its verl-core extra (pip install -e '.[verl]'). {alternative}"
-        )
+    for module in ("transfer_queue", "verl.trainer.ppo.v1.trainer_sync"):
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            raise ValueError(
+                f"trainer.v1.trainer_mode={mode} subclasses verl's v1 trainer, which this verl cannot provide: "
+                f"importing {module} fails ({error}). The pool trainer supports verl 0.9.1 with its verl-core extra "
+                f"(pip install -e '.[verl]'). {alternative}"
+            ) from error
 
 
 class CheckedFSDPActorConfig(FSDPActorConfig):

@@ -1,8 +1,6 @@
-"""What the verl plugin relies on in verl 0.9.1: `Seam`s of `stapo_trl.trl_boundary.drift_checks`, checked against the
-installed verl. The plugin patches nothing; each check runs verl's own code on a tiny batch where it can, or reads
-verl's source where the detail is on a GPU path. ``python -m stapo_trl.verl.drift`` prints them and
-``tests/verl_plugin/test_drift.py`` runs them, so a verl upgrade that moves one fails by name.
-"""
+"""What the verl plugin relies on in verl 0.9.1, as `Seam`s of `stapo_trl.trl_boundary.drift_checks`: each runs verl's
+own code on a tiny batch, or reads verl's source where the detail is on a GPU path. ``python -m stapo_trl.verl.drift``
+prints them; ``tests/verl_plugin/test_drift.py`` runs them."""
 
 from __future__ import annotations
 
@@ -22,41 +20,31 @@ from ..core.token_rules import per_token_advantages
 from ..trl_boundary.drift_checks import Seam, contains, print_checks
 from .actor_batch import LAYOUTS, actor_micro_batches, actor_mini_batch, model_output
 from .entropy import entropy_from_ppo_loss
+from .losses import stare_policy_loss
 from .mini_batch_pool import optimizer_step_rows
 
 TESTED_VERL = "0.9.1"
-POLICY_LOSS_ARGUMENTS = (
-    "old_log_prob",
-    "log_prob",
-    "advantages",
-    "response_mask",
-    "loss_agg_mode",
-    "config",
-    "rollout_is_weights",
+POLICY_LOSS_ARGUMENTS = tuple(
+    name for name, p in inspect.signature(stare_policy_loss).parameters.items() if p.kind is p.POSITIONAL_OR_KEYWORD
 )
 PROBE_LOSS_MODE = "stapo_trl_drift_probe"
 HERE = __name__
 
 
-def probe_tensors() -> dict[str, torch.Tensor]:
-    """Two responses of lengths 3 and 2, in float64."""
+def _run_ppo_loss(loss_mode: str = PROBE_LOSS_MODE, probe=None, layout: str = "v0"):
+    """verl's ``ppo_loss`` on two float64 responses of lengths 3 and 2 in ``layout``, with the policy loss
+    ``loss_mode`` or ``probe``; returns the tensors, the loss and the metrics."""
     generator = torch.Generator().manual_seed(0)
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
-    return {
+    tensors = {
         "log_probs": -torch.rand(2, 3, generator=generator, dtype=torch.float64) * mask,
         "entropy": torch.rand(2, 3, generator=generator, dtype=torch.float64) * mask,
         "advantages": torch.tensor([1.0, -1.0], dtype=torch.float64),
         "mask": mask,
     }
-
-
-def _run_ppo_loss(loss_mode: str = PROBE_LOSS_MODE, probe=None, layout: str = "v0"):
-    """verl's ``ppo_loss`` on `probe_tensors` laid out as verl's ``layout`` trainer does, with the policy loss
-    ``loss_mode``, or ``probe`` registered for the call."""
     if probe is not None:
         register_policy_loss(PROBE_LOSS_MODE)(probe)
     try:
-        tensors = probe_tensors()
         data = actor_mini_batch(tensors["log_probs"], tensors["advantages"], tensors["mask"], layout=layout)
         (micro_batch,) = actor_micro_batches(data, micro_batch_size=2)
         output = model_output(micro_batch.data, tensors["log_probs"], tensors["entropy"])
@@ -129,9 +117,8 @@ def _vanilla_token_mean() -> list[str]:
 
 
 def verl_optimizer_step_rows(batch_size: int, dp_size: int, mini_batch_size: int) -> list[torch.Tensor]:
-    """Each optimizer step's rows, split by verl's own code: the dispatch's ``BatchMeta.chunk`` into one chunk per
-    data-parallel rank, then ``make_iterator`` per rank with the arguments of ``TrainingWorker.train_mini_batch``
-    (verl's default seed 42 plus the rank, ``actor.shuffle`` off)."""
+    """Each optimizer step's rows, split by verl's own code: ``BatchMeta.chunk`` per rank, then ``make_iterator`` as
+    ``TrainingWorker.train_mini_batch`` calls it (seed 42 plus the rank, ``actor.shuffle`` off)."""
     chunks = BatchMeta(global_indexes=list(range(batch_size)), partition_ids=["train"] * batch_size).chunk(dp_size)
     per_rank = []
     for rank, chunk in enumerate(chunks):
@@ -145,12 +132,9 @@ def verl_optimizer_step_rows(batch_size: int, dp_size: int, mini_batch_size: int
 
 def _update_actor_arguments() -> list[str]:
     signature = inspect.signature(PPOTrainer._update_actor)
-    expected = ["self", "batch", "metrics"]
-    return (
-        []
-        if list(signature.parameters) == expected
-        else [f"PPOTrainer._update_actor{signature} changed its arguments"]
-    )
+    if list(signature.parameters) == ["self", "batch", "metrics"]:
+        return []
+    return [f"PPOTrainer._update_actor{signature} changed its arguments"]
 
 
 def _verl_splits_rows_as_the_pool_does() -> list[str]:
@@ -164,29 +148,26 @@ def _verl_splits_rows_as_the_pool_does() -> list[str]:
 
 POLICY_LOSS_CALL = Seam(
     "policy-loss call",
-    "ppo_loss calls the loss registered (after import too) as policy_loss.loss_mode with POLICY_LOSS_ARGUMENTS.",
+    "ppo_loss calls the loss registered as policy_loss.loss_mode with POLICY_LOSS_ARGUMENTS.",
     "The stapo, stare and stare_c2 losses take these arguments.",
     check_policy_loss_call,
 )
 ENTROPY_LOCAL = Seam(
     "entropy local",
-    "While the policy loss runs, ppo_loss holds the entropy, padded to [B, T] like log_prob, in its local 'entropy' "
-    "(v0 and v1 layouts).",
+    "While the policy loss runs, ppo_loss holds the padded [B, T] entropy in its local 'entropy'.",
     "The S2T loss reads it there (stapo_trl.verl.entropy).",
     check_entropy_local,
 )
 GLOBAL_BATCH_INFO = Seam(
     "global batch info",
-    "vanilla aggregates with config.global_batch_info, set by ppo_loss: token-mean at ratio 1 is -sum(A) / "
-    "batch_num_tokens.",
+    "vanilla aggregates with config.global_batch_info: token-mean at ratio 1 is -sum(A) / batch_num_tokens.",
     "The S2T loss renormalizes verl's aggregation over the kept tokens through it.",
     contains("verl.trainer.ppo.core_algos:compute_policy_loss_vanilla", "config.global_batch_info"),
     _vanilla_token_mean,
 )
 POOL_TRAINER_HOOKS = Seam(
     "pool trainer hooks",
-    "The v1 driver computes the old log-probabilities with the entropy, the advantages, then _update_actor(batch, "
-    "metrics); the engine counts batch_num_tokens from loss_mask; each rank's chunk is cut into contiguous steps.",
+    "The v1 driver computes the old log-probabilities with the entropy, the advantages, then _update_actor.",
     "stapo_sync overrides _update_actor and finds each optimizer step's rows with optimizer_step_rows.",
     contains(
         f"{HERE}:PPOTrainer._step_once",

@@ -1,13 +1,6 @@
-"""S2T and STARE as verl policy losses, each a thin layer over verl's own ``vanilla`` PPO loss (docs/verl.md).
-
-- ``stapo``: STAPO's S2T mask, from this micro-batch's ``log_prob`` and entropy, pooled over the micro-batch of every
-  data-parallel rank; the silenced tokens leave ``response_mask`` and verl's aggregation is renormalized over the kept
-  tokens.
-- ``stare`` and ``stare_c2``: STARE's surprisal weights (variants O1 and C2) on the advantages, selected within each
-  micro-batch of each rank as STARE's reference code does; the target-entropy gate is not applied (always on).
-
-:func:`register_s2t_loss` and :func:`register_stare_loss` register other settings under other names.
-"""
+"""S2T and STARE as verl policy losses over verl's ``vanilla`` PPO loss (docs/verl.md): ``stapo`` (the S2T mask pooled
+over the micro-batch of every data-parallel rank) and ``stare``/``stare_c2`` (STARE's O1 and C2 weights within each
+micro-batch, gate always on); :func:`register_s2t_loss` and :func:`register_stare_loss` register other settings."""
 
 from __future__ import annotations
 
@@ -34,8 +27,7 @@ SILENCING_LOSS_MODES: set[str] = set()
 
 
 def check_pool_is_data_parallel(config: Any) -> None:
-    """Refuse a process group wider than data parallelism: the S2T pool gathers over every process of
-    ``torch.distributed``, which must then be the data-parallel ranks."""
+    """Refuse a process group wider than data parallelism, since the S2T pool gathers over every process."""
     batch_info = getattr(config, "global_batch_info", None) or {}
     dp_size = int(batch_info.get("dp_size") or 1)
     if world_size() != dp_size:
@@ -51,15 +43,10 @@ def check_pool_is_data_parallel(config: Any) -> None:
 def batch_info_over_kept_tokens(
     config: Any, response_mask: torch.Tensor, loss_agg_mode: str, num_silenced: int
 ) -> Iterator[None]:
-    """While the base loss runs, make ``config.global_batch_info`` count the kept tokens (restored on exit, since
-    ``ppo_loss`` reads it again for the entropy and KL terms).
-
-    - ``token-mean``: ``batch_num_tokens`` (the mini-batch's loss tokens over all ranks) less ``num_silenced`` (this
-      micro-batch's silenced tokens over all ranks). Without it (one process outside verl's engine) verl divides by
-      the micro-batch's kept tokens itself.
-    - The sequence-mean modes: where verl leaves ``global_batch_size`` unset (one process), the sequences with a loss
-      token before masking, so that a sequence silenced whole still counts, as in verl's trainer and TRL's ``grpo``.
-    """
+    """While the base loss runs, make ``config.global_batch_info`` count the kept tokens (restored on exit): for
+    ``token-mean``, ``batch_num_tokens`` less ``num_silenced`` (over all ranks); for the sequence-mean modes, where
+    verl leaves ``global_batch_size`` unset (one process), the sequences with a loss token before masking, so that a
+    sequence silenced whole still counts, as in verl's trainer and TRL's ``grpo``."""
     batch_info = getattr(config, "global_batch_info", None)
     if batch_info is None:
         yield
@@ -96,24 +83,15 @@ def s2t_policy_loss(
     prob_threshold: float = 0.002,
     entropy_quantile: float = 0.8,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """verl's ``vanilla`` loss over the tokens the S2T mask keeps, renormalized per ``loss_agg_mode``.
-
-    ``entropy`` (``[B, T]``, nats) defaults to the one verl's ``ppo_loss`` computed for this micro-batch
-    (:mod:`stapo_trl.verl.entropy`). Under ``torch.distributed`` every rank must call it together, as verl's engine
-    does.
-    """
+    """verl's ``vanilla`` loss over the tokens the S2T mask keeps, renormalized per ``loss_agg_mode``. ``entropy``
+    (``[B, T]``, nats) defaults to the one verl's ``ppo_loss`` computed for this micro-batch. Under
+    ``torch.distributed`` every rank must call it together, as verl's engine does."""
     if entropy is None:
         entropy = entropy_from_ppo_loss(log_prob.shape)
     check_pool_is_data_parallel(config)
     loss_mask = response_mask.bool()
-    s2t = get_token_rule("s2t")(
-        log_prob.detach(),
-        entropy.detach(),
-        advantages,
-        loss_mask,
-        prob_threshold=prob_threshold,
-        entropy_quantile=entropy_quantile,
-    )
+    rule = s2t_keep_rule(prob_threshold=prob_threshold, entropy_quantile=entropy_quantile)
+    s2t = rule(log_prob.detach(), entropy.detach(), advantages, loss_mask)
     kept = loss_mask & s2t.keep
     with batch_info_over_kept_tokens(config, loss_mask, loss_agg_mode, s2t.stats["num_silenced"]):
         loss, metrics = get_policy_loss_fn(BASE_LOSS_MODE)(
@@ -161,8 +139,7 @@ def stare_policy_loss(
 
 
 def s2t_keep_rule(*, prob_threshold: float = 0.002, entropy_quantile: float = 0.8):
-    """The S2T rule with these thresholds, checked, as ``rule(log_probs, entropies, advantages, loss_mask)`` returning
-    the token rule's result (``keep``, ``stats``)."""
+    """The S2T rule with these thresholds, checked: ``rule(log_probs, entropies, advantages, loss_mask)``."""
     check_s2t_thresholds(prob_threshold, entropy_quantile)
     return functools.partial(get_token_rule("s2t"), prob_threshold=prob_threshold, entropy_quantile=entropy_quantile)
 

@@ -1,7 +1,5 @@
-"""The S2T mask pooled over each whole mini-batch (one optimizer step, every data-parallel rank) of verl's actor update,
-from the policy before the update: the tensor part of :mod:`.pool_trainer`. :func:`optimizer_step_rows` reproduces
-verl's split of the batch into optimizer steps; :func:`whole_step_keep` takes S2T's ``tau_h`` over each step's rows.
-"""
+"""The tensor part of :mod:`.pool_trainer`: the S2T mask pooled over each whole mini-batch (one optimizer step, every
+data-parallel rank) of verl's actor update, from the policy before the update."""
 
 from __future__ import annotations
 
@@ -14,15 +12,13 @@ from ..core.distributed import world_size
 from ..core.token_rules import TokenRuleResult
 
 POOL_TRAINER_MODES: set[str] = {"stapo_sync"}
-"""The pool trainer's ``trainer.v1.trainer_mode`` names, kept apart from verl's v1 trainer so that the start-up checks
-know them where that trainer cannot be imported."""
+"""The pool trainer's mode names, known to the start-up checks where verl's v1 trainer cannot be imported."""
 
 
 def optimizer_step_rows(batch_size: int, dp_size: int, mini_batch_size: int) -> list[torch.Tensor]:
     """The rows each optimizer step of verl's actor update trains on. ``mini_batch_size`` counts one step's rows over
     all ranks (``ppo_mini_batch_size × rollout.n``). The batch is cut into ``dp_size`` contiguous chunks, one per rank,
-    each chunk into contiguous mini-batches; step *j* is the *j*-th mini-batch of every rank, in rank order.
-    """
+    each chunk into contiguous mini-batches; step *j* is the *j*-th mini-batch of every rank, in rank order."""
     if batch_size % dp_size or mini_batch_size % dp_size:
         raise ValueError(
             f"verl splits the batch ({batch_size} rows) and the mini-batch ({mini_batch_size} rows) evenly over "
@@ -41,10 +37,10 @@ def optimizer_step_rows(batch_size: int, dp_size: int, mini_batch_size: int) -> 
 
 @dataclass
 class WholeStepMask:
+    """``keep`` ``[B, T]`` bool, False where S2T silences the token; the rule's statistics of each optimizer step."""
+
     keep: torch.Tensor
-    """``[B, T]`` bool: False where S2T silences the token."""
     step_stats: list[dict[str, float | int]]
-    """The S2T rule's statistics of each optimizer step, in step order."""
 
 
 def whole_step_keep(
@@ -57,8 +53,7 @@ def whole_step_keep(
 ) -> WholeStepMask:
     """The keep-mask of ``keep_rule`` (:func:`~stapo_trl.verl.losses.s2t_keep_rule`) over the padded ``[B, T]``
     tensors of the whole batch, applied to each optimizer step's rows at once (``tau_h`` over the step); rows in no
-    step are kept whole. It gathers nothing, so it refuses to run under ``torch.distributed``.
-    """
+    step are kept whole. It gathers nothing, so it refuses to run under ``torch.distributed``."""
     if world_size() > 1:
         raise RuntimeError(
             "whole_step_keep pools the rows it is given, which must be every rank's: call it in one process (verl's "

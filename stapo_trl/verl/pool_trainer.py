@@ -1,17 +1,6 @@
-"""verl's v1 sync trainer with STAPO's S2T mask pooled over each whole mini-batch: the trainer mode ``stapo_sync``
-(``trainer.v1.trainer_mode=stapo_sync``, with a ``loss_mode`` that does not mask, such as ``vanilla``; docs/verl.md).
-
-Before each actor update it reads the whole batch's old log-probabilities, entropies, advantages and masks from the
-driver, takes S2T's mask with ``tau_h`` over each optimizer step's rows (:mod:`.mini_batch_pool`), removes the
-silenced tokens from ``response_mask`` and ``loss_mask`` for the update, and writes both back afterwards. It overrides
-only the driver's ``_update_actor`` (checked by :mod:`.drift`).
-
-Everything else is verl's sync trainer: verl takes its sync branches by comparing ``trainer_mode`` with ``"sync"``
-(``verl/trainer/ppo/v1/trainer_base.py``: set at line 129, read for the replay buffer at 130 and 153, the dataloader's
-generation batch size at 731, TransferQueue state in checkpoints at 902, 912 and 1004, and the prompt fields stored in
-TransferQueue at 1499), and the subclass's ``trainer_mode`` reads ``"sync"`` whatever name registered it. Needs verl's
-``verl-core`` extra (TransferQueue); the ``stapo_trl_trainer`` entry point of ``verl.plugins``.
-"""
+"""The trainer mode ``stapo_sync``: verl's v1 sync trainer whose driver's ``_update_actor`` removes the tokens S2T
+silences, with ``tau_h`` over each whole optimizer step (:mod:`.mini_batch_pool`), from ``response_mask`` and
+``loss_mask`` for the update; verl's sync trainer in every other branch (docs/verl.md, "The whole mini-batch ...")."""
 
 from __future__ import annotations
 
@@ -27,10 +16,7 @@ from verl.workers.utils.padding import response_to_nested
 from .losses import SILENCING_LOSS_MODES, s2t_keep_rule, s2t_metrics
 from .mini_batch_pool import POOL_TRAINER_MODES, optimizer_step_rows, whole_step_keep
 
-POOL_TRAINER_MODE = "stapo_sync"
 CHECKED_ACTOR_CONFIG = "stapo_trl.verl.actor_config.CheckedFSDPActorConfig"
-SYNC_MODE = "sync"
-"""The mode name verl's v1 trainer compares with to take its sync branches."""
 POOL_FIELDS = ("old_log_probs", "entropy", "advantages", "response_mask", "loss_mask")
 MASK_FIELDS = ("response_mask", "loss_mask")
 
@@ -67,13 +53,11 @@ def check_pool_settings(config: Any) -> None:
 
 def mean_over_steps(step_stats: list[dict[str, float | int]]) -> dict[str, float]:
     """The S2T statistics as ``actor/s2t/`` metrics, each the mean over the optimizer steps where it is defined."""
-    per_step = [s2t_metrics(stats) for stats in step_stats]
-    names = sorted({name for metrics in per_step for name in metrics})
-    means = {}
-    for name in names:
-        values = [metrics[name] for metrics in per_step if name in metrics]
-        means[name] = math.fsum(values) / len(values)
-    return means
+    values: dict[str, list[float]] = {}
+    for stats in step_stats:
+        for name, value in s2t_metrics(stats).items():
+            values.setdefault(name, []).append(value)
+    return {name: math.fsum(values[name]) / len(values[name]) for name in sorted(values)}
 
 
 class S2TPoolTrainer(PPOTrainerSync):
@@ -87,13 +71,12 @@ class S2TPoolTrainer(PPOTrainerSync):
 
     @property
     def trainer_mode(self) -> str:
-        """``"sync"``: verl's v1 trainer compares this attribute with ``"sync"`` to take its sync branches (see the
-        module docstring), which this trainer takes in every respect but the mask."""
-        return SYNC_MODE
+        """``"sync"``: verl's v1 trainer compares this attribute with ``"sync"`` to take its sync branches
+        (``verl/trainer/ppo/v1/trainer_base.py`` lines 129 to 1499, listed in docs/verl.md)."""
+        return "sync"
 
     @trainer_mode.setter
     def trainer_mode(self, name: str) -> None:
-        # verl's PPOTrainer.__init__ assigns the configured mode's name here; it is kept, and reads stay "sync".
         self.registered_mode = name
 
     def __init__(self, config):
@@ -111,9 +94,8 @@ class S2TPoolTrainer(PPOTrainerSync):
         keys, partition_id = batch.keys, batch.partition_id
         fields = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=list(POOL_FIELDS))
         padded = fields.to_padded_tensor()
-        mini_batch_size = (
-            self.config.actor_rollout_ref.actor.ppo_mini_batch_size * self.config.actor_rollout_ref.rollout.n
-        )
+        actor_rollout_ref = self.config.actor_rollout_ref
+        mini_batch_size = actor_rollout_ref.actor.ppo_mini_batch_size * actor_rollout_ref.rollout.n
         mask = whole_step_keep(
             padded["old_log_probs"],
             padded["entropy"],
@@ -150,4 +132,4 @@ def register_s2t_pool_trainer(name: str, **thresholds):
     return register_trainer(name)(trainer)
 
 
-register_trainer(POOL_TRAINER_MODE)(S2TPoolTrainer)
+register_trainer("stapo_sync")(S2TPoolTrainer)
