@@ -1,8 +1,6 @@
 """stapo-trl's CPU speed-ups, behind one entry: `cpu_runtime`. Names load on first access, so importing this package
 (or `environment`) imports neither torch nor TRL."""
 
-from __future__ import annotations
-
 from importlib import import_module
 from typing import TYPE_CHECKING
 

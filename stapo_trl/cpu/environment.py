@@ -1,11 +1,6 @@
-"""Environment variables for torch on the CPU, read only when torch loads (docs/training.md):
-``OMP_WAIT_POLICY=PASSIVE`` (OpenMP worker threads sleep between parallel regions instead of spinning, which on shared
-cores multiplies CPU and wall time) and ``THP_MEM_ALLOC_ENABLE=1`` (transparent huge pages for large tensors).
-
-`stapo-trl train` calls `set_cpu_environment` before it imports torch; in a script, call it before anything imports
-torch (this module imports neither torch nor TRL). A variable you set (``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT`` or
-``THP_MEM_ALLOC_ENABLE``) is left as it is; ``STAPO_TRL_CPU_ENVIRONMENT=0`` leaves them all alone.
-"""
+"""Environment variables for torch on the CPU, read only when torch loads (docs/training.md): call
+`set_cpu_environment` before anything imports torch (this module imports neither torch nor TRL). A variable you set is
+left as it is, and ``STAPO_TRL_CPU_ENVIRONMENT=0`` leaves them all alone."""
 
 from __future__ import annotations
 
@@ -16,18 +11,7 @@ from collections.abc import MutableMapping
 SWITCH = "STAPO_TRL_CPU_ENVIRONMENT"
 CPU_ENVIRONMENT = {"OMP_WAIT_POLICY": "PASSIVE", "THP_MEM_ALLOC_ENABLE": "1"}
 OVERRIDDEN_BY = {"OMP_WAIT_POLICY": ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"), "THP_MEM_ALLOC_ENABLE": ()}
-"""Variables that, when set by the user, leave each default unset."""
-
-
-def _unset_defaults(environ: MutableMapping[str, str]) -> dict[str, str]:
-    """The defaults of `CPU_ENVIRONMENT` that neither the environment nor a variable overriding them sets."""
-    if environ.get(SWITCH, "1") == "0":
-        return {}
-    return {
-        name: value
-        for name, value in CPU_ENVIRONMENT.items()
-        if name not in environ and not any(other in environ for other in OVERRIDDEN_BY[name])
-    }
+"""Variables that, set by the user, leave each default unset."""
 
 
 def set_cpu_environment(
@@ -38,12 +22,19 @@ def set_cpu_environment(
     torch_loaded = "torch" in sys.modules if torch_loaded is None else torch_loaded
     if torch_loaded:
         return {}
-    chosen = _unset_defaults(environ)
+    chosen = cpu_environment_not_in_effect(environ)
     environ.update(chosen)
     return chosen
 
 
 def cpu_environment_not_in_effect(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
-    """The defaults of `CPU_ENVIRONMENT` that the environment neither sets nor overrides now (a variable set after
-    torch loaded counts as present, although torch never read it); empty with ``STAPO_TRL_CPU_ENVIRONMENT=0``."""
-    return _unset_defaults(os.environ if environ is None else environ)
+    """The defaults of `CPU_ENVIRONMENT` that the environment neither sets nor overrides now (one set after torch
+    loaded counts as present); empty with ``STAPO_TRL_CPU_ENVIRONMENT=0``."""
+    environ = os.environ if environ is None else environ
+    if environ.get(SWITCH, "1") == "0":
+        return {}
+    return {
+        name: value
+        for name, value in CPU_ENVIRONMENT.items()
+        if name not in environ and not any(other in environ for other in OVERRIDDEN_BY[name])
+    }

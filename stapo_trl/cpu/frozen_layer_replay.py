@@ -1,8 +1,6 @@
-"""The frozen bottom layers of a LoRA policy (no trainable parameter, no active dropout), computed once per distinct
-sequence instead of once per sample at `generate()`'s first forward and again in TRL's loss pass: `FrozenPrefixReplay`
-(installed by `replay_frozen_prefix`) shares the prefill between repeated prompts and hands the first trainable layer
-the input it recorded. Same hidden states up to floating-point rounding; no random number drawn.
-"""
+"""The frozen bottom layers of a LoRA policy computed once per distinct sequence, not at `generate()`'s first forward
+and again in TRL's loss pass (docs/training.md): `FrozenPrefixReplay` shares the prefill between repeated prompts and
+hands the first trainable layer the input it recorded. Same hidden states up to rounding; no random draw."""
 
 from __future__ import annotations
 
@@ -21,8 +19,7 @@ logger = logging.getLogger(__name__)
 
 
 class _StandIn(torch.nn.Module):
-    """Stands in for a frozen layer: passes its input through or, given ``recorded`` inputs (for the first frozen
-    layer), returns the next one at each call, refusing one whose shape is not the call's."""
+    """Stands in for a frozen layer: passes its input through, or returns the next of the ``recorded`` inputs."""
 
     def __init__(self, recorded: list[torch.Tensor] | None = None):
         super().__init__()
@@ -43,12 +40,12 @@ class _StandIn(torch.nn.Module):
 
 
 def wrap_methods(model: torch.nn.Module, **wrappers: Callable) -> Callable[[], None]:
-    """Set each ``model.<name>`` to ``wrapper(original)``, with the original's name and signature (`generate()` reads
-    the forward's to decide what to pass); returns the function that puts the originals back."""
+    """Make each ``model.<name>(...)`` call ``wrapper(original, ...)``, with the original's name and signature; returns
+    the function that puts the originals back."""
     own = {name: vars(model).get(name) for name in wrappers}
     for name, wrapper in wrappers.items():
         original = getattr(model, name)
-        setattr(model, name, functools.wraps(original)(wrapper(original)))
+        setattr(model, name, functools.wraps(original)(functools.partial(wrapper, original)))
 
     def restore() -> None:
         for name, method in own.items():
@@ -79,8 +76,7 @@ def _frozen_layers_skipped(layers: torch.nn.ModuleList, first_trainable: int, re
 
 @contextmanager
 def _layer_inputs(layer: torch.nn.Module, inverse: Callable[[], torch.Tensor | None] = lambda: None):
-    """The input of ``layer`` at each of its calls inside the block, detached; a call on fewer rows than ``inverse()``
-    (the distinct rows of a shared prefill) is copied out to every row."""
+    """The input of ``layer`` at each call in the block, detached; one on ``inverse()``'s distinct rows is expanded."""
     inputs: list[torch.Tensor] = []
 
     def record(module, args, kwargs):
@@ -107,15 +103,11 @@ def _rows(value, index: torch.Tensor, batch: int):
 
 
 class _SharedPrefill(torch.nn.Module):
-    """Stands in for the first decoder layer at `generate()`'s first forward: runs ``layers`` on one row per distinct
-    prompt, copies their cache entries to the repeats, and returns every row's output."""
+    """Runs ``layers`` on one row per distinct prompt, copies their cache entries to the repeats."""
 
     def __init__(self, layers: list[torch.nn.Module], first: torch.Tensor, inverse: torch.Tensor, on_call):
         super().__init__()
-        self.shared_layers = layers
-        self.first = first
-        self.inverse = inverse
-        self.on_call = on_call
+        self.shared_layers, self.first, self.inverse, self.on_call = layers, first, inverse, on_call
 
     def forward(self, hidden_states, *args, **kwargs):
         batch = hidden_states.shape[0]
@@ -150,21 +142,18 @@ def distinct_rows(*tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] |
 
 @dataclass
 class _Recording:
+    """The first trainable layer's input ``[B, S', H]`` for ``sequences`` ``[B, S]`` (``S - 1`` from `generate()`)."""
+
     sequences: torch.Tensor
-    """``[B, S]``: the prompts and sampled tokens of `generate()`, or the rows of passes without gradients."""
     hidden_states: torch.Tensor
-    """``[B, S', H]``: the first trainable layer's input (``S' = S - 1`` from `generate()`, ``S`` from a forward)."""
     frozen_version: int
     open_to_more_rows: bool = False
-    """A recording of passes without gradients that the next such pass extends."""
 
 
 def first_trainable_layer(layers: torch.nn.ModuleList) -> int:
     """The index of the first decoder layer with a parameter that requires grad (``len(layers)`` if none has)."""
-    for index, layer in enumerate(layers):
-        if any(parameter.requires_grad for parameter in layer.parameters()):
-            return index
-    return len(layers)
+    trainable = (index for index, layer in enumerate(layers) if any(p.requires_grad for p in layer.parameters()))
+    return next(trainable, len(layers))
 
 
 def active_dropout(model: torch.nn.Module, layers: list[torch.nn.Module]) -> list[str]:
@@ -175,52 +164,32 @@ def active_dropout(model: torch.nn.Module, layers: list[torch.nn.Module]) -> lis
         for module in layer.modules()
         if isinstance(module, torch.nn.Dropout) and module.p > 0
     ]
-    config = model.config.get_text_config()
-    for name, value in config.to_dict().items():
+    for name, value in model.config.get_text_config().to_dict().items():
         if "dropout" in name and isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
             found.append(f"config.{name}={value}")
     return found
 
 
 class FrozenPrefixReplay:
-    """The shared prefill and the frozen-layer replay on one model (build it with `replay_frozen_prefix`). At
-    `generate()`'s first forward, the layers (all when none has active dropout, else the frozen ones) run on one row
-    per distinct prompt and their cache entries are copied to the repeats. The first trainable layer's input is
-    recorded during `generate()`, or by the fused-head passes without gradients (TRL's old-log-prob pass, when vLLM
-    sampled); a fused-head pass over recorded sequences (same tokens where the attention mask keeps them) replays it
-    instead of running the frozen layers. Anything else runs every layer.
-
-    `shared_prefills` counts the generations whose prefill was shared, `shared_layers` the layers the last one
-    covered, `replayed` and `computed` the fused-head passes that used the recording and those that ran every layer.
-    """
+    """The shared prefill and the frozen-layer replay on one model (docs/training.md). `shared_prefills` counts the
+    generations whose prefill was shared, `shared_layers` the layers the last one covered, `replayed` and `computed`
+    the fused-head passes that used the recording and those that ran every layer."""
 
     def __init__(self, model: torch.nn.Module, layers: torch.nn.ModuleList, first_trainable: int):
-        self.model = model
-        self.layers = layers
-        self.first_trainable = first_trainable
-        self.replayed = 0
-        self.computed = 0
-        self.shared_prefills = 0
-        self.shared_layers = 0
+        self.model, self.layers, self.first_trainable = model, layers, first_trainable
+        self.replayed = self.computed = self.shared_prefills = self.shared_layers = 0
         self.prefill_inverse: torch.Tensor | None = None
         self.recording: _Recording | None = None
-        self.generating = False
-        self.restore_model = None
+        self.generating, self.restore_model = False, None
 
     def attach(self) -> None:
-        self.restore_model = wrap_methods(
-            self.model,
-            generate=lambda generate: functools.partial(self._generate, generate),
-            forward=lambda forward: functools.partial(self._forward, forward),
-        )
+        self.restore_model = wrap_methods(self.model, generate=self._generate, forward=self._forward)
 
     def detach(self) -> None:
         if self.computed:
             logger.info(
-                "Frozen-layer replay: %d of %d fused-head passes ran every layer (their sequences were not the last "
-                "generate()'s).",
-                self.computed,
-                self.computed + self.replayed,
+                f"Frozen-layer replay: {self.computed} of {self.computed + self.replayed} fused-head passes ran every "
+                "layer (their sequences were not the last generate()'s)."
             )
         if self.restore_model is not None:
             self.restore_model()
@@ -228,9 +197,7 @@ class FrozenPrefixReplay:
         self.recording = None
 
     def _frozen_version(self) -> int:
-        return sum(
-            parameter._version for layer in self.layers[: self.first_trainable] for parameter in layer.parameters()
-        )
+        return sum(p._version for layer in self.layers[: self.first_trainable] for p in layer.parameters())
 
     def _first_trainable_inputs(self):
         return _layer_inputs(self.layers[self.first_trainable], lambda: self.prefill_inverse)
@@ -246,26 +213,22 @@ class FrozenPrefixReplay:
                 if shared is not None:
                     _put_back(self.layers, shared)
         sequences = output if isinstance(output, torch.Tensor) else getattr(output, "sequences", None)
-        if sequences is None or not chunks:
-            return output
-        hidden_states = torch.cat(chunks, dim=1) if all(c.shape[0] == sequences.shape[0] for c in chunks) else None
-        if hidden_states is not None and hidden_states.shape[1] == sequences.shape[1] - 1:
-            self.recording = _Recording(sequences, hidden_states, self._frozen_version())
+        if sequences is not None and chunks and all(c.shape[0] == sequences.shape[0] for c in chunks):
+            hidden_states = torch.cat(chunks, dim=1)
+            if hidden_states.shape[1] == sequences.shape[1] - 1:
+                self.recording = _Recording(sequences, hidden_states, self._frozen_version())
         return output
 
     def _share_prefill(self, args, kwargs) -> list[torch.nn.Module] | None:
-        """Swap in `_SharedPrefill` for `generate()`'s first forward when prompts repeat and no cache is handed in;
-        returns the layers it stands in for (None when it is not swapped in)."""
+        """Swap in `_SharedPrefill` when prompts repeat; returns the layers it stands in for, or None."""
         input_ids = kwargs.get("input_ids", args[0] if args else None)
         given_cache = any(kwargs.get(name) is not None for name in ("past_key_values", "cache"))
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or given_cache:
             return None
         everything = list(self.layers)
         covered = everything if not active_dropout(self.model, everything) else everything[: self.first_trainable]
-        attention = [
-            getattr(getattr(layer, "self_attn", None), "layer_idx", index) for index, layer in enumerate(covered)
-        ]
-        if attention != list(range(len(covered))):
+        layer_indices = [getattr(getattr(layer, "self_attn", None), "layer_idx", i) for i, layer in enumerate(covered)]
+        if layer_indices != list(range(len(covered))):
             return None
         attention_mask = kwargs.get("attention_mask")
         found = distinct_rows(input_ids, *([] if attention_mask is None else [attention_mask]))
@@ -286,14 +249,12 @@ class FrozenPrefixReplay:
         return covered
 
     def recorded_input(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-        """The first trainable layer's input for ``input_ids`` ``[b, T]`` from the recording, or None when a row is
-        not in it (compared at every position ``attention_mask`` keeps). The last column, never fed to the model by
-        `generate()`, is zeros when it was not recorded."""
+        """The first trainable layer's input for ``input_ids`` ``[b, T]`` from the recording (zeros in an unrecorded
+        last column), or None when a row is not in it at the positions ``attention_mask`` keeps."""
         recording = self.recording
         if recording is None or input_ids.dim() != 2 or recording.frozen_version != self._frozen_version():
             return None
-        sequences = recording.sequences
-        length = input_ids.shape[1]
+        sequences, length = recording.sequences, input_ids.shape[1]
         if length > sequences.shape[1] or input_ids.device != sequences.device:
             return None
         kept = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
@@ -301,15 +262,13 @@ class FrozenPrefixReplay:
         matches = same.all(dim=-1)
         if not bool(matches.any(dim=-1).all()):
             return None
-        rows = matches.int().argmax(dim=-1)
-        hidden_states = recording.hidden_states[rows, :length]
+        hidden_states = recording.hidden_states[matches.int().argmax(dim=-1), :length]
         if hidden_states.shape[1] < length:
             hidden_states = torch.nn.functional.pad(hidden_states, (0, 0, 0, length - hidden_states.shape[1]))
         return hidden_states
 
     def _forward(self, forward, *args, **kwargs):
-        replayable = kwargs.get("fused_lm_head") and kwargs.get("shift_labels") is None and not self.generating
-        if not replayable:
+        if not kwargs.get("fused_lm_head") or kwargs.get("shift_labels") is not None or self.generating:
             return forward(*args, **kwargs)
         input_ids = kwargs.get("input_ids", args[0] if args else None)
         hidden_states = None if input_ids is None else self.recorded_input(input_ids, kwargs.get("attention_mask"))
@@ -325,8 +284,7 @@ class FrozenPrefixReplay:
             return forward(*args, **kwargs)
 
     def _recording_forward(self, forward, input_ids: torch.Tensor, args: tuple, kwargs: dict):
-        """Run every layer and record the first trainable layer's input for the rows of ``input_ids``: a recording of
-        its own, or more rows of the open one."""
+        """Run every layer, recording the first trainable layer's input (anew, or as more rows of the open one)."""
         with self._first_trainable_inputs() as inputs:
             output = forward(*args, **kwargs)
         if len(inputs) != 1 or inputs[0].shape[:2] != input_ids.shape:
@@ -367,9 +325,8 @@ def replay_blockers(model: torch.nn.Module) -> list[str]:
 
 @contextmanager
 def replay_frozen_prefix(model: torch.nn.Module) -> Iterator[FrozenPrefixReplay | None]:
-    """`FrozenPrefixReplay` on ``model`` (the transformers model whose ``generate`` and fused-head ``forward`` TRL
-    calls; for a PEFT model, ``model.get_base_model()``) inside the block, or None (and a log line saying why) when
-    `replay_blockers` finds a reason."""
+    """`FrozenPrefixReplay` on ``model`` (for a PEFT model, ``model.get_base_model()``) inside the block, or None
+    (and a log line saying why) when `replay_blockers` finds a reason."""
     blockers = replay_blockers(model)
     if blockers:
         logger.info("Frozen-layer replay is off: %s.", "; ".join(blockers))
@@ -391,8 +348,8 @@ def policy_of(model: torch.nn.Module) -> torch.nn.Module:
 
 @contextmanager
 def recording_first_trainable_input(model: torch.nn.Module) -> Iterator[list[torch.Tensor] | None]:
-    """The input of ``model``'s first trainable decoder layer at each call inside the block, detached, in call order;
-    None (and nothing recorded) when `replay_blockers` says the frozen layers cannot be skipped."""
+    """The input of ``model``'s first trainable decoder layer at each call in the block, detached, in call order; None
+    (and nothing recorded) when `replay_blockers` finds a reason."""
     if replay_blockers(policy_of(model)):
         yield None
         return
@@ -404,8 +361,7 @@ def recording_first_trainable_input(model: torch.nn.Module) -> Iterator[list[tor
 @contextmanager
 def frozen_layers_replaced(model: torch.nn.Module, recorded: list[torch.Tensor]) -> Iterator[None]:
     """Within, ``model``'s frozen bottom decoder layers are not run: the first trainable layer receives, call after
-    call, the inputs `recording_first_trainable_input` recorded for the same sequences (`stapo-trl counterfactual`
-    reads the same sequences under many trainable weights)."""
+    call, the inputs `recording_first_trainable_input` recorded for the same sequences."""
     layers, _ = decoder_layers(policy_of(model))
     with _frozen_layers_skipped(layers, first_trainable_layer(layers), recorded):
         yield

@@ -1,12 +1,6 @@
-"""stapo-trl's CPU path for TRL's fused LM head (docs/training.md).
-
-TRL's trainers patch the model with ``trl.trainer.utils.add_fused_lm_head``, whose op (``ChunkedLogProbFunction``)
-falls back on the CPU to a torch path that scores every position, prompt and padding included, in large tiles.
-`apply_cpu_lm_head` makes that head score only the labelled positions on the CPU, with `CPULogProbEntropy`
-(`stapo_trl.core.token_stats.torch_backend`), for models patched before or after the call, process-wide; results
-agree with TRL's fallback to float tolerance. Importing stapo-trl changes nothing; `stapo_trl.cpu.cpu_runtime` turns
-it on for its block when the arguments train on the CPU.
-"""
+"""stapo-trl's CPU path for TRL's fused LM head (docs/training.md): `apply_cpu_lm_head` makes every head patched by
+TRL's ``add_fused_lm_head`` score only the labelled positions on the CPU with `CPULogProbEntropy`, process-wide, where
+TRL's fallback scores every position; results agree to float tolerance. `stapo_trl.cpu.cpu_runtime` turns it on."""
 
 from __future__ import annotations
 
@@ -25,29 +19,24 @@ from ..core.token_stats.torch_backend import (
 )
 from ..trl_boundary.patches import fused_head_op, install_fused_head_op
 
-HANDLED_OUTPUTS = frozenset({"entropy"})
-"""TRL's optional outputs this op computes; a request for any other goes to TRL's op."""
-
 
 def handles(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, outputs: tuple[str, ...]) -> bool:
-    """Whether `CPULogProbEntropy` computes this call rather than TRL's op (see `FusedHeadOp`)."""
+    """Whether `CPULogProbEntropy` computes this call rather than TRL's op."""
     tensors = [hidden, weight] + ([] if bias is None else [bias])
     return (
         all(tensor.device.type == "cpu" for tensor in tensors)
         and hidden.dtype in (torch.float32, torch.float64)
         and all(tensor.dtype == hidden.dtype for tensor in tensors)
         and not torch.is_autocast_enabled("cpu")
-        and set(outputs) <= HANDLED_OUTPUTS
+        and set(outputs) <= {"entropy"}
         and not any(hasattr(tensor, "ds_id") for tensor in tensors)
     )
 
 
 @dataclass(eq=False)
 class FusedHeadOp:
-    """A drop-in for TRL's ``ChunkedLogProbFunction`` in `add_fused_lm_head`: same ``apply`` arguments and outputs.
-    `CPULogProbEntropy` computes CPU tensors in fp32 or fp64 outside autocast when only log-probabilities and
-    entropies are asked for; everything else (GPUs, autocast, other outputs, a ZeRO-3 partitioned head) goes to
-    ``fallback``, TRL's op."""
+    """A drop-in for TRL's ``ChunkedLogProbFunction`` in `add_fused_lm_head`: `CPULogProbEntropy` computes the calls
+    it `handles` (CPU, fp32 or fp64, no autocast, no ZeRO-3, only entropies asked for); others go to ``fallback``."""
 
     fallback: Any
     _: KW_ONLY
@@ -92,14 +81,9 @@ _settings: dict | None = None
 def apply_cpu_lm_head(
     *, block_rows: int = DEFAULT_BLOCK_ROWS, keep_logits_bytes: int = DEFAULT_KEEP_LOGITS_BYTES
 ) -> None:
-    """Route TRL's fused LM head through `CPULogProbEntropy` on the CPU. Calling it again replaces the settings.
-
-    Args:
-        block_rows: tokens per block of the projection.
-        keep_logits_bytes: when a forward records a graph and its ``[N, V]`` transformed logits take at most this
-            many bytes, they are kept for the backward, which then skips recomputing the projection. 0 always
-            recomputes.
-    """
+    """Route TRL's fused LM head through `CPULogProbEntropy` on the CPU; calling it again replaces the settings.
+    ``block_rows``: tokens per block of the projection. ``keep_logits_bytes``: a graph-recording forward whose
+    ``[N, V]`` logits take at most this many bytes keeps them for the backward instead of recomputing (0: never)."""
     global _restore, _settings
     revert_cpu_lm_head()
     settings = {"block_rows": block_rows, "keep_logits_bytes": keep_logits_bytes}

@@ -30,24 +30,20 @@ class CPURuntime:
     on_cpu: bool
     """Whether the arguments train on the CPU; when not, nothing else is on."""
     lm_head: bool = False
-    """The CPU LM head is on (`stapo_trl.cpu.lm_head`)."""
     colocated_vllm: CPUEngineSettings | None = None
     """The settings of colocated vLLM on vLLM's CPU backend, when the arguments ask for colocated vLLM."""
     replay_frozen_layers: bool = False
-    """Attached trainers get the shared prefill and frozen-layer replay (where their model allows)."""
     inplace_kv_cache: bool = False
-    """Attached trainers get the in-place key/value cache for their `generate()`."""
+    """Attached trainers get the frozen-layer replay (where their model allows) and the in-place key/value cache."""
     environment_not_in_effect: dict[str, str] = field(default_factory=dict)
-    """The CPU environment defaults (`stapo_trl.cpu.environment`) missing from this process's environment."""
+    """The CPU environment defaults missing from this process's environment."""
     replays: dict[int, FrozenPrefixReplay | None] = field(default_factory=dict)
-    """The frozen-layer replay of each attached policy model, by ``id``; None where the model does not allow it."""
+    """The frozen-layer replay of each attached policy model, by ``id`` (None where the model does not allow it)."""
     _stack: ExitStack = field(default_factory=ExitStack, repr=False)
 
     def attach(self, trainer) -> FrozenPrefixReplay | None:
-        """Turn on, until the block ends, what needs the trainer's policy model (under its DDP and PEFT wrappers): the
-        in-place key/value cache, then the frozen-layer replay. Trainers built in the block are attached when their
-        training begins; call this for one that does not train (``stapo-trl counterfactual``). Returns the replay
-        (None when off or not allowed); a model attached twice keeps its first replay."""
+        """Attach a trainer that does not train (trainers are attached when their training begins) until the block
+        ends. Returns its replay (None when off or not allowed); a model attached twice keeps its first replay."""
         return self.attach_model(trainer.accelerator.unwrap_model(trainer.model))
 
     def attach_model(self, model) -> FrozenPrefixReplay | None:
@@ -68,8 +64,7 @@ class CPURuntime:
 
 
 class AttachAtTrainBegin(TrainerCallback):
-    """Attaches a trainer's policy model to the `CPURuntime` when its training begins (one of transformers'
-    ``DEFAULT_CALLBACKS`` while a `cpu_runtime` block runs)."""
+    """Attaches a trainer's policy model to the `CPURuntime` when its training begins."""
 
     def __init__(self, runtime: CPURuntime):
         self.runtime = runtime
@@ -88,20 +83,10 @@ def active_cpu_runtime() -> CPURuntime | None:
 def cpu_runtime(
     args: Any, *, lm_head: bool = True, replay_frozen_layers: bool = True, inplace_kv_cache: bool = True
 ) -> Iterator[CPURuntime]:
-    """Turn on stapo-trl's CPU speed-ups for the trainers built and trained inside the block (docs/training.md)::
-
-        with cpu_runtime(args):
-            trainer = STAPOTrainer(model=..., reward_funcs=..., args=args, train_dataset=...)
-            trainer.train()
-
-    ``args`` are the trainer's arguments; when ``args.device`` is not the CPU, the block changes nothing. On the CPU:
-    the CPU LM head (`stapo_trl.cpu.lm_head`), process-wide while the block runs; colocated vLLM on vLLM's CPU backend
-    (`stapo_trl.cpu.colocated_vllm`) when ``args`` ask for ``use_vllm=True`` with ``vllm_mode="colocate"``; the shared
-    prefill and frozen-layer replay (`stapo_trl.cpu.frozen_layer_replay`) and the in-place key/value cache
-    (`stapo_trl.cpu.kv_cache`) for every trainer attached (see `CPURuntime.attach`). The keyword arguments turn each
-    off. torch's environment (`stapo_trl.cpu.environment`) takes effect only when set before torch loads: the block
-    sets nothing and logs one warning naming the defaults missing. Yields the `CPURuntime` that says what is on.
-    """
+    """Turn on stapo-trl's CPU speed-ups (docs/training.md) for the trainers built and trained inside the block when
+    ``args.device`` (the trainer's arguments) is the CPU: the CPU LM head, process-wide; colocated vLLM when ``args``
+    ask for it; the frozen-layer replay and the in-place key/value cache for every trainer attached. The keyword
+    arguments turn each off. Warns of missing CPU environment defaults; yields the `CPURuntime` saying what is on."""
     runtime = CPURuntime(on_cpu=args.device.type == "cpu")
     with runtime._stack:
         if runtime.on_cpu:
@@ -109,11 +94,9 @@ def cpu_runtime(
             if runtime.environment_not_in_effect:
                 settings = " ".join(f"{name}={value}" for name, value in runtime.environment_not_in_effect.items())
                 logger.warning(
-                    "CPU training runs without %s: torch reads these only when it loads. Set them in the shell, or "
-                    "call stapo_trl.cpu.environment.set_cpu_environment() before anything imports torch (%s=0 "
-                    "silences this).",
-                    settings,
-                    SWITCH,
+                    f"CPU training runs without {settings}: torch reads these only when it loads. Set them in the "
+                    "shell, or call stapo_trl.cpu.environment.set_cpu_environment() before anything imports torch "
+                    f"({SWITCH}=0 silences this)."
                 )
             if lm_head:
                 runtime._stack.enter_context(cpu_lm_head())
