@@ -258,15 +258,11 @@ class VLLMBackend:
         from vllm import SamplingParams
 
         prompts = [{"prompt_token_ids": list(request.prompt_token_ids)} for request in requests]
+        shared = {"temperature": sampling.temperature, "top_p": sampling.top_p, "max_tokens": sampling.max_new_tokens}
+        seeds = [request_seed(sampling.seed, request.key, request.sample_indices[0]) for request in requests]
         params = [
-            SamplingParams(
-                n=len(request.sample_indices),
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                max_tokens=sampling.max_new_tokens,
-                seed=request_seed(sampling.seed, request.key, request.sample_indices[0]),
-            )
-            for request in requests
+            SamplingParams(n=len(request.sample_indices), seed=seed, **shared)
+            for request, seed in zip(requests, seeds, strict=True)
         ]
         outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
         return [[self._generation(completion) for completion in output.outputs] for output in outputs]

@@ -96,14 +96,9 @@ def load_problems(config: EvalConfig, tokenizer) -> dict[str, list[Problem]]:
             "use a tokenizer that has one (training formats prompts with the chat template)."
         )
     problems = {}
+    prompting = {"prompt_style": config.prompt_style, "system_prompt": config.system_prompt}
     for name in config.benchmarks:
-        dataset = load_benchmark(
-            name,
-            config.source_for(name),
-            split=config.split_overrides.get(name),
-            prompt_style=config.prompt_style,
-            system_prompt=config.system_prompt,
-        )
+        dataset = load_benchmark(name, config.source_for(name), split=config.split_overrides.get(name), **prompting)
         if config.max_problems is not None and len(dataset) > config.max_problems:
             dataset = dataset.select(range(config.max_problems))
         rows: dict[str, Problem] = {}
@@ -200,25 +195,16 @@ def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) ->
     settings_summary = []
     try:
         for name, temperature, top_p in config.sampling_settings():
-            store = SampleStore(
-                output_dir / f"samples.{name}.jsonl",
-                _settings_fingerprint(config, model, temperature, top_p),
-                overwrite=config.overwrite,
-            )
+            fingerprint = _settings_fingerprint(config, model, temperature, top_p)
+            store = SampleStore(output_dir / f"samples.{name}.jsonl", fingerprint, overwrite=config.overwrite)
             chunks = _pending_requests(problems, config, store, chunk)
             pending = sum(len(request.sample_indices) for part in chunks for _, request in part)
             if pending:
                 if backend is None:
                     backend = owned_backend = _build_backend(config, model, backend_name)
                 sampling = SamplingParameters(temperature, top_p, config.max_new_tokens, config.seed)
-                with tqdm(
-                    total=expected,
-                    initial=expected - pending,
-                    desc=f"{model.label} [{name}]",
-                    unit="sample",
-                    disable=not config.show_progress,
-                    dynamic_ncols=True,
-                ) as progress:
+                bar = {"desc": f"{model.label} [{name}]", "unit": "sample", "disable": not config.show_progress}
+                with tqdm(total=expected, initial=expected - pending, dynamic_ncols=True, **bar) as progress:
                     progress.set_postfix_str(_problems_done(problems, config, store))
                     for part in chunks:
                         records = _generate_and_grade(backend, part, sampling, grader, backend_name)
@@ -233,15 +219,12 @@ def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) ->
         if owned_backend is not None:
             owned_backend.close()
 
-    summary = {
-        "model": {key: getattr(model, key) for key in ("label", "reference", "weights", "adapter", "method", "size")},
-        "settings": settings_summary,
-        "datasets": {name: _dataset_record(config, name) for name in config.benchmarks},
-        **{key: getattr(config, key) for key in ("max_new_tokens", "prompt_style", "graders")},
-        "backend": backend_name,
-        "seed": config.seed,
-        "seconds_this_run": round(time.perf_counter() - started, 1),
-    }
+    model_keys = ("label", "reference", "weights", "adapter", "method", "size")
+    summary = {"model": {key: getattr(model, key) for key in model_keys}, "settings": settings_summary}
+    summary |= {"datasets": {name: _dataset_record(config, name) for name in config.benchmarks}}
+    summary |= {key: getattr(config, key) for key in ("max_new_tokens", "prompt_style", "graders")}
+    summary |= {"backend": backend_name, "seed": config.seed}
+    summary["seconds_this_run"] = round(time.perf_counter() - started, 1)
     unique_rows = {}  # the first row of each (source, model, setting)
     for item in (summary, *compared):
         for row in summary_rows(item, with_paper=config.paper_comparison):

@@ -36,11 +36,8 @@ class SampleStore:
             self.path.unlink(missing_ok=True)
             self.settings_path.unlink(missing_ok=True)
         if self.settings_path.is_file():
-            recorded = read_json_file(
-                self.settings_path,
-                "the settings of the samples beside it",
-                "Pass --overwrite to discard the samples and start over, or use another output_dir.",
-            )
+            remedy = "Pass --overwrite to discard the samples and start over, or use another output_dir."
+            recorded = read_json_file(self.settings_path, "the settings of the samples beside it", remedy)
             changed = sorted(key for key in set(recorded) | set(settings) if recorded.get(key) != settings.get(key))
             if changed:
                 details = "; ".join(f"{key}: {recorded.get(key)!r} then, {settings.get(key)!r} now" for key in changed)
