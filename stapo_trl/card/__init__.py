@@ -1,2 +1,1 @@
-"""The model card with the run's record, evaluation results and model index, which `stapo-trl train` and
-`stapo-trl eval` write (the card the trainer itself writes cites STAPO and names its thresholds)."""
+"""The model card with the run's record, evaluation results and model index (`stapo-trl train` and `eval` write it)."""

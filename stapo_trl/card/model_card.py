@@ -371,9 +371,8 @@ def run_facts(data: dict[str, Any], output_dir: str | Path, hub_model_id: str | 
 
 
 def refresh_model_card(output_dir: str | Path) -> Path:
-    """Rewrite a saved run's card from ``README.md``, ``training_args.bin`` and ``trainer_state.json`` in
-    ``output_dir`` (after `stapo-trl eval --output_dir OUTPUT_DIR/eval`, say): the STAPO sections and ``model-index``
-    are rebuilt; the rest of the metadata, TRL's training procedure and citations are kept."""
+    """Rebuild the STAPO sections and ``model-index`` of the card in ``output_dir`` from its files (after `stapo-trl
+    eval --output_dir OUTPUT_DIR/eval`, say); the rest of the metadata, TRL's training procedure and citations stay."""
     output_dir = Path(output_dir)
     card, args, state = (output_dir / name for name in ("README.md", "training_args.bin", TRAINER_STATE_FILE))
     missing = [path.name for path in (card, args) if not path.is_file()]

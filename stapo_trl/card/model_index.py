@@ -1,6 +1,5 @@
-"""The results of a model card's ``model-index`` metadata, as `huggingface_hub.EvalResult`s (which results go there,
-and which stay in the card's table alone: docs/diagnostics.md, "The model card"): the held-out greedy accuracy after
-training, and the avg@k of `stapo-trl eval` summaries measured on a whole benchmark from a Hub dataset."""
+"""The results of a model card's ``model-index`` metadata, as `huggingface_hub.EvalResult`s; which results go there:
+docs/diagnostics.md, "The model card"."""
 
 from __future__ import annotations
 
@@ -43,9 +42,8 @@ def card_results(
     heldout_dataset: tuple[str, str] | None,
     summaries: list[tuple[str, dict[str, Any]]],
 ) -> CardResults:
-    """The card's results: the held-out accuracy (when ``heldout_dataset``, its data's id and description, is known)
-    and the avg@k of each ``(location, summary)`` measured on a whole Hub benchmark with all its samples; the others,
-    and a result for the same data, metric and setting as an earlier one, are left out with the reason."""
+    """The held-out accuracy (when ``heldout_dataset``, its data's id and description, is known) and the avg@k of each
+    ``(location, summary)`` on a whole Hub benchmark with every sample; the others and repeats left out with why."""
     results = CardResults()
     if accuracy_after and heldout_dataset is not None:
         dataset, title = heldout_dataset

@@ -1,6 +1,5 @@
-"""Every figure the package draws, as PNGs of what the data classes below state, and the only module that imports
-matplotlib (headless Agg, inside the drawing functions): an axis that cannot go negative starts at its floor, a step
-logged without a value breaks the line and is marked on the x axis, and a panel with nothing to draw says why."""
+"""Every figure the package draws, as PNGs of what the data classes below state; the only module that imports
+matplotlib (headless Agg, inside the drawing functions)."""
 
 from __future__ import annotations
 
@@ -33,7 +32,8 @@ class Series:
 @dataclass
 class LinePanel:
     """A panel of one metric over the optimizer steps, one series per run. ``y_floor`` is the lowest value the axis
-    shows; ``undefined_label`` names what a step without a value means; ``notes`` say why a run has no line."""
+    shows; ``undefined_label`` names what a step without a value (marked on the x axis) means; ``notes`` say why a
+    run has no line, or, when no run has one, fill the panel."""
 
     title: str
     series: list[Series]
@@ -58,7 +58,7 @@ class TokenBars:
 class DensityPanel:
     """One run's p-H density: ``counts[i][j]`` tokens in bin i of log10 p and j of H over ``extent`` (log10 p low,
     high, H low, high); the silencing region ``silenced_box`` (log10 probability bound, median threshold), or the
-    bound alone (``threshold_only``) without candidates; the dumped silenced tokens as ``(log10 p, H)``."""
+    bound alone (``threshold_only``); the dumped silenced tokens as ``(log10 p, H)``."""
 
     title: str
     counts: list[list[int]] | None = None
@@ -181,8 +181,7 @@ def plot_token_bars(bars: Sequence[TokenBars], path: str | Path, limit: int = 15
             _note(axis, run_bars.note)
             continue
         if run_bars.rows:
-            for spine in axis.spines.values():
-                spine.set_visible(False)
+            axis.set_frame_on(False)
             table = axis.table(
                 cellText=[list(row) for row in run_bars.rows],
                 colLabels=["step", "token in context", "p", "H", "A"],
@@ -204,16 +203,10 @@ def plot_token_bars(bars: Sequence[TokenBars], path: str | Path, limit: int = 15
     return save_figure(figure, path)
 
 
-def plot_density_panels(
-    panels: Sequence[DensityPanel],
-    path: str | Path,
-    *,
-    limits: tuple[float, float] | None = None,
-    title: str | None = None,
-) -> Path:
-    """One p-H density per run on shared axes: a log-scaled histogram, the silencing region as a dashed box (or the
-    probability bound as a dashed line), and the silenced tokens as crosses. The axes run from ``limits`` (lowest
-    log10 p, highest H) to ``log10 p = 0`` and ``H = 0``."""
+def plot_density_panels(panels: Sequence[DensityPanel], path: str | Path, limits: tuple[float, float] | None) -> Path:
+    """One p-H density of positive-advantage tokens per run on shared axes, from ``limits`` (lowest log10 p, highest H)
+    to ``log10 p = 0`` and ``H = 0``: a log-scaled histogram, the silencing region as a dashed box (or the probability
+    bound as a dashed line), and the silenced tokens as crosses."""
     from matplotlib.colors import LogNorm
     from matplotlib.patches import Rectangle
 
@@ -249,7 +242,7 @@ def plot_density_panels(
     axes[0].set_ylabel("H: entropy at the position (nats)")
     if limits is not None:
         axes[0].set(xlim=(limits[0], 0.0), ylim=(0.0, limits[1]))
-    return save_figure(figure, path, title=title)
+    return save_figure(figure, path, title="Positive-advantage completion tokens over probability and entropy")
 
 
 ZERO_LABEL = "0"
@@ -264,9 +257,8 @@ def draw_grouped_bars(
     group_titles: Mapping[str, str] | None = None,
     ylabel: str = "",
 ) -> None:
-    """Draw a grouped bar chart on ``axis``: one group per entry of ``groups``, one bar per row that has a value
-    there, and a legend naming every row. A value of 0 gets a stub in the row's colour on the baseline and the label
-    `ZERO_LABEL` above it. The axis starts at 0 (lower only if a value is negative)."""
+    """Draw a grouped bar chart on ``axis``: one group per entry of ``groups``, one bar per row that has a value there,
+    a legend naming every row; a 0 gets a stub labelled `ZERO_LABEL`; the axis starts at 0 (or below)."""
     width = 0.8 / len(rows)
     colors = pyplot().rcParams["axes.prop_cycle"].by_key()["color"]
     lowest, highest = 0.0, 0.0
@@ -315,8 +307,7 @@ def plot_grouped_bars(
 
 @dataclass
 class DifferenceRow:
-    """One comparison in a `DifferencePanel`: its paired differences, their mean and 95% interval (None where there
-    are too few), and the mean of each group of differences (a run's, say)."""
+    """One comparison: its paired differences, their mean and 95% interval (None if too few), and each group's mean."""
 
     label: str
     values: list[float]

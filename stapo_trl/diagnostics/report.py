@@ -1,5 +1,4 @@
-"""`stapo-trl report`: ``report.md`` (and ``report.html``) of one or more training runs, with the figures of
-:mod:`.report_figures` (what it holds: docs/diagnostics.md)."""
+"""`stapo-trl report`: ``report.md`` (and ``report.html``) of training runs, with :mod:`.report_figures`' figures."""
 
 from __future__ import annotations
 
@@ -104,8 +103,7 @@ def console_lines(run: RunLogs) -> list[str]:
 
 
 def paired_heldout(runs: list[RunLogs]) -> list[str]:
-    """For each pair of runs with held-out results (``heldout_results.jsonl``) on the same problems, a Markdown line:
-    how many each solved after training, how many they disagree on each way, and whether that is beyond chance."""
+    """Per pair of runs with ``heldout_results.jsonl`` on the same problems: what each solved alone; a sign test."""
     results = {}
     for run in runs:
         path = run.directory / HELDOUT_RESULTS_FILE

@@ -1,5 +1,4 @@
-"""The figures of `stapo-trl report` (every run on shared axes) and the training curves of `stapo-trl train`: what
-each panel shows of the runs' logs and records, as the data classes of :mod:`.plotting`, which draws them."""
+"""What the figures of `stapo-trl report` and `stapo-trl train` show of runs, as :mod:`.plotting`'s data classes."""
 
 from __future__ import annotations
 
@@ -73,9 +72,8 @@ def line_panel(
 
 
 def masking_panels(runs: list[RunLogs]) -> tuple[LinePanel, LinePanel]:
-    """The silenced fraction (%) of each run's silencing rule (`RunRecord.silencing_rule`, else what the rule in
-    shadow would have silenced), its legend counting the silenced tokens and candidates, and the rule's threshold over
-    the steps: the metric it summarises as ``threshold_median`` (S2T's ``tau_h``), titled by its meaning and unit."""
+    """The silenced fraction (%) of each run's `RunRecord.silencing_rule` (else of the rule in shadow), with its
+    silenced tokens and candidates, and the metric it summarises as ``threshold_median`` (S2T's ``tau_h``) per step."""
     absent = "no token rule silenced tokens (none was on)"
     fraction, threshold = (LinePanel(title="", series=[], y_floor=0.0) for _ in range(2))
     rules, thresholds = {}, {}  # ordered sets: the rules and threshold titles, in order of first appearance
@@ -113,8 +111,7 @@ def masking_panels(runs: list[RunLogs]) -> tuple[LinePanel, LinePanel]:
 
 
 def token_bars(run: RunLogs, limit: int = 15) -> TokenBars:
-    """One run's bars of its most frequent silenced tokens, or, when every one shown was silenced equally often, a
-    table of the dumped tokens in their context."""
+    """One run's bars of its most frequent silenced tokens, or a table of them in context when all counts are equal."""
     written = len(run.silenced_tokens or [])
     if run.dump_stats is None:
         return TokenBars(run.label, [], [], note="no token dump: train with dump_silenced_tokens: true")
@@ -145,9 +142,9 @@ def density_panel(run: RunLogs) -> DensityPanel:
     """One run's p-H density; the silencing region spans the probability bound and the median threshold."""
     if run.dump_stats is None:
         return DensityPanel(run.label, note="no token dump:\ntrain with dump_silenced_tokens: true")
-    stats = run.dump_stats
-    extent = tuple(float(value) for value in _density_extent(stats))
-    panel = DensityPanel(run.label, counts=stats["density"]["positive_advantage"], extent=extent)
+    stats, density = run.dump_stats, run.dump_stats["density"]
+    extent = tuple(float(value) for value in (*density["log10_p_range"], *density["entropy_range"]))
+    panel = DensityPanel(run.label, counts=density["positive_advantage"], extent=extent)
     if panel.num_tokens == 0:
         panel.note = "no completion token had a positive advantage"
     probability_bound = stats.get("probability_bound")
@@ -184,20 +181,14 @@ def plot_training_curves(records: list[dict], path: str | Path, *, label: str, t
     return plot_line_panels(training_curve_panels(records, label), path, panel_size=(3.9, 3.2), title=title, dpi=110)
 
 
-def _density_extent(stats: dict[str, Any]) -> tuple[float, float, float, float]:
-    density = stats["density"]
-    return (*density["log10_p_range"], *density["entropy_range"])
-
-
 def density_limits(runs: list[RunLogs]) -> tuple[float, float] | None:
-    """The lowest log10 p and highest H worth showing of the runs' densities (all tokens, any advantage): their
-    populated bins and probability bounds, with a margin; None when every bin is empty."""
+    """The lowest log10 p and highest H of the runs' populated bins and probability bounds, with a margin, or None."""
     limits = []
     for stats in [run.dump_stats for run in runs if run.dump_stats is not None]:
         counts = np.add(stats["density"]["positive_advantage"], stats["density"]["other"])
         if counts.sum() == 0:
             continue
-        x_low, x_high, y_low, y_high = _density_extent(stats)
+        x_low, x_high, y_low, y_high = (*stats["density"]["log10_p_range"], *stats["density"]["entropy_range"])
         rows, columns = np.nonzero(counts)
         x_width, y_width = (x_high - x_low) / counts.shape[0], (y_high - y_low) / counts.shape[1]
         lowest_p = x_low + rows.min() * x_width - 2 * x_width
@@ -225,12 +216,8 @@ def plot_report_figures(runs: list[RunLogs], output_dir: Path, top_tokens: int) 
         for name, (panels, size) in line_figures.items()
     }
     if any(run.dump_stats is not None for run in runs):
-        figures["token_density"] = plot_density_panels(
-            [density_panel(run) for run in runs],
-            output_dir / FIGURES["token_density"],
-            limits=density_limits(runs),
-            title="Positive-advantage completion tokens over probability and entropy",
-        )
+        densities, limits = [density_panel(run) for run in runs], density_limits(runs)
+        figures["token_density"] = plot_density_panels(densities, output_dir / FIGURES["token_density"], limits)
         bars = [token_bars(run, top_tokens) for run in runs]
         figures["top_silenced_tokens"] = plot_token_bars(bars, output_dir / FIGURES["top_silenced_tokens"], top_tokens)
     return figures

@@ -1,5 +1,4 @@
-"""What `stapo-trl report` reads of a run directory (which log it takes: docs/diagnostics.md): its training log, its
-silenced-token dump when it has one, and the run's record built from them."""
+"""What `stapo-trl report` reads of a run directory: its log (which one: docs/diagnostics.md), dump and record."""
 
 from __future__ import annotations
 
@@ -37,16 +36,12 @@ class RunLogs:
 
 
 def find_log_source(directory: Path) -> Path | None:
-    """The file a run's training log is read from: its ``trainer_state.json``, the newest checkpoint's, or
-    ``metrics.jsonl``; None when there is none."""
-    own = directory / TRAINER_STATE_FILE
-    if own.is_file():
+    """The run's log: its ``trainer_state.json``, the newest checkpoint's, or ``metrics.jsonl``; None if none is."""
+    if (own := directory / TRAINER_STATE_FILE).is_file():
         return own
-    checkpoint = last_complete_checkpoint(directory)
-    if checkpoint is not None:
+    if (checkpoint := last_complete_checkpoint(directory)) is not None:
         return checkpoint / TRAINER_STATE_FILE
-    metrics = directory / METRICS_FILE
-    return metrics if metrics.is_file() else None
+    return metrics if (metrics := directory / METRICS_FILE).is_file() else None
 
 
 def read_metrics(path: str | Path) -> list[dict]:
@@ -57,9 +52,8 @@ def read_metrics(path: str | Path) -> list[dict]:
 def read_log(source: Path) -> list[dict[str, Any]]:
     """Every record of a ``trainer_state.json``'s log history or of a ``metrics.jsonl``."""
     try:
-        if source.name == METRICS_FILE:
-            return read_json_lines(source)
-        return json.loads(source.read_text()).get("log_history", [])
+        is_metrics = source.name == METRICS_FILE
+        return read_json_lines(source) if is_metrics else json.loads(source.read_text()).get("log_history", [])
     except ValueError as error:  # json.JSONDecodeError is a ValueError
         raise ReportError(
             f"{source} cannot be read ({error}); the file is damaged. Point the report at a checkpoint-N/ of the run, "
@@ -82,8 +76,7 @@ def load_run(directory: str | Path, label: str | None = None) -> RunLogs:
     directory = Path(directory)
     if not directory.is_dir():
         raise ReportError(f"{directory}: no such directory.")
-    source = find_log_source(directory)
-    if source is None:
+    if (source := find_log_source(directory)) is None:
         raise ReportError(
             f"{directory}: no training log found. The report reads {TRAINER_STATE_FILE} (written at the end of "
             f"`stapo-trl train`, by `trainer.save_state()`, and in every checkpoint-N/) or {METRICS_FILE} (written "
@@ -91,8 +84,7 @@ def load_run(directory: str | Path, label: str | None = None) -> RunLogs:
             "trainer.train() in your own script."
         )
     log = read_log(source)
-    history = _steps(log)
-    if not history:
+    if not (history := _steps(log)):
         raise ReportError(
             f"{source}: the log holds no training steps. Was the run stopped before its first logging step "
             "(logging_steps)?"

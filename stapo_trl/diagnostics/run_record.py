@@ -52,8 +52,7 @@ def is_finite_number(value) -> bool:
 
 
 def is_training_record(record: dict) -> bool:
-    """Whether a logged record is a training step: not the end-of-training summary (``train_runtime``) and not an
-    evaluation record (keys ``eval_*``)."""
+    """Whether a logged record is a step's: not the final summary (``train_runtime``) or an evaluation (``eval_*``)."""
     return "train_runtime" not in record and not any(key.startswith("eval_") for key in record)
 
 
@@ -161,7 +160,7 @@ class RunRecord:
     logged_steps: int = 0
     last_logged_step: int | None = None
     trends: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """`Trend.to_dict` of each logged `TREND_METRICS`; ``reward_first`` and ``reward_last`` repeat its quarter means."""
+    """`Trend.to_dict` of each logged `TREND_METRICS`; ``reward_first``, ``reward_last``: reward's quarter means."""
     reward_first: float | None = None
     reward_last: float | None = None
     token_rules: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -184,7 +183,7 @@ class RunRecord:
     dataset_description: str | None = None
     """What the model was trained on, for the model card, when it is not a Hub dataset."""
     dataset_reference: str | None = None
-    """``dataset_name`` as given (a Hub id, ``arithmetic``, ``sample``, or a local path's name), for ``model-index``."""
+    """``dataset_name`` as given (a Hub id, ``arithmetic``, ``sample``, or a local path's name), for model-index."""
     seconds_total: float | None = None
     seconds_training: float | None = None
     files: dict[str, str] = field(default_factory=dict)

@@ -1,6 +1,5 @@
-"""The silenced-token dump (files, fields and bounds: docs/diagnostics.md), written by `SilencedTokenDumpCallback`
-with the settings of `TokenDumpArguments`. Only the main process writes; each checkpoint holds a copy of the counts
-and the density, and a run resumed from it keeps the records of the steps it covers and appends."""
+"""The silenced-token dump (files, fields and bounds: docs/diagnostics.md), written by `SilencedTokenDumpCallback` with
+the settings of `TokenDumpArguments`; each checkpoint holds its counts, and a run resumed from one appends to it."""
 
 from __future__ import annotations
 
@@ -71,9 +70,8 @@ def _json_lines(records: list[dict[str, Any]]) -> str:
 def token_records(
     tokens: StepTokens, positions: torch.Tensor, tokenizer, *, step: int, process_index: int, context_tokens: int
 ) -> list[dict[str, Any]]:
-    """The dump records of the silenced tokens at ``positions`` (``(row, position)`` pairs): text, the context from
-    the completion's own loss tokens, p, H and advantage; ``sample_id`` ``"<step>-<process>-<row>"`` names the
-    completion."""
+    """The dump records of the silenced tokens at ``positions`` (``(row, position)`` pairs): text, context from the
+    completion's own tokens, p, H and advantage; ``sample_id`` ``"<step>-<process>-<row>"`` names the completion."""
     records, advantages = [], per_token_advantages(tokens.advantages, tokens.loss_mask)
     decode = partial(tokenizer.decode, skip_special_tokens=False, clean_up_tokenization_spaces=False)
     for row, position in positions.tolist():
@@ -236,14 +234,10 @@ class TokenDumpArguments:
         },
     )
     dump_tokens_per_step: int = field(
-        default=64,
-        metadata={
-            "help": "Silenced tokens written per optimizer step, sampled over all processes; the rest are dropped."
-        },
+        default=64, metadata={"help": "Per-step cap on silenced tokens written, sampled over all ranks; rest dropped."}
     )
     dump_max_tokens: int = field(
-        default=5000,
-        metadata={"help": "Silenced tokens written over the run; later ones are counted only."},
+        default=5000, metadata={"help": "Per-run cap on silenced tokens written; later ones are counted only."}
     )
     dump_context_tokens: int = field(
         default=20, metadata={"help": "Completion tokens of context decoded on each side of a silenced token."}
@@ -261,8 +255,7 @@ class TokenDumpArguments:
 
 
 def warn_if_nothing_to_record(config) -> None:
-    """Warn when a run with ``config`` runs no token rule, applied or in shadow: the dump would record nothing (a
-    warning, not an error, since one recipe serves every method)."""
+    """Warn when ``config`` runs no token rule, applied or in shadow (not an error: one recipe serves every method)."""
     if not (getattr(config, "active_token_rules", None) or getattr(config, "shadow_token_rules", None)):
         warnings.warn(
             "The silenced-token dump has nothing to record in this run: no token rule is on or in shadow, so no token "
@@ -275,8 +268,7 @@ def warn_if_nothing_to_record(config) -> None:
 
 class SilencedTokenDumpCallback(StepEventCallback):
     """Writes a `STAPOTrainer` run's `SilencedTokenDump` at every optimizer step, logs ``token_dump/written`` and
-    ``token_dump/dropped``, and keeps its counts in each checkpoint (``stapo-trl train`` adds it with
-    ``dump_silenced_tokens: true``)."""
+    ``token_dump/dropped``, and keeps its counts in each checkpoint (``dump_silenced_tokens: true`` adds it)."""
 
     def __init__(self, settings: TokenDumpArguments | None = None):
         self.settings = settings or TokenDumpArguments(dump_silenced_tokens=True)
