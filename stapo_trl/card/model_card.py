@@ -94,7 +94,7 @@ def base_model_license(base_model: str | None) -> str | None:
     return None
 
 
-def intro_section(facts: CardFacts, method: str) -> list[str]:
+def intro_section(facts: CardFacts, method: str) -> str:
     kind = "LoRA" if facts.adapter_type == "LORA" else "PEFT"
     what = f"a {kind} adapter for" if facts.adapter else "a fine-tuned version of"
     base = f"[{facts.base_model}](https://huggingface.co/{facts.base_model})" if facts.base_model else "a local model"
@@ -103,14 +103,12 @@ def intro_section(facts: CardFacts, method: str) -> list[str]:
         sentence += f" on [{facts.dataset}](https://huggingface.co/datasets/{facts.dataset})"
     elif facts.dataset_description:
         sentence += f" on {facts.dataset_description}"
-    lines = [sentence + "."]
     if facts.gguf_source:
-        lines += [
-            "",
-            f"The base weights it was trained on are `{Path(facts.gguf_source).name}`, a GGUF quantization of the base "
-            "model, dequantized to float32: see [Base weights](#base-weights).",
-        ]
-    return lines
+        sentence += (
+            f".\n\nThe base weights it was trained on are `{Path(facts.gguf_source).name}`, a GGUF quantization of the "
+            "base model, dequantized to float32: see [Base weights](#base-weights)"
+        )
+    return sentence + "."
 
 
 def quick_start_section(facts: CardFacts) -> list[str]:
@@ -346,7 +344,7 @@ def build_model_card(config: Any, record: RunRecord, output_dir: str | Path, fac
     )
     body = [
         f"# Model Card for {facts.model_name}",
-        "\n".join(intro_section(facts, method_title(config))),
+        intro_section(facts, method_title(config)),
         "\n".join(quick_start_section(facts)),
         training,
         "\n\n".join("\n".join(part) for part in stapo_sections if part),

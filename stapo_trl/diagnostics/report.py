@@ -16,8 +16,6 @@ from .report_figures import FIGURE_TITLES, plot_report_figures
 from .run_logs import ReportError, RunLogs, load_run
 from .run_record import RunRecord, rule_summary_line, silenced_token_line, trend_sentences
 
-REPORT_FILE = "report.md"
-HTML_FILE = "report.html"
 HTML_STYLE = (
     "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;line-height:1.45}"
     "table{border-collapse:collapse;font-size:0.9em}th,td{border:1px solid #ccc;padding:3px 8px}"
@@ -104,13 +102,10 @@ def console_lines(run: RunLogs) -> list[str]:
 
 def paired_heldout(runs: list[RunLogs]) -> list[str]:
     """Per pair of runs with ``heldout_results.jsonl`` on the same problems: what each solved alone; a sign test."""
-    results = {}
-    for run in runs:
-        path = run.directory / HELDOUT_RESULTS_FILE
-        if path.is_file():
-            records = read_json_lines(path)
-            if records and all("after_correct" in record for record in records):
-                results[run.label] = records
+    found = {
+        run.label: read_json_lines(path) for run in runs if (path := run.directory / HELDOUT_RESULTS_FILE).is_file()
+    }
+    results = {label: rows for label, rows in found.items() if rows and all("after_correct" in row for row in rows)}
     lines = []
     for first, second in itertools.combinations(results, 2):
         a, b = results[first], results[second]
@@ -164,13 +159,13 @@ def write_report(
             shadow = run.record.shadow_token_rules
             why = "none was applied; the rules in shadow are summarized below" if shadow else "none was on"
             notes.append(f"{run.label}: no token rule silenced tokens in the log ({why}).")
-    report = Report(output_dir, figures, output_dir / REPORT_FILE, runs, notes)
+    report = Report(output_dir, figures, output_dir / "report.md", runs, notes)
     report.markdown.write_text(_markdown(runs, notes, figures, embed=False))
     if html:
         import markdown
 
         body = markdown.markdown(_markdown(runs, notes, figures, embed=True), extensions=["tables"])
-        report.html = output_dir / HTML_FILE
+        report.html = output_dir / "report.html"
         report.html.write_text(
             "<!doctype html><html><head><meta charset='utf-8'><title>stapo-trl report</title>"
             f"<style>{HTML_STYLE}</style></head><body>\n{body}\n</body></html>\n"

@@ -110,8 +110,7 @@ def trend(label: str, steps: list[int], values: list[float]) -> Trend | None:
     """The trend of ``values`` logged at ``steps`` (quarters of at least one value); None when nothing was logged."""
     if not values:
         return None
-    n = len(values)
-    quarter = max(1, n // 4)
+    n, quarter = len(values), max(1, len(values) // 4)
     slope = standard_error = None
     if n >= MIN_STEPS and len(set(steps)) > 1:
         mean_x, mean_y = sum(steps) / n, sum(values) / n
@@ -200,8 +199,7 @@ class RunRecord:
 
     def silencing_summary(self) -> dict[str, Any]:
         """The run summary of the applied `silencing_rule`, or ``{}``."""
-        rule = self.silencing_rule()
-        return self.token_rules[rule] if rule is not None else {}
+        return self.token_rules.get(self.silencing_rule(), {})
 
 
 def build_run_record(
