@@ -1,8 +1,5 @@
-"""`STAPOConfig`: `GRPOConfig` plus the token rules (STAPO's S2T mask, STARE, the other registered ones and your own) and
-where their per-token statistics come from.
-
-Each registered rule with a config switch contributes its dataclass mixin (`stapo_trl.core.token_rules.TokenRuleSpec`),
-so its fields are `STAPOConfig` fields and its checks run in `__post_init__`; this module names no rule.
+"""`STAPOConfig`: `GRPOConfig` plus the token rules' fields (each rule's config mixin) and where their per-token
+statistics come from.
 """
 
 from __future__ import annotations
@@ -32,13 +29,9 @@ LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vesp
 
 @dataclass
 class STAPOConfig(*rule_config_mixins(), GRPOConfig):
-    r"""
-    Configuration class for [`STAPOTrainer`]: every [`~trl.GRPOConfig`] argument, plus the fields of every registered
-    token rule (the S2T mask: `use_s2t_mask`, `prob_threshold`, `entropy_quantile`; STARE: `use_stare` and the
-    `stare_*` fields; see each rule's config mixin in `stapo_trl.core.token_rules`), your own token rules, and where
-    their per-token statistics come from. Each field's help metadata says what it does.
-
-    Defaults that follow the paper where TRL's differ, or could drift: `epsilon_high=0.28`, `beta=0.0`,
+    r"""Configuration class for [`STAPOTrainer`]: every [`~trl.GRPOConfig`] argument, plus each registered token rule's
+    fields (S2T: `use_s2t_mask`, `prob_threshold`, `entropy_quantile`; STARE: `use_stare`, `stare_*`), your own rules,
+    and where their statistics come from. Paper defaults where TRL's differ: `epsilon_high=0.28`, `beta=0.0`,
     `loss_type="dapo"`.
     """
 

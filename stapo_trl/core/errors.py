@@ -4,13 +4,8 @@ from __future__ import annotations
 
 
 class UsageError(Exception):
-    """Input the user can fix: a recipe, path, dataset, reward name, checkpoint or output directory that cannot be used
-    as given. The message names the mistake and says what to change.
-
-    `stapo-trl train`, `eval` and `report` print the message and exit with code 2; with `--traceback` (or
-    `STAPO_TRL_TRACEBACK=1`) they print the traceback as well. Every error class of stapo-trl that describes such
-    input derives from it, next to the built-in class it has always been (``ValueError``, ``FileNotFoundError``,
-    ``RuntimeError``), so code that catches those keeps working.
+    """Input the user can fix (a recipe, path, dataset, reward name, checkpoint or output directory); the message says
+    what to change. The command line prints it and exits with code 2 (the traceback with ``--traceback``).
     """
 
 

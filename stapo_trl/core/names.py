@@ -1,19 +1,9 @@
-"""The names the core writes and other code reads: the keys STAPO adds to TRL's batches, the metrics its token rules
-log, and the file that marks a checkpoint complete.
+"""The keys STAPO adds to TRL's batches (prefix ``stapo_``), the metrics its token rules log (``<rule>/<statistic>``,
+`rule_metric`; ``shadow/<rule>/<statistic>`` in shadow) and the file that marks a checkpoint complete.
 
-Metrics are named ``<rule>/<statistic>`` (the token rule's registered name, then the statistic its function returns),
-beside TRL's own (``reward``, ``entropy``, ...), so `rule_metric` builds any rule's metric name. Per-rule namespaces
-keep each rule's statistics apart when several rules run; STAPO's batch keys, which no user reads, share the prefix
-``stapo_``.
-
-The words, used the same way in code, logs, metrics and docs:
-
-- a *candidate* is a loss token of a positive-advantage response whose probability is below ``prob_threshold``;
-- a *spurious* token is a candidate whose entropy is also below ``tau_h``: the S2T criterion (STAPO, §3), the word
-  of the pure function that computes it (`spurious_token_mask`);
-- a *silenced* token is one a token rule removed from the loss; the S2T rule silences exactly the spurious tokens.
-  Logs, metrics, summaries and figures count silenced tokens;
-- the *mask* is the mechanism (the S2T mask, ``use_s2t_mask``), never the tokens it removes.
+The words: a *candidate* is a loss token of a positive-advantage response with p below ``prob_threshold``; a *spurious*
+token is a candidate with entropy also below ``tau_h`` (STAPO, §3; `spurious_token_mask`); a *silenced* token is one a
+rule removed from the loss; the *mask* is the mechanism, never the tokens.
 """
 
 from __future__ import annotations

@@ -90,35 +90,16 @@ class STAPOTrainer(HookedGRPOTrainer):
     """Spurious-Token-Aware Policy Optimization: GRPO/DAPO with the S2T mask (STAPO, Algorithm 1).
 
     Takes every argument of [`~trl.GRPOTrainer`]; `args` should be a [`STAPOConfig`] (a `GRPOConfig` is converted,
-    keeping its values).
+    keeping its values). At the start of each optimizer step the token rules (`args.active_token_rules`) apply in order
+    to all its micro-batches, across processes, as one pool; `args.shadow_token_rules` are computed and logged only.
+    The loss is renormalized over the kept tokens (the module docstring says how). A rule's controller (STARE's gate)
+    lives in `self.rule_controllers` and is saved with each checkpoint.
 
-    At the start of each optimizer step, the token rules of `stapo_trl.core.token_rules` (`args.active_token_rules`) apply
-    in order to the tokens of all its micro-batches, across processes, as one pool, each seeing the tokens the rules
-    before it kept. The S2T mask's candidates are the tokens of positive-advantage responses with
-    `p < prob_threshold`; those whose entropy is below the `entropy_quantile`-th quantile of the candidates' entropies
-    are silenced. `args.shadow_token_rules` are computed and logged without being applied. The loss is renormalized
-    over the kept tokens (see the module docstring for how). A rule's stateful controller (STARE's gate and weights)
-    lives in `self.rule_controllers`, is updated once per generation from the batch's mean token entropy under the
-    generating policy, saved with each checkpoint and restored on resume.
-
-    Where `p` and `H` come from is `self.token_stats` ([`~stapo_trl.core.token_stats.statistics.TokenStatistics`]), per
-    `token_stats_source`:
-
-    - `"generation"` (default): the policy that generated the batch, from TRL's old-log-prob pass when TRL runs it,
-      else recorded while `generate()` samples, else one no-grad pass per generation (`generation_stats_blocker`
-      says why recording is not possible). When every generation feeds exactly one optimizer step
-      (`steps_per_generation == gradient_accumulation_steps`, `num_iterations == 1`) that policy *is* the policy
-      being optimized, so the mask equals the loss-time mask. Otherwise the statistics are stale by at most
-      `steps_per_generation / gradient_accumulation_steps * num_iterations - 1` updates.
-    - `"loss"`: the policy being optimized in the step, as in the paper. A no-grad pass over the step's micro-batches
-      runs when the step starts, except in the first step after a generation whose statistics already exist.
-
-    Evaluation losses are reported without the rules: they change training gradients only.
-
-    Callbacks that subclass [`~stapo_trl.core.trl_seams.StepEventCallback`] also receive what only this trainer's step
-    sees (each generation's rewards, each optimizer step's tokens and silenced tokens, each micro-batch, the checkpoint
-    and the model card): the silenced-token dump, the gradient probe and the saved generation states are such callbacks.
-    [`create_model_card`] adds the token rules and their thresholds to TRL's model card, which cites STAPO.
+    `self.token_stats` says where p and H come from (`token_stats_source`): `"generation"`, the generating policy
+    (exact when each generation feeds one optimizer step; otherwise up to `steps_per_generation /
+    gradient_accumulation_steps * num_iterations - 1` updates stale), or `"loss"`, the policy being optimized, as in
+    the paper (docs/semantics.md). Evaluation losses are reported without the rules. Callbacks that subclass
+    `StepEventCallback` also get what only the step sees (docs/architecture.md).
     """
 
     card_name = "STAPO"
@@ -291,13 +272,9 @@ class STAPOTrainer(HookedGRPOTrainer):
         ]
 
     def apply_token_rules(self, step_batches: list[dict[str, Any]]) -> dict[str, dict[str, float | int]]:
-        """Apply the token rules to the micro-batches of one optimizer step, in place, and log their statistics.
-
-        On each micro-batch this sets ``tool_mask`` (the tool mask before the rules times the keep-mask),
-        ``num_items_in_batch`` (TRL's count minus the silenced tokens, scaled as TRL scales it) and ``advantages`` (the
-        generation's advantages times the weights, ``[B, T]``, when a rule weights a token other than 1), plus
-        ``stapo_silenced``, ``stapo_shadow_silenced`` and ``stapo_token_weights`` for diagnostics. Returns each applied
-        rule's statistics by rule name.
+        """Apply the token rules to one optimizer step's micro-batches in place (``tool_mask``, ``num_items_in_batch``,
+        ``advantages`` and the ``stapo_*`` diagnostics keys, as `set_kept_tokens` says), log their statistics, and
+        return the applied rules' statistics by name.
         """
         self.token_stats.ensure_for_step(step_batches, self.state.global_step)
         loss_mask = torch.cat([self._loss_mask_before_rules(batch) for batch in step_batches]).bool()
@@ -414,7 +391,7 @@ class STAPOTrainer(HookedGRPOTrainer):
 
     # ------------------------------------------------------------------ checkpoints
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        """`Trainer.train`, resuming only from complete checkpoints (`stapo_trl.core.resume.resolve_resume_checkpoint`)."""
+        """`Trainer.train`, resuming only from complete checkpoints (`stapo_trl.core.resume`)."""
         checkpoint = resolve_resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
         return super().train(checkpoint, *args, **kwargs)
 

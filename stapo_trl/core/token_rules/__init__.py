@@ -1,8 +1,7 @@
-"""Token rules: pure tensor functions that decide which completion tokens feed the policy gradient, and how much,
-each registered with a spec (:mod:`.registry`) that describes it to the rest of stapo-trl: the S2T mask of STAPO
-(:mod:`.s2t`, :mod:`.s2t_rule`, ``"s2t"``) and STARE's advantage weights (:mod:`.stare` and the ``stare_*`` modules,
-``"stare"``), and RANDOM silencing, their control (:mod:`.random_silencing`). Importing this package registers them; a rule of your own registers when its module is imported.
-Nothing here imports TRL, so verl or a hand-written loop can use these directly.
+"""Token rules: pure tensor functions that decide which completion tokens feed the policy gradient, and how much, each
+registered with a spec (:mod:`.registry`): the S2T mask of STAPO (:mod:`.s2t`, :mod:`.s2t_rule`), STARE's advantage
+weights (:mod:`.stare`, :mod:`.stare_rule`) and RANDOM silencing (:mod:`.random_silencing`). Importing this package
+registers them; nothing here imports TRL, so verl or your own loop can use them directly.
 """
 
 from . import random_silencing, s2t_rule, stare_rule  # noqa: F401  (registers the built-in rules)

@@ -1,14 +1,7 @@
-"""RANDOM silencing, the control for S2T, registered as ``"random_silencing"``.
-
-At each optimizer step it silences as many loss tokens as S2T would (same ``prob_threshold`` and
-``entropy_quantile``), drawn uniformly from the positive-advantage loss tokens, and the loss is renormalized over the
-kept tokens exactly as with S2T. If a run with it behaves like STAPO, what helps is removing that many tokens from
-positive responses, not which tokens S2T picks.
-
-Under ``torch.distributed`` each process draws as many tokens as S2T would silence among its own rows, from its own
-positive-advantage tokens: the total matches S2T's, but the draw is uniform within each process, not over the pool of
-all processes. The draw uses its own generator, seeded from the run's seed, the step and the process, so it neither
-reads nor advances torch's global random stream (sampling is the same as in a run without the rule).
+"""RANDOM silencing, the control for S2T (``"random_silencing"``): each optimizer step silences as many
+positive-advantage loss tokens as S2T would, drawn uniformly (per process, from its own rows), with the loss
+renormalized as with S2T. Its generator is seeded from the run's seed, the step and the process, so torch's global
+stream is untouched.
 """
 
 from __future__ import annotations

@@ -161,22 +161,14 @@ class RulePresentation:
 
 
 class TokenRuleSpec:
-    """One token rule and everything stapo-trl needs to know about it. Subclass it, set the class attributes and
-    override the methods whose defaults do not fit; see :mod:`stapo_trl.core.token_rules.s2t_rule` for a complete example.
+    """One token rule and everything stapo-trl needs to know about it: subclass it, set the class attributes and
+    override what does not fit (:mod:`stapo_trl.core.token_rules.s2t_rule` is a complete example).
 
-    Class attributes:
-        name: the registered name; metrics are ``<name>/<statistic>``.
-        title: how people write it (``"S2T"``); the name when empty.
-        switch: the boolean config field that turns the rule on (``use_s2t_mask``), or None for a rule listed by name
-            in the config's ``token_rules``.
-        config_mixin: a dataclass whose fields `STAPOConfig` inherits (the switch among them), or None.
-        order: rules apply in increasing order; ``token_rules`` then follow in the order listed.
-        method: the ``method:`` preset that is GRPO plus this rule, if any.
-        reads_fields: fields of other rules' mixins that this rule reads (so they are not reported as ignored).
-        needs_generation_statistics: the rule's controller reads the generating policy's entropy, so p and H are
-            computed at generation time even when ``token_stats_source="loss"``.
-        metrics: the statistics it logs, what they mean and how a run is summarised from them.
-        presentation: how the console, the report, the model card and ``train -h`` show it.
+    ``name`` (metrics are ``<name>/<statistic>``), ``title``, ``switch`` (the config field that turns it on, or None
+    for a rule listed in ``token_rules``), ``config_mixin`` (fields `STAPOConfig` inherits), ``order`` (rules apply in
+    increasing order), ``method`` (its ``method:`` preset), ``reads_fields`` (other rules' fields it reads),
+    ``needs_generation_statistics`` (its controller reads the generating policy's entropy), ``metrics`` and
+    ``presentation``.
     """
 
     name: ClassVar[str] = ""
@@ -406,13 +398,10 @@ def apply_token_rules(
     advantages: torch.Tensor,
     loss_mask: torch.Tensor,
 ) -> ComposedTokenRules:
-    """Apply rules in order. Each rule sees the loss mask narrowed by the applied rules before it.
-
-    ``keep`` is ``loss_mask`` with every applied rule's dropped tokens removed; ``weights`` is the product of the
-    applied rules' weights (None when no rule weights). A shadow rule (``RuleCall(..., shadow=True)``) is computed on
-    the same narrowed mask, but its keep-mask and weights are not applied: its statistics go to ``shadow_stats`` and
-    the loss tokens it would have dropped to ``shadow_silenced``. Under ``torch.distributed``, call this on every rank
-    with the same rules.
+    """Apply rules in order, each on the loss mask the applied rules before it narrowed: ``keep`` drops their tokens,
+    ``weights`` is the product of their weights (None without any). A shadow rule (``RuleCall(..., shadow=True)``) is
+    computed on the same mask and only reported (``shadow_stats``, ``shadow_silenced``). Under ``torch.distributed``
+    call it on every rank with the same rules.
     """
     validate_token_inputs(log_probs, entropies, advantages, loss_mask)
     keep = loss_mask.bool()

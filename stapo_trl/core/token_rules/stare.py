@@ -1,11 +1,6 @@
-"""STARE: surprisal-guided token-level advantage reweighting (Luo et al., 2026, arXiv 2606.19236, §4.1-4.2).
-
-The rule is docs/semantics.md's "STARE"; in the paper's notation: the valid tokens split by the sign of their
-advantage into ``T+`` (A > 0) and ``T-`` (A < 0), the top-surprisal selection ``L+`` of ``T+`` is weighted by ``W``
-(> 1, amplifying entropy-increasing updates), and with variant C2 ``L-`` of ``T-`` by ``M`` (< 1, attenuating
-entropy-decreasing ones), while the target-entropy gate (:class:`~stapo_trl.core.token_rules.STAREController`) is on.
-Ties at the selection boundary are resolved by value: a token is selected when its surprisal is at least the k-th
-largest of its pool (``k = ceil(P * |T|)``).
+"""STARE: surprisal-guided token-level advantage reweighting (Luo et al., 2026, arXiv 2606.19236, §4.1-4.2;
+docs/semantics.md). A token is selected when its surprisal is at least the k-th largest of its pool, ``k = ceil(P *
+|T|)``.
 """
 
 from __future__ import annotations

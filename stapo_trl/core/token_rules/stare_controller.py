@@ -1,16 +1,6 @@
-"""STARE's closed-loop controller: the target-entropy gate and the adaptive W/M schedule (arXiv 2606.19236, §4.3-4.4).
-
-Once per generation batch, before any update on it, the controller reads the batch's mean token entropy under the
-policy that generated it (the pre-update policy):
-
-- Gate (§4.3): the reweighting is on while that entropy is strictly below ``target_entropy`` and off otherwise, when
-  STARE is exactly GRPO. The gate starts on; a batch without a finite entropy leaves the state unchanged.
-- Adaptive schedule (§4.4, off by default): ``W <- clip(W + alpha * sign(H_target - H), 1, max_positive_weight)``
-  and ``M <- clip(M - alpha * sign(H_target - H), min_negative_weight, 1)``. At ``H == H_target`` nothing moves.
-
-The state (gate, W, M, the last entropy, the number of updates) is training state: the trainer saves it with every
-checkpoint and restores it on resume. ``gate_mode`` can pin the gate open (``"on"``, the no-gate ablation) or shut
-(``"off"``, which trains exactly as GRPO).
+"""STARE's closed-loop controller (arXiv 2606.19236, §4.3-4.4), updated once per generation with the batch's mean token
+entropy under the generating policy: the gate (reweighting on while that entropy is strictly below the target; it
+starts on) and the optional adaptive W/M schedule. Its state is training state, saved with each checkpoint.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""Fused statistics backends: per-token log p and entropy from hidden states and the LM-head weight, and the one
-vocabulary of backend names, with its resolver, that `token_logprob_entropy` and `STAPOConfig.token_stats_backend`
-share.
-
-None of the training backends materializes ``[N, V]`` logits. All are differentiable and return fp32 (or fp64 for
-fp64 inputs), with the temperature applied to the logits as in sampling.
-
-The backends (``trl_fused_head``, ``torch``, ``liger`` and ``naive``, a reference that is not a
-``token_stats_backend``), what each runs and which one ``auto`` picks: docs/semantics.md, "Statistics backends".
+"""Per-token log p and entropy from hidden states and the LM-head weight without ``[N, V]`` logits (differentiable,
+fp32 out, temperature applied as in sampling), and the backend names `token_logprob_entropy` and
+`STAPOConfig.token_stats_backend` share (docs/semantics.md, "Statistics backends").
 """
 
 from __future__ import annotations
@@ -90,17 +84,9 @@ def resolve_backend(
     sharded_by: str | None = None,
     option: str = "backend",
 ) -> str:
-    """The backend ``name`` stands for, checked: ``"auto"`` resolved, an unknown name or a missing install refused.
-
-    Args:
-        device: where the statistics are computed; ``"auto"`` picks ``liger`` on CUDA when it can run there (on an
-            sm90 GPU that needs nvidia-cutlass-dsl too) and the head has no bias, else ``torch``.
-        not_covered: why the hidden states and LM-head weight alone do not give the model's logits (a logit
-            transform, vision-language inputs). Then ``"auto"`` picks ``trl_fused_head``, the model's own head, and
-            another explicit backend is refused.
-        sharded_by: what may shard the LM head outside the model's forward (FSDP, ZeRO-3). Then ``"auto"`` picks
-            ``trl_fused_head``, and another explicit backend runs with a warning.
-        option: how messages name the setting (``token_stats_backend`` in `STAPOConfig`).
+    """The backend ``name`` stands for: ``"auto"`` resolved (``liger`` on CUDA where it can run and the head has no
+    bias, else ``torch``; ``trl_fused_head`` when ``not_covered`` names why hidden states and the head's weight do not
+    give the logits, or ``sharded_by`` names what shards the head), an unknown name or a missing install refused.
     """
     if name != "auto" and name not in BACKENDS:
         raise ValueError(

@@ -1,12 +1,6 @@
-"""Where the per-token ``(log p, H)`` that the token rules read come from: one object, :class:`TokenStatistics`, with a
-begin/finish lifecycle per training generation.
-
-Each training generation's statistics come from the first source that applies, named by `TokenStatistics.origin`:
-TRL's own old-log-prob pass with entropy forced on (``"trl_pass"``), a recording of TRL's `generate()` by hooks on the
-LM head (``"generate"``, :class:`~stapo_trl.core.token_stats.generation.GenerationStatsRecorder`), one no-grad pass of this
-module (``"statistics_pass"``), or none yet (``"deferred"``: with ``token_stats_source="loss"`` the pass runs when each
-optimizer step starts). docs/semantics.md ("Where p and H come from", "Statistics backends") says when each source
-applies and what each ``token_stats_backend`` runs.
+"""Where the per-token ``(log p, H)`` the token rules read come from (`TokenStatistics.origin`): TRL's old-log-prob
+pass with entropy on (``"trl_pass"``), a recording of `generate()` (``"generate"``), one no-grad pass
+(``"statistics_pass"``), or none yet (``"deferred"``, with ``token_stats_source="loss"``). docs/semantics.md says when.
 """
 
 from __future__ import annotations
@@ -104,21 +98,11 @@ class _Generation:
 
 
 class TokenStatistics:
-    """Per-token ``(log p, H)`` of a trainer's completions, from wherever they are cheapest (see the module
-    docstring), written into each generation batch under ``stapo_log_probs`` and ``stapo_entropies``.
-
-    Args:
-        source: ``token_stats_source``, ``"generation"`` or ``"loss"``.
-        backend: ``token_stats_backend`` as configured.
-        temperature: the sampling temperature; p and H are taken under it.
-        chunk_size: sequences per forward of the statistics pass (``per_device_train_batch_size``).
-        get_model: returns the model as the trainer holds it now (wrapping may change when training starts).
-        accelerator: the trainer's accelerator (unwrapping, autocast, device).
-        model_head_pass: TRL's per-token pass, used by the ``"trl_fused_head"`` backend.
-        gradient_checkpointing_kwargs: switched off during the statistics pass.
-        vision_language, fsdp: facts about the model that decide what ``"auto"`` resolves to.
-        generation_statistics_required: compute p and H at generation time even when ``source="loss"`` (a rule's
-            controller reads the generating policy's entropy).
+    """Per-token ``(log p, H)`` of a trainer's completions, from wherever they are cheapest, written into each
+    generation batch under ``stapo_log_probs`` and ``stapo_entropies``. ``get_model`` returns the model as the trainer
+    holds it now; ``model_head_pass`` is TRL's per-token pass (the ``trl_fused_head`` backend); ``vision_language`` and
+    ``fsdp`` decide what ``"auto"`` resolves to; ``generation_statistics_required`` takes p and H at generation time
+    even with ``source="loss"``.
     """
 
     def __init__(
