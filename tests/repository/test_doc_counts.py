@@ -166,7 +166,7 @@ def test_the_counterfactual_result_recomputes_from_its_records_and_the_docs_quot
         "-0.0137",
         "+0.0006",
     )
-    benchmarks = (DOCS / "benchmarks.md").read_text()
+    benchmarks = (DOCS / "studies.md").read_text()
     record = (RECORDS / "counterfactual-updates.md").read_text()
     assert f"−0.0063 [−0.0092, −0.0034] over the {primary['n']} generations" in benchmarks
     assert f"−0.0066 nats/token [−0.0137, +0.0006] over the {seeds['n']} seed means" in benchmarks

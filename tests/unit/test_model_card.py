@@ -280,7 +280,7 @@ def test_an_adapter_trained_on_a_gguf_file_is_evaluated_on_those_weights(tmp_pat
 
 # --- results in the metadata (model-index) -------------------------------------------------------------------------
 
-DOCS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "diagnostics.md"
+DOCS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "model-card.md"
 EXAMPLE_MARKERS = ("<!-- model-card-example:start -->", "<!-- model-card-example:end -->")
 
 
@@ -412,7 +412,7 @@ def test_repo_ids_are_checked_by_the_hubs_own_rules(tmp_path, repo_id, accepted)
 
 
 def example_block(card) -> str:
-    """What docs/diagnostics.md shows of ``card``: its metadata and its Evaluation subsection."""
+    """What docs/model-card.md shows of ``card``: its metadata and its Evaluation subsection."""
     text = str(card)
     metadata = text.split("---", 2)[1].strip()
     evaluation = "### Evaluation" + card_sections(text)["## STAPO training details"].split("### Evaluation", 1)[1]
@@ -421,10 +421,10 @@ def example_block(card) -> str:
 
 
 def test_the_docs_show_the_card_the_code_writes(tmp_path):
-    """docs/diagnostics.md holds the quickstart run's card's metadata and Evaluation subsection as the code writes
+    """docs/model-card.md holds the quickstart run's card's metadata and Evaluation subsection as the code writes
     them: measured results only, so without the tests' made-up avg@k."""
     expected = example_block(quickstart_card(tmp_path, with_eval_summary=False))
     page = DOCS_PAGE.read_text()
     start, end = (page.index(marker) for marker in EXAMPLE_MARKERS)
     shown = page[start + len(EXAMPLE_MARKERS[0]) : end].strip()
-    assert shown == expected, f"docs/diagnostics.md should hold, between {EXAMPLE_MARKERS}:\n{expected}"
+    assert shown == expected, f"docs/model-card.md should hold, between {EXAMPLE_MARKERS}:\n{expected}"
