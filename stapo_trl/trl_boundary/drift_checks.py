@@ -76,12 +76,11 @@ def has(target: str, *names: str) -> Check:
 
 
 class Seam:
-    """One touch point: what the library does there (``trl_does``), what stapo-trl relies on, and the checks of the
-    installed versions; ``requires`` names a package the checks read besides TRL and transformers (``"vllm"``)."""
+    """One touch point: what stapo-trl relies on in the library there (``relies_on``) and the checks of the installed
+    versions; ``requires`` names a package the checks read besides TRL and transformers (``"vllm"``)."""
 
-    def __init__(self, name: str, trl_does: str, we_rely_on: str, *checks: Check, requires: str | None = None):
-        self.name, self.trl_does, self.we_rely_on, self.checks = name, trl_does, we_rely_on, checks
-        self.requires = requires
+    def __init__(self, name: str, relies_on: str, *checks: Check, requires: str | None = None):
+        self.name, self.relies_on, self.checks, self.requires = name, relies_on, checks, requires
 
     def can_check(self) -> bool:
         return self.requires is None or importlib.util.find_spec(self.requires) is not None
@@ -136,35 +135,30 @@ FUSED_HEAD_FORWARD = "trl.kernels:ChunkedLogProbFunction.forward"
 SEAMS: tuple[Seam, ...] = (
     Seam(
         "per_token_logps_and_entropies",
-        "_get_per_token_logps_and_entropies returns (log_probs, entropies, aux_loss) for every pass.",
-        "Forcing compute_entropy on the policy's passes gives p and H at no extra forward.",
+        "Every pass returns (logps, entropies): forcing compute_entropy gives p and H at no extra forward.",
         takes(LOGPS, "self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, ..."),
         contains(LOGPS, "return logps, entropies"),
     ),
     Seam(
         "generate_and_score_completions",
-        "_generate_and_score_completions returns the generation batch, with num_items_in_batch over all processes.",
-        "Extra batch-first keys added to that dict survive TRL's shuffle and split into micro-batches.",
+        "The generation batch's extra batch-first keys survive TRL's shuffle and split into micro-batches.",
         takes(GENERATION_BATCH, "self, inputs"),
         contains(GENERATION_BATCH, '"num_items_in_batch"', '"advantages"', '"completion_mask"', '"tool_mask"'),
     ),
     Seam(
         "calculate_rewards",
-        "_calculate_rewards returns rewards_per_func (None as NaN) and refuses an output of the wrong length.",
-        "Wrapping it names the reward function that raised, and the step, and warns about infinite rewards.",
+        "_calculate_rewards refuses an output of the wrong length; wrapping it names the function and the step.",
         takes(f"{GRPO}._calculate_rewards", "self, inputs, prompts, completions, completion_ids_list"),
         contains(f"{GRPO}._calculate_rewards", "return rewards_per_func", TRL_REWARD_COUNT_MESSAGE, "torch.nan"),
     ),
     Seam(
         "generate_single_turn",
-        "_generate_single_turn samples once and returns (completion_ids, logprobs).",
-        "Wrapping the first call of a generation lets the LM-head recorder see every sampling step.",
+        "_generate_single_turn samples once: wrapping it lets the LM-head recorder see every sampling step.",
         contains(f"{GRPO}._generate_single_turn", "return completion_ids, logprobs"),
     ),
     Seam(
         "on_optimizer_step_start",
-        "_prepare_inputs returns _buffered_inputs[self._step % steps_per_generation]; training_step then adds 1.",
-        "From a multiple of gradient_accumulation_steps, the next GA buffered dicts are one optimizer step's.",
+        "Micro-batch _step % steps_per_generation trains, then _step += 1: GA buffered dicts make one optimizer step.",
         contains(
             f"{GRPO}._prepare_inputs",
             "self._buffered_inputs = [",
@@ -179,16 +173,14 @@ SEAMS: tuple[Seam, ...] = (
     ),
     Seam(
         "wrap_train_sampler",
-        "RepeatSampler shuffles with torch.randperm from a generator seeded once with seed.",
-        "Reseeding that generator and replaying earlier epochs gives any epoch's order (resume).",
+        "RepeatSampler shuffles with a generator seeded once: reseeding and replaying epochs gives any epoch's order.",
         contains(f"{GRPO}._get_train_sampler", "RepeatSampler("),
         contains(f"{SAMPLER}.__init__", "self.shuffle =", "self.seed =", "self.generator =", "self.num_samples ="),
         contains(f"{SAMPLER}.__iter__", "torch.randperm(self.num_samples, generator=self.generator)"),
     ),
     Seam(
         "save_extra_state / load_extra_state",
-        "Trainer._save_checkpoint saves the optimizer before trainer_state.json and loads it back on resume.",
-        "Files written after the optimizer are on disk before the checkpoint counts as complete.",
+        "_save_checkpoint saves the optimizer, and files written with it, before trainer_state.json.",
         takes(f"{TRAINER}._save_optimizer_and_scheduler", "self, output_dir"),
         takes(f"{TRAINER}._load_optimizer_and_scheduler", "self, checkpoint"),
         contains(
@@ -200,40 +192,34 @@ SEAMS: tuple[Seam, ...] = (
     ),
     Seam(
         "log_metric",
-        "log() averages each list of self._metrics[mode], NaN skipped.",
-        "Appending to self._metrics[mode][name] logs a metric with TRL's own at the next log.",
+        "log() averages each list of self._metrics[mode], NaN skipped: appending to one logs a metric with TRL's.",
         contains(f"{GRPO}.__init__", 'self._metrics = {"train": defaultdict(list)'),
     ),
     Seam(
         "is_vision_language_model",
-        "__init__ sets self._is_vlm from the processing class.",
-        "Vision-language batches take the TRL statistics backend and no generation-time recording.",
+        "__init__ sets self._is_vlm: vision-language batches take the TRL backend and no generation recording.",
         contains(f"{GRPO}.__init__", "self._is_vlm = True", "self._is_vlm = False"),
     ),
     Seam(
         "card_name / card_tags / card_paper",
-        "create_model_card reads the trainer's name, tags and paper from _name, _tag_names and _paper.",
-        "Setting them on the subclass puts STAPO's name and paper on the card.",
+        "create_model_card reads _name, _tag_names and _paper: set on the subclass, they put STAPO on the card.",
         has(GRPO, "_name", "_tag_names", "_paper"),
         contains(f"{GRPO}.create_model_card", "self._name", "self._paper", "self._tag_names"),
     ),
     Seam(
         "save_model_without_push",
-        "Trainer.save_model(output_dir, _internal_call) pushes to the Hub unless _internal_call.",
-        "stapo-trl train saves into a staging directory first and pushes once the files are in place.",
+        "save_model(output_dir, _internal_call=True) does not push: train pushes once the files are in place.",
         takes(f"{TRAINER}.save_model", "self, output_dir, _internal_call"),
         contains(f"{TRAINER}.save_model", "if self.args.push_to_hub and not _internal_call:"),
     ),
     Seam(
         "set_model_name_or_path",
-        "PretrainedConfig._name_or_path is what the model card names as the base model.",
-        "Setting it names a GGUF's Hub source instead of its conversion in this machine's cache.",
+        "The card names config._name_or_path as the base model: set, it names a GGUF's Hub source.",
         lambda: [] if "_name_or_path" in PretrainedConfig().to_dict() else ["PretrainedConfig has no _name_or_path"],
     ),
     Seam(
         "install_fused_head_op",
-        "add_fused_lm_head's op scores only the labelled positions where _use_triton(device) is true.",
-        "Replacing both names swaps the op under every fused head; the CPU scores only labelled positions.",
+        "add_fused_lm_head scores labelled positions only where _use_triton: the CPU head replaces it and the op.",
         has("trl.trainer.utils", "_ChunkedLogProbFunction", "_use_triton"),
         takes(
             FUSED_HEAD_FORWARD,
@@ -252,8 +238,7 @@ SEAMS: tuple[Seam, ...] = (
     ),
     Seam(
         "decoder_layers",
-        "Decoder-only backbones loop over self.layers, each attention caching in cache.layers[self.layer_idx].",
-        "Swapping frozen layers' modules skips or shares their work (stapo_trl.cpu.frozen_layer_replay).",
+        "Decoder layers run in a loop over self.layers, caching by layer_idx: the frozen-layer replay swaps them.",
         contains("transformers:LlamaModel.forward", *DECODER_LOOP),
         contains("transformers:Qwen3Model.forward", *DECODER_LOOP),
         takes(f"{LLAMA}:LlamaDecoderLayer.forward", f"..., {DECODER_CACHE_ARGUMENT}"),
@@ -263,16 +248,14 @@ SEAMS: tuple[Seam, ...] = (
     ),
     Seam(
         "TRL helpers",
-        "disable_gradient_checkpointing, get_config_model_id and maybe_gather_lm_head_ctx are TRL internals.",
-        "The statistics pass uses them as TRL's own passes do.",
+        "The statistics pass uses disable_gradient_checkpointing, get_config_model_id and maybe_gather_lm_head_ctx.",
         takes("trl.models.utils:disable_gradient_checkpointing", "model, gradient_checkpointing_kwargs"),
         takes("trl.trainer.utils:get_config_model_id", "config"),
         takes("trl.trainer.utils:maybe_gather_lm_head_ctx", "params"),
     ),
     Seam(
         "colocated vLLM on CPU: engine construction",
-        "GRPOTrainer builds VLLMGeneration, whose colocate engine gets no dtype, enforce_eager or KV cache size.",
-        "colocated_vllm_on_cpu swaps that name for its adapter, which adds those three to the LLM(...) call.",
+        "GRPOTrainer builds VLLMGeneration, whose LLM(...) the CPU adapter gives dtype, enforce_eager, KV cache size.",
         takes(
             f"{VLLM_GENERATION}.__init__",
             "..., model, mode, tensor_parallel_size, gpu_memory_utilization, enable_sleep_mode",
@@ -286,8 +269,7 @@ SEAMS: tuple[Seam, ...] = (
     ),
     Seam(
         "colocated vLLM on CPU: weight sync",
-        "sync_weights loads each tensor of _iter_named_params() into the engine, then resets the prefix cache.",
-        "The CPU sync sends the same tensors to vLLM's reload_weights at once.",
+        "sync_weights loads _iter_named_params() into the engine; the CPU sync sends them to reload_weights at once.",
         contains(
             f"{VLLM_GENERATION}.sync_weights",
             "for name, param in self._iter_named_params():",
@@ -304,8 +286,7 @@ SEAMS: tuple[Seam, ...] = (
     ),
     Seam(
         "colocated vLLM on CPU: vLLM reload_weights",
-        "vLLM's CPU backend packs each linear weight for its GEMM; reload_weights loads and repacks them.",
-        "LLM.collective_rpc('reload_weights', ...) runs in the training process with a generator of tensors.",
+        "collective_rpc('reload_weights', ...) loads and repacks each linear weight for the CPU GEMM in-process.",
         contains(
             "vllm.model_executor.layers.linear:UnquantizedLinearMethod.process_weights_after_loading",
             "dispatch_cpu_unquantized_gemm(layer, remove_weight=True)",
@@ -318,8 +299,7 @@ SEAMS: tuple[Seam, ...] = (
     ),
     Seam(
         "colocated vLLM on CPU: tied LM head",
-        "A tied LM head packs its own CPU GEMM kernel from the embedding's weight, which reload_weights leaves stale.",
-        "Calling process_weights_after_loading again on every layer that shares a weight rebuilds layer.cpu_linear.",
+        "A tied LM head packs its CPU kernel from the embedding's weight: process_weights_after_loading rebuilds it.",
         contains(f"{EMBEDDING_METHOD}.tie_weights", "layer.weight = embed_tokens.weight"),
         contains(
             f"{EMBEDDING_METHOD}.process_weights_after_loading",
@@ -330,8 +310,7 @@ SEAMS: tuple[Seam, ...] = (
     ),
     Seam(
         "colocated vLLM on CPU: worker threads, KV cache, sleep",
-        "vLLM's CPU worker sets torch to 1 thread, sizes the KV cache from VLLM_CPU_KVCACHE_SPACE and cannot sleep.",
-        "The adapter restores torch's threads, passes the KV cache size itself and refuses sleep mode.",
+        "The CPU worker sets 1 torch thread, sizes the KV cache from VLLM_CPU_KVCACHE_SPACE and cannot sleep.",
         contains(f"{CPU_WORKER}.init_device", "torch.set_num_threads = skip_set_num_threads"),
         contains("vllm.utils.torch_utils:set_torch_threads_for_runtime", "torch.set_num_threads(1)"),
         contains(

@@ -8,8 +8,7 @@ from typing import Any
 import torch
 from transformers import PretrainedConfig, Trainer
 
-TRL_REWARD_COUNT_MESSAGE = "The reward function '"
-"""How TRL's refusal of a reward function's output starts."""
+TRL_REWARD_COUNT_MESSAGE = "The reward function '"  # how TRL's refusal of a reward function's output starts
 
 
 def save_model_without_push(trainer: Trainer, output_dir: str) -> None:
@@ -32,11 +31,9 @@ def missing(source: str, *needles: str) -> list[str]:
     return [f"no longer contains {needle}" for needle in needles if needle not in source]
 
 
+# How transformers' decoder-only backbones run their layers, and the keyword their layers receive the KV cache by.
 DECODER_LOOP = ("decoder_layer in", "self.layers[: self.config.num_hidden_layers]", "hidden_states = decoder_layer(")
-"""How transformers' decoder-only backbones run their layers."""
-
 DECODER_CACHE_ARGUMENT = "cache"
-"""The keyword under which transformers' decoder layers receive the KV cache."""
 
 
 def decoder_layer_cache(layer_kwargs: dict[str, Any]) -> Any:
@@ -51,8 +48,7 @@ def decoder_layers(model: torch.nn.Module) -> tuple[torch.nn.ModuleList | None, 
     """The decoder layers of a causal LM's backbone (``model.base_model.layers``) when its forward runs them as
     `DECODER_LOOP` says; else ``(None, why not)``."""
     backbone = getattr(model, "base_model", None)
-    layers = getattr(backbone, "layers", None)
-    if not isinstance(layers, torch.nn.ModuleList):
+    if not isinstance(layers := getattr(backbone, "layers", None), torch.nn.ModuleList):
         return None, [f"{type(model).__name__} has no decoder layer list at base_model.layers"]
     label = f"{type(backbone).__name__}.forward"
     try:

@@ -41,11 +41,7 @@ def vllm_engine_options(**options) -> Iterator[None]:
     """Replaces ``trl.generation.vllm_generation.LLM`` while the block runs with a function that adds ``options`` to
     TRL's keyword arguments. Seam: colocated vLLM on CPU, engine construction."""
     original = trl_vllm_generation.LLM
-
-    def build_llm(*args, **kwargs):
-        return original(*args, **{**kwargs, **options})
-
-    trl_vllm_generation.LLM = build_llm
+    trl_vllm_generation.LLM = lambda *args, **kwargs: original(*args, **{**kwargs, **options})
     try:
         yield
     finally:

@@ -4,8 +4,6 @@ verl's own functions, so that verl's ``ppo_loss`` can be called on known tensors
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from transfer_queue.storage.managers.simple_storage_manager import AsyncSimpleStorageManager
 from verl.utils import tensordict_utils as tu
@@ -20,21 +18,12 @@ PROMPT_LENGTH = 2
 LAYOUTS = ("v0", "v1")
 
 
-@dataclass
-class ActorMicroBatch:
-    """A micro-batch ``TensorDict`` as the engine passes it to the loss, and the rows of the padded inputs it holds."""
-
-    data: object
-    rows: torch.Tensor
-
-
 def _padded_batch(advantages: torch.Tensor, response_mask: torch.Tensor) -> dict[str, torch.Tensor]:
     rows, width = response_mask.shape
     prompts = torch.arange(3, 3 + PROMPT_LENGTH).repeat(rows, 1)
-    prompt_attention = torch.ones(rows, PROMPT_LENGTH, dtype=torch.long)
     response_mask = response_mask.to(torch.long)
     responses = torch.where(response_mask.bool(), torch.arange(10, 10 + width).expand(rows, width), PAD_TOKEN)
-    attention_mask = torch.cat([prompt_attention, response_mask], dim=1)
+    attention_mask = torch.cat([torch.ones(rows, PROMPT_LENGTH, dtype=torch.long), response_mask], dim=1)
     return {
         "prompts": prompts,
         "responses": responses,
@@ -43,6 +32,7 @@ def _padded_batch(advantages: torch.Tensor, response_mask: torch.Tensor) -> dict
         "position_ids": compute_position_id_with_mask(attention_mask),
         "response_mask": response_mask,
         "advantages": per_token_advantages(advantages, response_mask) * response_mask,
+        "row": torch.arange(rows),
     }
 
 
@@ -96,27 +86,23 @@ def actor_mini_batch(
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}.")
     rows = response_mask.shape[0]
     if layout == "v0":
-        data = tu.get_tensordict({**_padded_batch(advantages, response_mask), "old_log_probs": old_log_probs})
-        data["row"] = torch.arange(rows)
-        data = left_right_2_no_padding(data)
+        padded = {**_padded_batch(advantages, response_mask), "old_log_probs": old_log_probs}
+        data = left_right_2_no_padding(tu.get_tensordict(padded))
     else:
         data = _v1_batch(old_log_probs, advantages, response_mask, extra or {})
     tokens = int(data["loss_mask"].sum()) if batch_num_tokens is None else batch_num_tokens
+    global_batch_size = rows * dp_size if global_batch_size is None else global_batch_size
     tu.assign_non_tensor(
-        data,
-        dp_size=dp_size,
-        batch_num_tokens=tokens,
-        global_batch_size=rows * dp_size if global_batch_size is None else global_batch_size,
-        use_dynamic_bsz=False,
+        data, dp_size=dp_size, batch_num_tokens=tokens, global_batch_size=global_batch_size, use_dynamic_bsz=False
     )
     return data
 
 
-def actor_micro_batches(data, micro_batch_size: int) -> list[ActorMicroBatch]:
-    """The engine's split of a mini-batch into micro-batches (``prepare_micro_batches``, fixed size)."""
+def actor_micro_batches(data, micro_batch_size: int) -> list:
+    """The engine's split of a mini-batch into micro-batch ``TensorDict``s as the engine passes them to the loss
+    (``prepare_micro_batches``, fixed size); ``micro_batch["row"]`` are the rows of the padded inputs each holds."""
     tu.assign_non_tensor(data, micro_batch_size_per_gpu=micro_batch_size)
-    micro_batches, _ = prepare_micro_batches(data=data, dp_group=None, same_micro_num_in_dp=True)
-    return [ActorMicroBatch(micro_batch, micro_batch["row"]) for micro_batch in micro_batches]
+    return prepare_micro_batches(data=data, dp_group=None, same_micro_num_in_dp=True)[0]
 
 
 def sequence_lengths(micro_batch) -> tuple[list[int], list[int]]:
@@ -135,11 +121,8 @@ def model_output(micro_batch, log_probs: torch.Tensor, entropy: torch.Tensor) ->
     prompt_lengths, lengths = sequence_lengths(micro_batch)
 
     def nested(values: torch.Tensor) -> torch.Tensor:
-        pieces = []
-        for row, (prompt_length, response_length) in enumerate(zip(prompt_lengths, lengths, strict=True)):
-            pieces += [values.new_zeros(prompt_length - 1), values[row, :response_length], values.new_zeros(1)]
-        sequence = torch.tensor([p + r for p, r in zip(prompt_lengths, lengths, strict=True)])
-        offsets = torch.cat([torch.zeros(1, dtype=torch.long), sequence.cumsum(0)])
-        return torch.nested.nested_tensor_from_jagged(torch.cat(pieces), offsets=offsets)
+        rows = enumerate(zip(prompt_lengths, lengths, strict=True))
+        pieces = [torch.cat([values.new_zeros(p - 1), values[row, :r], values.new_zeros(1)]) for row, (p, r) in rows]
+        return torch.nested.as_nested_tensor(pieces, layout=torch.jagged)
 
     return {"log_probs": nested(log_probs), "entropy": nested(entropy)}

@@ -19,8 +19,7 @@ from verl.workers.utils.losses import ppo_loss
 from ..core.token_rules import per_token_advantages
 from ..trl_boundary.drift_checks import Seam, contains, print_checks
 from .actor_batch import LAYOUTS, actor_micro_batches, actor_mini_batch, model_output
-from .entropy import entropy_from_ppo_loss
-from .losses import stare_policy_loss
+from .losses import entropy_from_ppo_loss, stare_policy_loss
 from .mini_batch_pool import optimizer_step_rows
 
 TESTED_VERL = "0.9.1"
@@ -47,7 +46,7 @@ def _run_ppo_loss(loss_mode: str = PROBE_LOSS_MODE, probe=None, layout: str = "v
     try:
         data = actor_mini_batch(tensors["log_probs"], tensors["advantages"], tensors["mask"], layout=layout)
         (micro_batch,) = actor_micro_batches(data, micro_batch_size=2)
-        output = model_output(micro_batch.data, tensors["log_probs"], tensors["entropy"])
+        output = model_output(micro_batch, tensors["log_probs"], tensors["entropy"])
         config = ActorConfig(
             strategy="fsdp",
             rollout_n=1,
@@ -55,7 +54,7 @@ def _run_ppo_loss(loss_mode: str = PROBE_LOSS_MODE, probe=None, layout: str = "v
             loss_agg_mode="token-mean",
             policy_loss=PolicyLossConfig(loss_mode=loss_mode),
         )
-        loss, metrics = ppo_loss(config, output, micro_batch.data)
+        loss, metrics = ppo_loss(config, output, micro_batch)
         return tensors, loss, metrics
     finally:
         POLICY_LOSS_REGISTRY.pop(PROBE_LOSS_MODE, None)
@@ -132,9 +131,8 @@ def verl_optimizer_step_rows(batch_size: int, dp_size: int, mini_batch_size: int
 
 def _update_actor_arguments() -> list[str]:
     signature = inspect.signature(PPOTrainer._update_actor)
-    if list(signature.parameters) == ["self", "batch", "metrics"]:
-        return []
-    return [f"PPOTrainer._update_actor{signature} changed its arguments"]
+    changed = list(signature.parameters) != ["self", "batch", "metrics"]
+    return [f"PPOTrainer._update_actor{signature} changed its arguments"] if changed else []
 
 
 def _verl_splits_rows_as_the_pool_does() -> list[str]:
@@ -146,29 +144,9 @@ def _verl_splits_rows_as_the_pool_does() -> list[str]:
     ]
 
 
-POLICY_LOSS_CALL = Seam(
-    "policy-loss call",
-    "ppo_loss calls the loss registered as policy_loss.loss_mode with POLICY_LOSS_ARGUMENTS.",
-    "The stapo, stare and stare_c2 losses take these arguments.",
-    check_policy_loss_call,
-)
-ENTROPY_LOCAL = Seam(
-    "entropy local",
-    "While the policy loss runs, ppo_loss holds the padded [B, T] entropy in its local 'entropy'.",
-    "The S2T loss reads it there (stapo_trl.verl.entropy).",
-    check_entropy_local,
-)
-GLOBAL_BATCH_INFO = Seam(
-    "global batch info",
-    "vanilla aggregates with config.global_batch_info: token-mean at ratio 1 is -sum(A) / batch_num_tokens.",
-    "The S2T loss renormalizes verl's aggregation over the kept tokens through it.",
-    contains("verl.trainer.ppo.core_algos:compute_policy_loss_vanilla", "config.global_batch_info"),
-    _vanilla_token_mean,
-)
 POOL_TRAINER_HOOKS = Seam(
     "pool trainer hooks",
-    "The v1 driver computes the old log-probabilities with the entropy, the advantages, then _update_actor.",
-    "stapo_sync overrides _update_actor and finds each optimizer step's rows with optimizer_step_rows.",
+    "The driver's old log-probs (with entropy), advantages, then _update_actor: stapo_sync overrides the last.",
     contains(
         f"{HERE}:PPOTrainer._step_once",
         "self._compute_old_log_prob(",
@@ -189,8 +167,7 @@ POOL_TRAINER_HOOKS = Seam(
 )
 ACTOR_CONFIG_AT_START_UP = Seam(
     "actor config at start-up",
-    "The driver's validate_config and each worker's init_model build the actor config through its _target_.",
-    "The checked actor config runs the plugin's start-up checks there.",
+    "validate_config and each worker's init_model build the actor config through _target_, running its checks.",
     contains(f"{HERE}:validate_config", "omega_conf_to_dataclass(config.actor_rollout_ref.actor)"),
     contains(
         "verl.workers.engine_workers:ActorRolloutRefWorker.init_model", "omega_conf_to_dataclass(self.config.actor)"
@@ -200,10 +177,23 @@ check_pool_trainer_hooks = POOL_TRAINER_HOOKS.check
 check_actor_config_built_at_start_up = ACTOR_CONFIG_AT_START_UP.check
 
 DEPENDENCIES = (
-    Seam("version", f"verl {TESTED_VERL} is installed.", "Every check below.", check_version),
-    POLICY_LOSS_CALL,
-    ENTROPY_LOCAL,
-    GLOBAL_BATCH_INFO,
+    Seam("version", f"verl {TESTED_VERL} is installed: every check below.", check_version),
+    Seam(
+        "policy-loss call",
+        "ppo_loss calls the loss registered as loss_mode with POLICY_LOSS_ARGUMENTS, which the plugin's losses take.",
+        check_policy_loss_call,
+    ),
+    Seam(
+        "entropy local",
+        "ppo_loss holds the padded [B, T] entropy in its local 'entropy' while the loss runs: S2T reads it there.",
+        check_entropy_local,
+    ),
+    Seam(
+        "global batch info",
+        "vanilla aggregates with config.global_batch_info, through which the S2T loss counts only the kept tokens.",
+        contains("verl.trainer.ppo.core_algos:compute_policy_loss_vanilla", "config.global_batch_info"),
+        _vanilla_token_mean,
+    ),
     POOL_TRAINER_HOOKS,
     ACTOR_CONFIG_AT_START_UP,
 )

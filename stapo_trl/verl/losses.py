@@ -6,17 +6,18 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from verl.trainer.ppo.core_algos import get_policy_loss_fn, register_policy_loss
+from verl.workers.utils import losses as verl_losses
 
 from ..core.distributed import world_size
 from ..core.token_rules import get_token_rule, stare_token_weights
 from ..core.token_rules.s2t import check_s2t_thresholds
-from .entropy import entropy_from_ppo_loss
 
 BASE_LOSS_MODE = "vanilla"
 ACTOR_PREFIX = "actor/"
@@ -24,6 +25,37 @@ SEQUENCE_MEAN_MODES = ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-to
 
 SILENCING_LOSS_MODES: set[str] = set()
 """The ``loss_mode`` names registered by :func:`register_s2t_loss` (losses that silence tokens per micro-batch)."""
+
+
+def entropy_from_ppo_loss(expected_shape: torch.Size) -> torch.Tensor:
+    """The padded per-token entropy ``[B, T]`` held in the running ``ppo_loss``'s local ``entropy``, which it does not
+    pass to the policy loss (docs/verl-internals.md); a ValueError that says what to change when the caller is not
+    ``ppo_loss``, verl computed no entropy, or its shape is not ``log_prob``'s."""
+    code, frame = verl_losses.ppo_loss.__code__, sys._getframe()
+    for _ in range(8):  # ppo_loss calls the policy loss, which calls this function
+        if frame is None or (frame.f_code.co_name, frame.f_code.co_filename) == (code.co_name, code.co_filename):
+            break
+        frame = frame.f_back
+    else:
+        frame = None
+    if frame is None:
+        raise ValueError(
+            "This policy loss reads the per-token entropy from verl's ppo_loss (verl.workers.utils.losses), and it "
+            "was called from somewhere else. Select it with actor_rollout_ref.actor.policy_loss.loss_mode, or call "
+            "stapo_trl.verl.losses.s2t_policy_loss with entropy= yourself."
+        )
+    entropy = frame.f_locals.get("entropy")
+    if entropy is None:
+        raise ValueError(
+            "verl computed no per-token entropy for this micro-batch, and the S2T mask needs it: set "
+            "actor_rollout_ref.actor.calculate_entropy=True (entropy_coeff stays 0, so the loss is unchanged)."
+        )
+    if entropy.shape != expected_shape:
+        raise ValueError(
+            f"verl's entropy has shape {tuple(entropy.shape)} and log_prob {tuple(expected_shape)}; they must match. "
+            "The installed verl no longer pads its entropy as 0.9.1 does: run python -m stapo_trl.verl.drift."
+        )
+    return entropy
 
 
 def check_pool_is_data_parallel(config: Any) -> None:

@@ -63,9 +63,9 @@ def verl_loss(
     config = actor_config(loss_mode, loss_agg_mode, micro_batch_size)
     losses, metrics = [], []
     for micro_batch in actor_micro_batches(data, micro_batch_size):
-        rows_here = micro_batch.rows
-        output = model_output(micro_batch.data, leaf[rows_here], entropies[rows_here])
-        loss, micro_metrics = ppo_loss(config, output, micro_batch.data)
+        rows_here = micro_batch["row"]
+        output = model_output(micro_batch, leaf[rows_here], entropies[rows_here])
+        loss, micro_metrics = ppo_loss(config, output, micro_batch)
         loss.backward()
         losses.append(loss.detach())
         metrics.append(micro_metrics)
@@ -121,13 +121,13 @@ def engine_loss(
     data = actor_mini_batch(old_log_probs, advantages, response_mask, layout=layout)
     with torch.no_grad():
         for micro_batch in actor_micro_batches(data, micro_batch_size):
-            padded = no_padding_2_padding(forward(micro_batch.data)["log_probs"], micro_batch.data)
-            old_log_probs[micro_batch.rows, : padded.shape[1]] = padded
+            padded = no_padding_2_padding(forward(micro_batch)["log_probs"], micro_batch)
+            old_log_probs[micro_batch["row"], : padded.shape[1]] = padded
 
     data = actor_mini_batch(old_log_probs, advantages, response_mask, layout=layout)
     losses, metrics = [], []
     for micro_batch in actor_micro_batches(data, micro_batch_size):
-        loss, micro_metrics = ppo_loss(config, forward(micro_batch.data), micro_batch.data)
+        loss, micro_metrics = ppo_loss(config, forward(micro_batch), micro_batch)
         loss.backward()
         losses.append(loss.detach())
         metrics.append(micro_metrics)
