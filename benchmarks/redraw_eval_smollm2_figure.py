@@ -8,8 +8,7 @@ The samples and summary.json of that evaluation were not kept, so the chart is d
 
 from pathlib import Path
 
-from stapo_trl.evaluation.chart import plot_results
-from stapo_trl.evaluation.results_table import PARTIAL_MARK, TableRow
+from stapo_trl.evaluation.results_table import PARTIAL_MARK, TableRow, plot_results
 
 REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench")

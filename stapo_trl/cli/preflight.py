@@ -26,7 +26,7 @@ from ..file_and_metric_names import (
     SILENCED_TOKENS_STATS_FILE,
     TRAINING_CURVES_FILE,
 )
-from ..model_paths import looks_like_path
+from ..gguf import looks_like_path
 from .recipe import RecipeError
 
 RUN_FILES = (

@@ -31,8 +31,7 @@ from ..data.arithmetic import ARITHMETIC, load_arithmetic
 from ..data.selection import drop_long_prompts, random_subset, split_heldout
 from ..diagnostics.run_record import HELDOUT_METRICS, RunRecord
 from ..file_and_metric_names import METRICS_FILE, RECIPE_FILE
-from ..gguf import gguf_checkpoint, hub_source, is_gguf_reference
-from ..model_paths import local_model_problem
+from ..gguf import gguf_checkpoint, hub_source, is_gguf_reference, local_model_problem
 from ..rewards import get_reward_func
 from ..rewards.blame import reward_function_error
 from ..storage import storage_problem, sync_directory, sync_tree, write_text_atomically

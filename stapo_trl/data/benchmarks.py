@@ -15,67 +15,48 @@ from .sources import ROW_FEATURES, DatasetSchemaError, dataset_row, gold_text, l
 
 @dataclass(frozen=True)
 class BenchmarkSpec:
-    """Where a benchmark lives on the Hub and which of its fields (tried in order, so that mirrors load too) hold the
-    problem, answer and id. `samples_per_problem` is the N of the paper's avg@N (32 for AIME and AMC, 4 for the rest)."""
+    """Where a benchmark lives on the Hub, its other names, and which of its fields (tried in order, so that mirrors
+    load too) hold the problem, answer and id. `samples_per_problem` is the N of the paper's avg@N (32 for AIME and
+    AMC, 4 for the rest)."""
 
     name: str
     title: str
     hub_id: str
     split: str
+    aliases: tuple[str, ...]
+    samples_per_problem: int = 4
     problem_fields: tuple[str, ...] = ("problem",)
     answer_fields: tuple[str, ...] = ("answer",)
     id_fields: tuple[str, ...] = ("id",)
     context_fields: tuple[str, ...] = ()
-    samples_per_problem: int = 4
-    aliases: tuple[str, ...] = ()
 
 
+_QUESTION = ("question", "problem")
 _SPECS = (
-    BenchmarkSpec(
-        "aime24",
-        "AIME 2024",
-        "HuggingFaceH4/aime_2024",
-        "train",
-        samples_per_problem=32,
-        aliases=("aime2024", "aime_2024"),
-    ),
-    BenchmarkSpec(
-        "aime25", "AIME 2025", "math-ai/aime25", "test", samples_per_problem=32, aliases=("aime2025", "aime_2025")
-    ),
-    BenchmarkSpec(
-        "amc23",
-        "AMC 2023",
-        "math-ai/amc23",
-        "test",
-        problem_fields=("question", "problem"),
-        samples_per_problem=32,
-        aliases=("amc", "amc2023"),
-    ),
+    BenchmarkSpec("aime24", "AIME 2024", "HuggingFaceH4/aime_2024", "train", ("aime2024", "aime_2024"), 32),
+    BenchmarkSpec("aime25", "AIME 2025", "math-ai/aime25", "test", ("aime2025", "aime_2025"), 32),
+    BenchmarkSpec("amc23", "AMC 2023", "math-ai/amc23", "test", ("amc", "amc2023"), 32, _QUESTION),
     BenchmarkSpec(
         "math500",
         "MATH-500",
         "HuggingFaceH4/MATH-500",
         "test",
+        ("math-500", "math_500"),
         id_fields=("unique_id", "id"),
-        aliases=("math-500", "math_500"),
     ),
     BenchmarkSpec(
-        "minerva",
-        "Minerva Math",
-        "math-ai/minervamath",
-        "test",
-        problem_fields=("question", "problem"),
-        aliases=("minervamath", "minerva_math"),
+        "minerva", "Minerva Math", "math-ai/minervamath", "test", ("minervamath", "minerva_math"), 4, _QUESTION
     ),
     BenchmarkSpec(
         "olympiadbench",
         "OlympiadBench",
         "math-ai/olympiadbench",
         "test",
-        problem_fields=("question", "problem"),
+        ("olympiad", "olympiad_bench"),
+        4,
+        _QUESTION,
         answer_fields=("final_answer", "answer"),
         context_fields=("context",),
-        aliases=("olympiad", "olympiad_bench"),
     ),
 )
 BENCHMARKS: dict[str, BenchmarkSpec] = {spec.name: spec for spec in _SPECS}

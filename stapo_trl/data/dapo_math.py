@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import Any
 
 from datasets import Dataset
 
@@ -146,34 +146,6 @@ def dedupe_by_problem(dataset: Dataset, *, dedupe: bool = True) -> tuple[Dataset
     return dataset.select(keep), DedupReport(len(dataset), len(keep), without_answer, len(conflicts), without_problem)
 
 
-@overload
-def load_dapo_math(
-    source: str | Path = ...,
-    *,
-    split: str = ...,
-    config_name: str | None = ...,
-    prompt_style: str = ...,
-    system_prompt: str | None = ...,
-    dedupe: bool = ...,
-    num_proc: int | None = ...,
-    return_report: Literal[False] = ...,
-) -> Dataset: ...
-
-
-@overload
-def load_dapo_math(
-    source: str | Path = ...,
-    *,
-    split: str = ...,
-    config_name: str | None = ...,
-    prompt_style: str = ...,
-    system_prompt: str | None = ...,
-    dedupe: bool = ...,
-    num_proc: int | None = ...,
-    return_report: Literal[True],
-) -> tuple[Dataset, DedupReport]: ...
-
-
 def load_dapo_math(
     source: str | Path = DAPO_MATH_HUB_ID,
     *,
@@ -184,7 +156,7 @@ def load_dapo_math(
     dedupe: bool = True,
     num_proc: int | None = None,
     return_report: bool = False,
-):
+) -> Dataset | tuple[Dataset, DedupReport]:
     """DAPO-Math-17K as TRL-ready rows (`ROW_FEATURES`). `source` is `BytedTsinghua-SIA/DAPO-Math-17k` (default),
     `open-r1/DAPO-Math-17k-Processed` (`config_name` "all" by default, or "en", "cn"), a local parquet, jsonl or json
     file or dataset directory in either schema, or `"sample"` for the shipped copy (duplicates included). The `dapo`

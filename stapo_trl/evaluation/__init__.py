@@ -17,14 +17,22 @@ from .backends import (
     VLLMBackend,
     build_backend,
 )
-from .chart import chart_series, plot_results
 from .config import ALL_BENCHMARKS, EvalConfig, EvalConfigError
-from .grading import DEFAULT_GRADERS, Grade, Grader
 from .greedy import GreedyAccuracy, greedy_accuracy
 from .harness import EvalResult, evaluate, load_summary
 from .models import ModelNotFoundError, ResolvedModel, resolve_model
 from .records import ResumeMismatchError, SampleStore
-from .scoring import BenchmarkScore, avg_at_k, avg_at_k_standard_error, pass_at_k, score_benchmark
+from .results_table import chart_series, plot_results
+from .scoring import (
+    DEFAULT_GRADERS,
+    BenchmarkScore,
+    Grade,
+    Grader,
+    avg_at_k,
+    avg_at_k_standard_error,
+    pass_at_k,
+    score_benchmark,
+)
 
 __all__ = [
     "ALL_BENCHMARKS",

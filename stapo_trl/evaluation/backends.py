@@ -11,7 +11,7 @@ import multiprocessing
 import os
 import queue
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, get_args, get_origin, get_type_hints
 
@@ -40,26 +40,18 @@ DEFAULT_MAX_NEW_TOKENS = 20480
 
 @dataclass(frozen=True)
 class SamplingPreset:
-    """One of the paper's two evaluation sampling settings (STAPO, arXiv 2602.15620, Table 2)."""
+    """One of the paper's two evaluation sampling settings (STAPO, arXiv 2602.15620, Table 2): `training-aligned` is
+    training's rollout distribution (the paper's first number), `justrl` JustRL's evaluation setting (in parentheses)."""
 
     name: str
     temperature: float
     top_p: float
-    description: str
 
 
-SAMPLING_PRESETS: dict[str, SamplingPreset] = {
+SAMPLING_PRESETS = {
     preset.name: preset
-    for preset in (
-        SamplingPreset("training-aligned", 1.0, 1.0, "training's rollout distribution (the paper's first number)"),
-        SamplingPreset("justrl", 0.7, 0.9, "JustRL's evaluation setting (the paper's number in parentheses)"),
-    )
+    for preset in (SamplingPreset("training-aligned", 1.0, 1.0), SamplingPreset("justrl", 0.7, 0.9))
 }
-
-
-def sampling_label(temperature: float, top_p: float) -> str:
-    """`T=1.0, top-p=1.0`, as the paper writes its settings."""
-    return f"T={float(temperature)}, top-p={float(top_p)}"
 
 
 @dataclass(frozen=True)
@@ -109,7 +101,6 @@ class BackendSpec:
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None
-    vllm_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 def require_vllm() -> None:
@@ -248,7 +239,6 @@ class VLLMBackend:
             rank = json.loads((Path(spec.adapter) / "adapter_config.json").read_text()).get("r", 16)
             options.update(enable_lora=True, max_lora_rank=vllm_max_lora_rank(int(rank), vllm_lora_ranks()))
             self.lora_request = LoRARequest("adapter", 1, spec.adapter)
-        options.update(spec.vllm_kwargs)
         self.llm = LLM(**options)
 
     def close(self) -> None:
@@ -259,10 +249,9 @@ class VLLMBackend:
 
         prompts = [{"prompt_token_ids": list(request.prompt_token_ids)} for request in requests]
         shared = {"temperature": sampling.temperature, "top_p": sampling.top_p, "max_tokens": sampling.max_new_tokens}
-        seeds = [request_seed(sampling.seed, request.key, request.sample_indices[0]) for request in requests]
+        seeds = [request_seed(sampling.seed, r.key, r.sample_indices[0]) for r in requests]
         params = [
-            SamplingParams(n=len(request.sample_indices), seed=seed, **shared)
-            for request, seed in zip(requests, seeds, strict=True)
+            SamplingParams(n=len(r.sample_indices), seed=s, **shared) for r, s in zip(requests, seeds, strict=True)
         ]
         outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
         return [[self._generation(completion) for completion in output.outputs] for output in outputs]

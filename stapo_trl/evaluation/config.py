@@ -11,7 +11,7 @@ from ..data.prompts import PROMPT_STYLES, check_prompt_style
 from ..methods import method_preset
 from ..rewards import available_rewards
 from .backends import BACKENDS, DEFAULT_MAX_NEW_TOKENS, SAMPLING_PRESETS
-from .grading import DEFAULT_GRADERS
+from .scoring import DEFAULT_GRADERS
 
 ALL_BENCHMARKS = list(BENCHMARKS)
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from .grading import accepts, reward_verdicts
+from .scoring import accepts, reward_verdicts
 
 
 @dataclass

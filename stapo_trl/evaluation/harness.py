@@ -26,17 +26,14 @@ from .backends import (
     SamplingParameters,
     build_backend,
     require_vllm,
-    sampling_label,
 )
-from .chart import plot_results
 from .config import EvalConfig, EvalConfigError
-from .grading import Grader
 from .greedy import render_prompt
 from .models import ModelNotFoundError, ResolvedModel, resolve_model
 from .paper_results import FULL_SIZES
 from .records import SampleStore
-from .results_table import markdown_table, summary_rows
-from .scoring import score_benchmark
+from .results_table import markdown_table, plot_results, summary_rows
+from .scoring import Grader, score_benchmark
 
 SUMMARY_FILE = "summary.json"
 TABLE_FILE = "results.md"
@@ -211,7 +208,7 @@ def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) ->
                         store.append(records)
                         progress.update(len(records))
                         progress.set_postfix_str(f"{part[-1][0].benchmark}, {_problems_done(problems, config, store)}")
-            label = sampling_label(temperature, top_p)
+            label = f"T={float(temperature)}, top-p={float(top_p)}"  # as the paper writes its settings
             setting = {"name": name, "label": label, "temperature": temperature, "top_p": top_p}
             setting |= _score_setting(config, store, problems)
             settings_summary.append(setting | {"samples_file": str(store.path), "samples_generated_this_run": pending})

@@ -10,8 +10,7 @@ from pathlib import Path
 
 from ..core.errors import UsageError
 from ..file_and_metric_names import RUN_SUMMARY_FILE
-from ..gguf import gguf_checkpoint, hub_source, is_gguf_reference
-from ..model_paths import ADAPTER_CONFIG, local_model_problem
+from ..gguf import ADAPTER_CONFIG, gguf_checkpoint, hub_source, is_gguf_reference, local_model_problem
 
 _SIZE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)[bB](?![a-zA-Z0-9])")
 

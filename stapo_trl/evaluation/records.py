@@ -1,6 +1,6 @@
 """The per-sample results file: one JSON line per graded sample, appended as samples finish, so that a killed
 evaluation resumes where it stopped. `<name>.settings.json` beside it records the settings that shape the samples;
-resuming with other settings is refused (the average would mix two settings)."""
+resuming with other settings is refused."""
 
 from __future__ import annotations
 
@@ -16,8 +16,7 @@ from ..storage import DamagedFileError, append_text, read_json_file, write_text_
 
 logger = logging.getLogger(__name__)
 
-SAMPLE_KEYS = ("benchmark", "problem_id", "sample")
-"""The keys that identify a sample; every record has them."""
+SAMPLE_KEYS = ("benchmark", "problem_id", "sample")  # what identifies a sample; every record has them
 
 
 class ResumeMismatchError(UsageError, ValueError):
@@ -98,9 +97,6 @@ class SampleStore:
 
     def __contains__(self, key: tuple[str, str, int]) -> bool:
         return key in self._keys
-
-    def __len__(self) -> int:
-        return len(self.records)
 
     def append(self, records: Iterable[Mapping[str, Any]]) -> None:
         new = [dict(record) for record in records if self.key(record) not in self._keys]

@@ -1,13 +1,16 @@
 """The results table in the paper's layout: one row per model and sampling setting, one column per benchmark, and
-the average, with the paper's own row (clearly labelled) under ours when it has one for the same size and method."""
+the average, with the paper's own row (clearly labelled) under ours when it has one for the same size and method; and
+the same rows as a grouped bar chart, the paper's rows hatched so they are never mistaken for measurements."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..data.benchmarks import BENCHMARKS
+from ..diagnostics.plotting import BarGroup, plot_grouped_bars
 from .paper_results import PAPER_BENCHMARKS, PAPER_SOURCE, paper_row
 
 COLUMN_TITLES = dict(
@@ -81,3 +84,32 @@ def markdown_table(rows: Sequence[TableRow]) -> str:
     if any(row.source == "paper" for row in rows):
         legend.append(f"Rows labelled `paper:` are copied from the {PAPER_SOURCE}, not measured here.")
     return "\n".join(lines + legend) + "\n"
+
+
+AVERAGE = "average"
+PARTIAL_FOOTNOTE = "Some cells are on part of a benchmark or use another k than the paper; results.md marks them."
+
+
+def chart_series(rows: Sequence[TableRow]) -> dict[str, dict[str, float]]:
+    """`{"<model> (<sampling>)": {benchmark or "average": avg@k %}}` for the cells a row has, in table order."""
+    series = {}
+    for row in rows:
+        values = {name: row.values[name] for name in PAPER_BENCHMARKS if name in row.values}
+        if row.average_value is not None:
+            values[AVERAGE] = row.average_value
+        series[f"{row.model} ({row.setting})"] = values
+    return series
+
+
+def plot_results(rows: Sequence[TableRow], path: str | Path, title: str | None = None) -> Path:
+    """Write the chart as a PNG; renders headless (Agg)."""
+    if not rows:
+        raise ValueError("There are no result rows to plot.")
+    series = chart_series(rows)
+    groups = [name for name in (*PAPER_BENCHMARKS, AVERAGE) if any(name in values for values in series.values())]
+    bars = [BarGroup(*item, quoted=row.source == "paper") for row, item in zip(rows, series.items(), strict=True)]
+    footnote = PARTIAL_FOOTNOTE if any(row.notes & {PARTIAL_MARK, OTHER_K_MARK} for row in rows) else None
+    titles = {**COLUMN_TITLES, AVERAGE: "Avg"}
+    return plot_grouped_bars(
+        bars, groups, path, group_titles=titles, ylabel="avg@k (%)", title=title, footnote=footnote
+    )

@@ -13,7 +13,7 @@ ROOT = "stapo_trl"
 
 LAYERS = (
     ("core", ("core", "version")),
-    ("foundation", ("storage", "file_and_metric_names", "gguf", "model_paths")),
+    ("foundation", ("storage", "file_and_metric_names", "gguf")),
     ("TRL boundary helpers", ("trl_boundary",)),
     ("CPU runtime", ("cpu",)),
     ("data", ("data",)),
