@@ -33,19 +33,6 @@ def test_our_loss_type_choices_are_exactly_trls():
     assert named == set(LOSS_TYPES)
 
 
-def test_get_per_token_logps_and_entropies_signature():
-    parameters = list(inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies).parameters)
-    assert parameters[:7] == [
-        "self",
-        "model",
-        "input_ids",
-        "attention_mask",
-        "logits_to_keep",
-        "batch_size",
-        "compute_entropy",
-    ]
-
-
 def test_compute_loss_uses_one_mask_from_completion_and_tool_masks():
     source = inspect.getsource(GRPOTrainer._compute_loss)
     assert 'mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]' in source
@@ -102,15 +89,6 @@ def test_trainer_state_json_is_the_last_file_a_checkpoint_save_writes():
     assert source.index("self._save_rng_state(output_dir)") < state
 
 
-def test_save_model_pushes_unless_internal_call():
-    """`stapo-trl train` saves the final model into a staging directory with `_internal_call=True`, so that
-    transformers does not push a half-moved output_dir to the Hub; it pushes once the files are in place."""
-    from transformers import Trainer
-
-    assert list(inspect.signature(Trainer.save_model).parameters) == ["self", "output_dir", "_internal_call"]
-    assert "if self.args.push_to_hub and not _internal_call:" in inspect.getsource(Trainer.save_model)
-
-
 def test_the_model_card_hooks_we_extend_exist():
     """STAPOTrainer.create_model_card calls TRL's, then rebuilds the card keeping the template's "## Training
     procedure" (tracker links, framework versions) and "## Citations" sections as TRL rendered them; TRL writes the
@@ -162,27 +140,6 @@ def test_shuffle_and_split_carry_extra_keys():
     assert [chunk["stapo_log_probs"].shape[0] for chunk in chunks] == [2, 2]
     assert all(chunk["stapo_tool_mask_before_rules"] is None for chunk in chunks)
     assert all(chunk["num_items_in_batch"] is batch["num_items_in_batch"] for chunk in chunks)
-
-
-def test_helpers_we_import_from_trl_exist():
-    from trl.kernels import ChunkedLogProbFunction
-    from trl.models.utils import disable_gradient_checkpointing
-    from trl.trainer.utils import get_config_model_id, maybe_gather_lm_head_ctx
-
-    assert callable(disable_gradient_checkpointing) and callable(maybe_gather_lm_head_ctx)
-    assert callable(get_config_model_id)
-    forward = list(inspect.signature(ChunkedLogProbFunction.forward).parameters)
-    assert forward[1:10] == [
-        "hidden",
-        "weight",
-        "bias",
-        "targets",
-        "temperature",
-        "chunk_size",
-        "final_logit_softcapping",
-        "logit_scale",
-        "outputs",
-    ]
 
 
 @pytest.fixture(scope="module")

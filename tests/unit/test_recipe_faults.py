@@ -1,6 +1,6 @@
-"""Recipes and environments that used to be taken silently: a key given twice (in a `train` recipe and in an `eval`
-config file, which one reader checks), and leftover torchrun variables that made a one-process run wait for other
-processes forever."""
+"""Recipes and environments that used to be taken silently: a key given twice in a recipe (the same reader checks an
+`eval` config file: test_bad_input.py's "eval: a key given twice"), and leftover torchrun variables that made a
+one-process run wait for other processes forever."""
 
 import os
 import subprocess
@@ -21,25 +21,6 @@ def test_a_key_given_twice_is_refused_with_both_lines(tmp_path):
     with pytest.raises(RecipeError, match=r"the key 'learning_rate' appears twice \(lines 2 and 4\)"):
         load_recipe(recipe)
     assert main(["train", "--config", str(recipe), "--dry_run"]) == 2
-
-
-def test_train_and_eval_read_their_config_files_with_the_same_checks(tmp_path, capsys):
-    """`stapo-trl eval --config` used TRL's parser, which keeps the second of two equal keys and reads YAML's `no` as
-    a value for `temperature`; both commands now read their file through `stapo_trl.cli.config_file`."""
-    twice = tmp_path / "twice.yaml"
-    twice.write_text("model: my-org/my-model\nmax_problems: 2\nseed: 0\nmax_problems: 3\n")
-    assert main(["eval", "--config", str(twice)]) == 2
-    assert f"{twice}: the key 'max_problems' appears twice (lines 2 and 4)" in capsys.readouterr().err
-    recipe = tmp_path / "recipe.yaml"
-    recipe.write_text("seed: 0\nseed: 1\n")
-    assert main(["train", "--config", str(recipe), "--dry_run"]) == 2
-    assert f"{recipe}: the key 'seed' appears twice (lines 1 and 2)" in capsys.readouterr().err
-
-    boolean = tmp_path / "boolean.yaml"
-    boolean.write_text("model: my-org/my-model\npresets: [justrl]\ntemperature: no\n")
-    assert main(["eval", "--config", str(boolean)]) == 2
-    error = capsys.readouterr().err
-    assert "temperature: a boolean where a number is needed" in error and "presets" not in error.split("error:")[1]
 
 
 def test_nested_keys_may_repeat_across_mappings(tmp_path):
