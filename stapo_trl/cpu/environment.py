@@ -10,8 +10,8 @@ from collections.abc import MutableMapping
 
 SWITCH = "STAPO_TRL_CPU_ENVIRONMENT"
 CPU_ENVIRONMENT = {"OMP_WAIT_POLICY": "PASSIVE", "THP_MEM_ALLOC_ENABLE": "1"}
+# Variables that, set by the user, leave each default unset.
 OVERRIDDEN_BY = {"OMP_WAIT_POLICY": ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"), "THP_MEM_ALLOC_ENABLE": ()}
-"""Variables that, set by the user, leave each default unset."""
 
 
 def set_cpu_environment(
@@ -19,11 +19,9 @@ def set_cpu_environment(
 ) -> dict[str, str]:
     """Set the defaults of `CPU_ENVIRONMENT` that apply; returns what was set (nothing once torch is loaded)."""
     environ = os.environ if environ is None else environ
-    torch_loaded = "torch" in sys.modules if torch_loaded is None else torch_loaded
-    if torch_loaded:
+    if ("torch" in sys.modules) if torch_loaded is None else torch_loaded:
         return {}
-    chosen = cpu_environment_not_in_effect(environ)
-    environ.update(chosen)
+    environ.update(chosen := cpu_environment_not_in_effect(environ))
     return chosen
 
 

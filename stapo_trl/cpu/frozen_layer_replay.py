@@ -327,8 +327,7 @@ def replay_blockers(model: torch.nn.Module) -> list[str]:
 def replay_frozen_prefix(model: torch.nn.Module) -> Iterator[FrozenPrefixReplay | None]:
     """`FrozenPrefixReplay` on ``model`` (for a PEFT model, ``model.get_base_model()``) inside the block, or None
     (and a log line saying why) when `replay_blockers` finds a reason."""
-    blockers = replay_blockers(model)
-    if blockers:
+    if blockers := replay_blockers(model):
         logger.info("Frozen-layer replay is off: %s.", "; ".join(blockers))
         yield None
         return

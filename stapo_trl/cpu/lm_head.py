@@ -43,21 +43,10 @@ class FusedHeadOp:
     block_rows: int = DEFAULT_BLOCK_ROWS
     keep_logits_bytes: int = DEFAULT_KEEP_LOGITS_BYTES
 
-    def apply(
-        self,
-        hidden,
-        weight,
-        bias,
-        targets,
-        temperature,
-        chunk_size,
-        final_logit_softcapping=None,
-        logit_scale=1.0,
-        outputs=("entropy", "log_sum_sq_probs", "mean_logits", "is_top1"),
-    ):
+    def apply(self, hidden, weight, bias, targets, temperature, chunk_size, softcap, logit_scale, outputs):
         if not handles(hidden, weight, bias, tuple(outputs)):
             return self.fallback.apply(
-                hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping, logit_scale, outputs
+                hidden, weight, bias, targets, temperature, chunk_size, softcap, logit_scale, outputs
             )
         log_probs, entropies = cpu_logprob_entropy(
             hidden,
@@ -65,7 +54,7 @@ class FusedHeadOp:
             targets,
             bias=bias,
             temperature=temperature,
-            softcap=final_logit_softcapping,
+            softcap=softcap,
             logit_scale=logit_scale,
             want_entropy="entropy" in outputs,
             block_rows=self.block_rows,
