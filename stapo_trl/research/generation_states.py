@@ -85,8 +85,7 @@ class GenerationStateWriter:
 
     def __init__(self, output_dir: str | Path, every: int, optimizer_steps_per_generation: int):
         self.root = Path(output_dir) / GENERATION_STATES_DIR
-        self.every = every
-        self.steps_per_generation = optimizer_steps_per_generation
+        self.every, self.steps_per_generation = every, optimizer_steps_per_generation
         self._pending: dict[str, Any] | None = None
         self._started: int | None = None  # the generation whose first step this process saved
 
@@ -204,9 +203,6 @@ def saved_generations(run_dir: str | Path) -> list[SavedGeneration]:
     found = []
     for marker in sorted((Path(run_dir) / GENERATION_STATES_DIR).glob(f"generation-*/{GENERATION_FILE}")):
         values = json.loads(marker.read_text())
-        found.append(
-            SavedGeneration(
-                marker.parent, values["generation"], values["first_global_step"], values["optimizer_steps"]
-            )
-        )
+        fields = (values["generation"], values["first_global_step"], values["optimizer_steps"])
+        found.append(SavedGeneration(marker.parent, *fields))
     return found

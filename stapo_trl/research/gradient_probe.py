@@ -29,8 +29,7 @@ from ..core.token_rules.random_silencing import count_matched_draw
 from ..core.token_stats.statistics import restored_random_streams
 from ..core.trl_seams import StepEventCallback, disable_gradient_checkpointing
 
-PROBE_LOSS_TYPES = ("dapo", "cispo", "vespo", "dr_grpo")
-"""The loss types whose denominator does not depend on which tokens count, so that the loss splits by token set."""
+PROBE_LOSS_TYPES = ("dapo", "cispo", "vespo", "dr_grpo")  # their denominator does not depend on which tokens count
 PROBE_METRIC_PREFIX = "gradient_probe"
 PROBE_BASELINES = ("random_positive", "random_candidate")  # in the order they are drawn
 
@@ -127,9 +126,7 @@ class GradientProbe:
     from its micro-batch's training random state, and random streams and ``.grad`` are left as found."""
 
     def __init__(self, every: int, *, seed: int = 0, candidate_mask: Callable | None = None):
-        self.every = every
-        self.seed = seed
-        self.candidate_mask = candidate_mask
+        self.every, self.seed, self.candidate_mask = every, seed, candidate_mask
 
     def is_due(self, completed_steps: int) -> bool:
         return self.every > 0 and completed_steps % self.every == 0
@@ -239,11 +236,9 @@ class GradientProbeCallback(StepEventCallback):
             return
         model = trainer.accelerator.unwrap_model(trainer.model)
         checkpointing = disable_gradient_checkpointing(model, trainer.args.gradient_checkpointing_kwargs)
-        process = trainer.accelerator.process_index
+        rank = trainer.accelerator.process_index
         with trainer.metrics_untouched(), checkpointing:
-            stats = self.probe.measure(
-                trainer.compute_loss, model, step_batches, global_step=step, process_index=process
-            )
+            stats = self.probe.measure(trainer.compute_loss, model, step_batches, global_step=step, process_index=rank)
         stats["steps_since_generation"] = step % optimizer_steps_per_generation(trainer.args)
         for key, value in stats.items():
             trainer.log_metric(f"{PROBE_METRIC_PREFIX}/{key}", value)

@@ -14,9 +14,7 @@ from ...core.token_rules.random_silencing import count_matched_draw
 from ...core.token_rules.s2t import spurious_token_candidates, spurious_token_mask
 
 NONE_ARM = "none"
-LOW_P_DIVISOR = 100.0
-"""``s2t_low_p`` uses ``prob_threshold / LOW_P_DIVISOR``, nearer the paper's share of silenced tokens ("mostly under
-0.01%")."""
+LOW_P_DIVISOR = 100.0  # s2t_low_p's threshold is prob_threshold / 100: nearer the paper's "mostly under 0.01%"
 
 
 @dataclass(frozen=True)
@@ -94,8 +92,7 @@ COMPARISONS = (
 """The comparisons `stapo-trl counterfactual` reports, first arm minus second. The first is the primary comparison of
 the study's second plan, the second that of its first (docs/records/counterfactual-updates.md)."""
 PRIMARY_COMPARISON, FIRST_PLAN_PRIMARY_COMPARISON = COMPARISONS[:2]
-REFERENCE_ARM = "s2t"
-"""The arm whose selection the counts of a summary describe (how many generations and tokens S2T silenced)."""
+REFERENCE_ARM = "s2t"  # the arm whose selection a summary's counts describe
 
 
 def arm_settings(config, tokens: StepTokens, generator: torch.Generator) -> ArmSettings:

@@ -15,8 +15,10 @@ from ...cpu.frozen_layer_replay import frozen_layers_replaced, recording_first_t
 from ..generation_states import SavedStep, restore_random_streams, trainable_parameters
 
 
-def set_trainable(model: torch.nn.Module, values: dict[str, torch.Tensor]) -> None:
-    """Copy saved values into the model's trainable parameters; the names must be exactly the model's."""
+def restore_start(trainer, start: dict[str, Any]) -> None:
+    """Put the trainer's model, optimizer and scheduler where a saved generation started; ``start`` is not modified.
+    Its trainable parameters' names must be exactly the model's."""
+    model, values = trainer.accelerator.unwrap_model(trainer.model), start["trainable"]
     parameters = {name: p for name, p in model.named_parameters() if p.requires_grad}
     if set(parameters) != set(values):
         missing, unexpected = sorted(set(parameters) - set(values)), sorted(set(values) - set(parameters))
@@ -28,11 +30,6 @@ def set_trainable(model: torch.nn.Module, values: dict[str, torch.Tensor]) -> No
     with torch.no_grad():
         for name, value in values.items():
             parameters[name].copy_(value)
-
-
-def restore_start(trainer, start: dict[str, Any]) -> None:
-    """Put the trainer's model, optimizer and scheduler where a saved generation started; ``start`` is not modified."""
-    set_trainable(trainer.accelerator.unwrap_model(trainer.model), start["trainable"])
     trainer.optimizer.load_state_dict(copy.deepcopy(start["optimizer"]))
     trainer.lr_scheduler.load_state_dict(copy.deepcopy(start["lr_scheduler"]))
     trainer.model.zero_grad(set_to_none=True)

@@ -58,16 +58,6 @@ class ProbeSet:
     """The reference sequences' frozen-layer outputs, the same for every saved state: recorded once per run."""
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def replay_provenance() -> dict[str, Any]:
     """What replayed a run, written into each record: the git commit (and uncommitted changes) of a checkout, the
     packages' versions, the CPU, torch's threads and CPU capability (bit-for-bit replays need the same kernels)."""
@@ -75,12 +65,15 @@ def replay_provenance() -> dict[str, Any]:
     commit = dirty = None
     try:
         commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        changed = subprocess.run(
-            [*git, "status", "--porcelain", "--", "."], capture_output=True, text=True, check=True
-        )
-        dirty = bool(changed.stdout.strip())
+        status = subprocess.run([*git, "status", "--porcelain", "--", "."], capture_output=True, text=True, check=True)
+        dirty = bool(status.stdout.strip())
     except (OSError, subprocess.CalledProcessError):
         pass
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        cpuinfo = []
+    models = [line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")]
     versions = {}
     for package in ("stapo-trl", "torch", "transformers", "trl", "peft", "accelerate"):
         try:
@@ -91,7 +84,7 @@ def replay_provenance() -> dict[str, Any]:
         "commit": commit,
         "uncommitted_changes": dirty,
         "packages": versions,
-        "cpu": _cpu_model(),
+        "cpu": models[0] if models else platform.processor() or platform.machine(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "threads": torch.get_num_threads(),
     }
@@ -99,10 +92,8 @@ def replay_provenance() -> dict[str, Any]:
 
 def check_statistics_source(config, generations: list[SavedGeneration]) -> None:
     """Refuse a run with ``token_stats_source: loss`` whose generations feed several optimizer steps."""
-    if getattr(config, "token_stats_source", "generation") != "loss":
-        return
     several = [g.generation for g in generations if g.optimizer_steps > 1]
-    if several:
+    if several and getattr(config, "token_stats_source", "generation") == "loss":
         raise CounterfactualError(
             f"This run took p and H from the policy being optimized (token_stats_source: loss), and its generations "
             f"feed {max(g.optimizer_steps for g in generations)} optimizer steps each (generation {several[0]} "

@@ -11,15 +11,13 @@ from dataclasses import dataclass
 
 from .arms import ARMS, COMPARISONS, FIRST_PLAN_PRIMARY_COMPARISON, NONE_ARM, PRIMARY_COMPARISON, REFERENCE_ARM
 
-MEASURES = {
+MEASURES = {  # each measure of `stapo_trl.research.counterfactual.study.measure`, with a short title
     "entropy_change": "entropy change (nats/token)",
     "kl_from_state": "KL(updated || state) (nats/token)",
     "reference_log_prob_change": "log p of correct response (nats)",
     "update_norm": "update norm",
 }
-"""Each measure of `stapo_trl.research.counterfactual.study.measure`, with a short title."""
-POINTS = ("first_step", "generation")
-"""Where each arm's policy is read: after the generation's first optimizer step, and after its last."""
+POINTS = ("first_step", "generation")  # each arm's policy is read after the generation's first and last step
 PRIMARY_POINT, PRIMARY_MEASURE = "generation", "entropy_change"  # both plans' primary outcome
 
 
@@ -158,20 +156,14 @@ def grad_norm_ratios(records: list[dict], arm: str) -> dict:
 def silenced_profile(records: list[dict], arm: str) -> dict:
     """Over the steps in which ``arm`` silenced a token: the median of their median p and of their median H (nats),
     and how many steps."""
-    probabilities, entropies = [], []
-    for record in records:
-        if record["arm"] != arm:
-            continue
-        for profile in record.get("silenced_profile") or []:
-            if profile.get("log_prob_median") is not None:
-                probabilities.append(math.exp(profile["log_prob_median"]))
-                entropies.append(profile["entropy_median"])
-    if not probabilities:
+    own = [record.get("silenced_profile") or [] for record in records if record["arm"] == arm]
+    profiles = [profile for steps in own for profile in steps if profile.get("log_prob_median") is not None]
+    if not profiles:
         return {"steps": 0, "median_p": None, "median_entropy": None}
     return {
-        "steps": len(probabilities),
-        "median_p": statistics.median(probabilities),
-        "median_entropy": statistics.median(entropies),
+        "steps": len(profiles),
+        "median_p": statistics.median(math.exp(profile["log_prob_median"]) for profile in profiles),
+        "median_entropy": statistics.median(profile["entropy_median"] for profile in profiles),
     }
 
 

@@ -1,6 +1,5 @@
-"""What an update did to the policy, read teacher-forced on fixed prompts (left-padded) and responses (right-padded):
-at every response token, its log-probability and the next-token entropy at a sampling temperature, and optionally the
-distributions (for a KL divergence between two policies)."""
+"""The policy read teacher-forced on fixed prompts (left-padded) and responses (right-padded): at each response token,
+its log-probability, the next-token entropy at a sampling temperature and optionally the distribution (for a KL)."""
 
 from __future__ import annotations
 
@@ -12,8 +11,7 @@ import torch
 from ...core.token_stats.statistics import side_effect_free_pass
 from ...cpu.frozen_layer_replay import frozen_layers_replaced, recording_first_trainable_input
 
-READOUT_ROWS = 8
-"""Rows per forward pass of a readout (8 x 40 tokens x SmolLM2's 49,152-token vocabulary: about 64 MB of logits)."""
+READOUT_ROWS = 8  # rows per forward pass of a readout (x 40 tokens x SmolLM2's 49,152-token vocabulary: ~64 MB)
 
 
 @dataclass
