@@ -112,7 +112,7 @@ def train(arm: str, seed: int, args, root: Path, threads: int | None) -> Path:
 def step_records(output_dir: Path) -> list[dict]:
     """The per-step log of a run (the newest checkpoint's for an unfinished run)."""
     sys.path.insert(0, str(REPO))
-    from stapo_trl.diagnostics.run_logs import find_log_source, read_history
+    from stapo_trl.diagnostics.report import find_log_source, read_history
 
     source = find_log_source(output_dir)
     return read_history(source) if source is not None else []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,8 +20,10 @@ from .plotting import (
     plot_line_panels,
     plot_token_bars,
 )
-from .run_logs import RunLogs
 from .run_record import is_finite_number, rule_summary, spread, token_in_context, training_records, visible_token
+
+if TYPE_CHECKING:
+    from .report import RunLogs
 
 FIGURE_TITLES = {
     "entropy": "Mean token entropy",

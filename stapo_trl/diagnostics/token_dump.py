@@ -8,7 +8,7 @@ import logging
 import math
 import os
 import warnings
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -96,110 +96,6 @@ def token_records(
     return records
 
 
-@dataclass(eq=False)
-class SilencedTokenDump:
-    """Writes the bounded dump of one run; call :meth:`record_step` on every process at every optimizer step."""
-
-    output_dir: str | os.PathLike
-    tokenizer: Any
-    _: KW_ONLY
-    tokens_per_step: int
-    max_tokens: int
-    context_tokens: int
-    seed: int = 0
-    probability_bound: float | None = None
-    is_main_process: bool = True
-    stats: dict[str, Any] | None = field(default=None, init=False)
-    _opened: bool = field(default=False, init=False)
-
-    def __post_init__(self):
-        self.directory = Path(self.output_dir)
-        self.records_path = self.directory / SILENCED_TOKENS_FILE
-        self.stats_path = self.directory / SILENCED_TOKENS_STATS_FILE
-
-    def save_state(self, checkpoint_dir: str | os.PathLike) -> None:
-        """Copy the counts and the density so far into a checkpoint (main process)."""
-        if self.stats is not None and self.is_main_process:
-            write_text_atomically(Path(checkpoint_dir) / SILENCED_TOKENS_STATS_FILE, json.dumps(self.stats) + "\n")
-
-    def load_state(self, checkpoint_dir: str | os.PathLike) -> bool:
-        """Take the counts and the density from a checkpoint (every process). False when it holds none."""
-        path = Path(checkpoint_dir) / SILENCED_TOKENS_STATS_FILE
-        if not path.is_file():
-            return False
-        self.stats = read_json_file(
-            path,
-            "the silenced-token dump's counts in a checkpoint",
-            "Resume from another checkpoint, or delete the file to start the dump over.",
-        )
-        return True
-
-    def _open(self) -> None:
-        """Start the records over, or after a resume keep those of the steps the checkpoint covers."""
-        self._opened, resumed = True, self.stats is not None
-        if not resumed:
-            self.stats = {
-                "tokens_per_step": self.tokens_per_step,
-                "max_tokens": self.max_tokens,
-                "context_tokens": self.context_tokens,
-                "probability_bound": self.probability_bound,
-                **dict.fromkeys(("silenced", "written", "dropped"), 0),
-                "steps": [],
-                "density": {
-                    "log10_p_range": list(LOG10_P_RANGE),
-                    "entropy_range": list(ENTROPY_RANGE),
-                    "bins": list(DENSITY_BINS),
-                    **{name: torch.zeros(DENSITY_BINS, dtype=torch.int64).tolist() for name in DENSITY_KINDS},
-                },
-            }
-        if not self.is_main_process:
-            return
-        self.directory.mkdir(parents=True, exist_ok=True)
-        kept = []
-        if resumed and self.records_path.is_file():
-            covered = max((entry["step"] for entry in self.stats["steps"]), default=0)
-            kept = [record for record in read_json_lines(self.records_path) if record["step"] <= covered]
-        write_text_atomically(self.records_path, _json_lines(kept))
-
-    def record_step(self, step: int, tokens: StepTokens) -> dict[str, int]:
-        """Count, sample and write one optimizer step's silenced tokens, and return the step's counts. Every process
-        calls it (it all-reduces and gathers); every rank draws the same permutation of the global count, seeded by
-        ``seed`` and ``step``, and decodes the sampled tokens in its own range."""
-        loss_mask = tokens.loss_mask.bool()
-        silenced = tokens.silenced.bool() & loss_mask
-        positive = tokens.positive
-        masks = (positive, loss_mask & ~positive)
-        density = torch.stack([token_density(tokens.log_probs, tokens.entropies, mask) for mask in masks])
-        counts = torch.zeros(world_size(), dtype=torch.int64, device=density.device)
-        counts[rank()] = silenced.sum()
-        reduced = all_reduce_sum(torch.cat([counts, density.view(-1)]))
-        counts, density = reduced[: world_size()].cpu(), reduced[world_size() :].view(2, *DENSITY_BINS).cpu()
-        num_silenced = int(counts.sum())
-        if not self._opened:
-            self._open()
-        budget = max(min(self.tokens_per_step, self.max_tokens - self.stats["written"]), 0)
-        take = min(budget, num_silenced)
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
-        chosen = torch.randperm(num_silenced, generator=generator)[:take]
-        offset = int(counts[: rank()].sum())
-        mine = chosen[(chosen >= offset) & (chosen < offset + int(counts[rank()]))].sort().values - offset
-        positions = silenced.nonzero().cpu()[mine]
-        records = token_records(
-            tokens, positions, self.tokenizer, step=step, process_index=rank(), context_tokens=self.context_tokens
-        )
-        gathered = [record for part in gather_objects(records) for record in part]
-        entry = {"step": step, "silenced": num_silenced, "written": take, "dropped": num_silenced - take}
-        self.stats["steps"].append(entry)
-        for key in ("silenced", "written", "dropped"):
-            self.stats[key] += entry[key]
-        for index, name in enumerate(DENSITY_KINDS):
-            self.stats["density"][name] = (torch.tensor(self.stats["density"][name]) + density[index]).tolist()
-        if self.is_main_process:
-            append_text(self.records_path, _json_lines(gathered))
-            write_text_atomically(self.stats_path, json.dumps(self.stats) + "\n")
-        return entry
-
-
 def read_dump(directory: str | os.PathLike) -> tuple[list[dict[str, Any]] | None, dict[str, Any] | None]:
     """A run directory's dump records and its counts and density, each None when its file is absent. A last record
     cut off mid-write is left out; any other damage raises a `DamagedFileError` that names the file."""
@@ -267,42 +163,137 @@ def warn_if_nothing_to_record(config) -> None:
 
 
 class SilencedTokenDumpCallback(StepEventCallback):
-    """Writes a `STAPOTrainer` run's `SilencedTokenDump` at every optimizer step, logs ``token_dump/written`` and
-    ``token_dump/dropped``, and keeps its counts in each checkpoint (``dump_silenced_tokens: true`` adds it)."""
+    """Writes the bounded dump of a `STAPOTrainer` run at every optimizer step, logs ``token_dump/written`` and
+    ``token_dump/dropped``, and keeps its counts in each checkpoint (``dump_silenced_tokens: true`` adds it). Outside a
+    trainer: `start`, then `record_step` on every process at every optimizer step."""
 
     def __init__(self, settings: TokenDumpArguments | None = None):
         self.settings = settings or TokenDumpArguments(dump_silenced_tokens=True)
-        self.dump: SilencedTokenDump | None = None
+        self.stats: dict[str, Any] | None = None
+        self.directory: Path | None = None
 
-    def on_init_end(self, args, state, control, **kwargs):
-        warn_if_nothing_to_record(args)
+    def start(self, output_dir, tokenizer, *, seed: int = 0, probability_bound=None, is_main_process=True) -> None:
+        """Write the dump of the run in ``output_dir``, decoding with ``tokenizer``; ``seed`` seeds the sampling."""
+        self.directory, self.tokenizer, self.seed = Path(output_dir), tokenizer, seed
+        self.probability_bound, self.is_main_process, self._opened = probability_bound, is_main_process, False
+        self.records_path = self.directory / SILENCED_TOKENS_FILE
+        self.stats_path = self.directory / SILENCED_TOKENS_STATS_FILE
 
-    def _dump_of(self, trainer) -> SilencedTokenDump:
-        if self.dump is None:
+    def _start_for(self, trainer) -> None:
+        if self.directory is None:
             running = [get_token_rule(name) for name in (*trainer.token_rules, *trainer.shadow_token_rules)]
             bounds = [bound for spec in running if (bound := spec.probability_bound(trainer.args)) is not None]
-            self.dump = SilencedTokenDump(
+            self.start(
                 trainer.args.output_dir,
                 getattr(trainer.processing_class, "tokenizer", trainer.processing_class),
-                tokens_per_step=self.settings.dump_tokens_per_step,
-                max_tokens=self.settings.dump_max_tokens,
-                context_tokens=self.settings.dump_context_tokens,
                 seed=trainer.args.seed,
                 probability_bound=bounds[0] if bounds else None,
                 is_main_process=trainer.accelerator.is_main_process,
             )
-        return self.dump
+
+    def save_state(self, checkpoint_dir: str | os.PathLike) -> None:
+        """Copy the counts and the density so far into a checkpoint (main process)."""
+        if self.stats is not None and self.is_main_process:
+            write_text_atomically(Path(checkpoint_dir) / SILENCED_TOKENS_STATS_FILE, json.dumps(self.stats) + "\n")
+
+    def load_state(self, checkpoint_dir: str | os.PathLike) -> bool:
+        """Take the counts and the density from a checkpoint (every process). False when it holds none."""
+        path = Path(checkpoint_dir) / SILENCED_TOKENS_STATS_FILE
+        if not path.is_file():
+            return False
+        self.stats = read_json_file(
+            path,
+            "the silenced-token dump's counts in a checkpoint",
+            "Resume from another checkpoint, or delete the file to start the dump over.",
+        )
+        return True
+
+    def _open(self) -> None:
+        """Start the records over, or after a resume keep those of the steps the checkpoint covers."""
+        self._opened, resumed = True, self.stats is not None
+        if not resumed:
+            self.stats = {
+                "tokens_per_step": self.settings.dump_tokens_per_step,
+                "max_tokens": self.settings.dump_max_tokens,
+                "context_tokens": self.settings.dump_context_tokens,
+                "probability_bound": self.probability_bound,
+                **dict.fromkeys(("silenced", "written", "dropped"), 0),
+                "steps": [],
+                "density": {
+                    "log10_p_range": list(LOG10_P_RANGE),
+                    "entropy_range": list(ENTROPY_RANGE),
+                    "bins": list(DENSITY_BINS),
+                    **{name: torch.zeros(DENSITY_BINS, dtype=torch.int64).tolist() for name in DENSITY_KINDS},
+                },
+            }
+        if not self.is_main_process:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        kept = []
+        if resumed and self.records_path.is_file():
+            covered = max((entry["step"] for entry in self.stats["steps"]), default=0)
+            kept = [record for record in read_json_lines(self.records_path) if record["step"] <= covered]
+        write_text_atomically(self.records_path, _json_lines(kept))
+
+    def record_step(self, step: int, tokens: StepTokens) -> dict[str, int]:
+        """Count, sample and write one optimizer step's silenced tokens, and return the step's counts. Every process
+        calls it (it all-reduces and gathers); every rank draws the same permutation of the global count, seeded by
+        ``seed`` and ``step``, and decodes the sampled tokens in its own range."""
+        loss_mask = tokens.loss_mask.bool()
+        silenced = tokens.silenced.bool() & loss_mask
+        positive = tokens.positive
+        masks = (positive, loss_mask & ~positive)
+        density = torch.stack([token_density(tokens.log_probs, tokens.entropies, mask) for mask in masks])
+        counts = torch.zeros(world_size(), dtype=torch.int64, device=density.device)
+        counts[rank()] = silenced.sum()
+        reduced = all_reduce_sum(torch.cat([counts, density.view(-1)]))
+        counts, density = reduced[: world_size()].cpu(), reduced[world_size() :].view(2, *DENSITY_BINS).cpu()
+        num_silenced = int(counts.sum())
+        if not self._opened:
+            self._open()
+        settings = self.settings
+        budget = max(min(settings.dump_tokens_per_step, settings.dump_max_tokens - self.stats["written"]), 0)
+        take = min(budget, num_silenced)
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        chosen = torch.randperm(num_silenced, generator=generator)[:take]
+        offset = int(counts[: rank()].sum())
+        mine = chosen[(chosen >= offset) & (chosen < offset + int(counts[rank()]))].sort().values - offset
+        positions = silenced.nonzero().cpu()[mine]
+        records = token_records(
+            tokens,
+            positions,
+            self.tokenizer,
+            step=step,
+            process_index=rank(),
+            context_tokens=settings.dump_context_tokens,
+        )
+        gathered = [record for part in gather_objects(records) for record in part]
+        entry = {"step": step, "silenced": num_silenced, "written": take, "dropped": num_silenced - take}
+        self.stats["steps"].append(entry)
+        for key in ("silenced", "written", "dropped"):
+            self.stats[key] += entry[key]
+        for index, name in enumerate(DENSITY_KINDS):
+            self.stats["density"][name] = (torch.tensor(self.stats["density"][name]) + density[index]).tolist()
+        if self.is_main_process:
+            append_text(self.records_path, _json_lines(gathered))
+            write_text_atomically(self.stats_path, json.dumps(self.stats) + "\n")
+        return entry
+
+    def on_init_end(self, args, state, control, **kwargs):
+        warn_if_nothing_to_record(args)
 
     def on_step_tokens(self, trainer, step_batches, tokens: StepTokens) -> None:
-        dumped = self._dump_of(trainer).record_step(trainer.state.global_step + 1, tokens)
+        self._start_for(trainer)
+        dumped = self.record_step(trainer.state.global_step + 1, tokens)
         trainer.log_metric(TOKEN_DUMP_WRITTEN, dumped["written"])
         trainer.log_metric(TOKEN_DUMP_DROPPED, dumped["dropped"])
 
     def on_save_state(self, trainer, checkpoint_dir) -> None:
-        self._dump_of(trainer).save_state(checkpoint_dir)
+        self._start_for(trainer)
+        self.save_state(checkpoint_dir)
 
     def on_load_state(self, trainer, checkpoint_dir) -> None:
-        dump = self._dump_of(trainer)
-        if not dump.load_state(checkpoint_dir):
+        self._start_for(trainer)
+        if not self.load_state(checkpoint_dir):
             message = "Resuming from %s, which holds no silenced-token dump state; %s starts over."
-            logger.warning(message, checkpoint_dir, dump.records_path)
+            logger.warning(message, checkpoint_dir, self.records_path)

@@ -17,8 +17,8 @@ from stapo_trl.cli.run_summary import console_summary
 from stapo_trl.data import ROW_FEATURES
 from stapo_trl.data.arithmetic import WORKED_EXAMPLES, arithmetic_problems, load_arithmetic
 from stapo_trl.data.selection import drop_long_prompts, random_subset, split_heldout
+from stapo_trl.diagnostics.report import read_metrics
 from stapo_trl.diagnostics.report_figures import plot_training_curves, training_curve_panels
-from stapo_trl.diagnostics.run_logs import read_metrics
 from stapo_trl.diagnostics.run_record import build_run_record
 from stapo_trl.diagnostics.token_dump import read_dump
 from stapo_trl.evaluation import GreedyAccuracy, greedy_accuracy

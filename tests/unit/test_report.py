@@ -13,7 +13,7 @@ from tiny import tiny_config, tiny_trainer, tools
 from stapo_trl import STAPOConfig, STAPOTrainer
 from stapo_trl.cli import main
 from stapo_trl.diagnostics.plotting import draw_line_panel
-from stapo_trl.diagnostics.report import rule_lines, write_report
+from stapo_trl.diagnostics.report import ReportError, find_log_source, load_run, rule_lines, write_report
 from stapo_trl.diagnostics.report_figures import (
     FIGURES,
     density_panel,
@@ -22,7 +22,6 @@ from stapo_trl.diagnostics.report_figures import (
     token_bars,
     top_silenced_tokens,
 )
-from stapo_trl.diagnostics.run_logs import ReportError, find_log_source, load_run
 from stapo_trl.diagnostics.run_record import trend_sentences, visible_token
 from stapo_trl.diagnostics.token_dump import DENSITY_BINS
 from stapo_trl.file_and_metric_names import SILENCED_TOKENS_FILE, SILENCED_TOKENS_STATS_FILE

@@ -14,7 +14,7 @@ import yaml
 from tiny import save_tiny_chat_model
 
 from stapo_trl.cli import main
-from stapo_trl.diagnostics.run_logs import load_run
+from stapo_trl.diagnostics.report import load_run
 from stapo_trl.diagnostics.run_record import read_run_record
 
 

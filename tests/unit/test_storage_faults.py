@@ -166,7 +166,7 @@ def test_a_file_size_limit_hit_while_training_names_the_file_and_the_cause(tmp_p
 def test_the_report_names_a_cut_off_dump_file(tmp_path):
     from test_report import write_dump, write_state
 
-    from stapo_trl.diagnostics.run_logs import load_run
+    from stapo_trl.diagnostics.report import load_run
 
     run = write_state(tmp_path / "stapo")
     write_dump(run)

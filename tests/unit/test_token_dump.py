@@ -11,7 +11,8 @@ from stapo_trl import STAPOConfig, STAPOTrainer
 from stapo_trl.core.token_rules import StepTokens
 from stapo_trl.diagnostics import token_dump
 from stapo_trl.diagnostics.token_dump import (
-    SilencedTokenDump,
+    SilencedTokenDumpCallback,
+    TokenDumpArguments,
     sample_positions,
     token_density,
     token_records,
@@ -96,10 +97,11 @@ def test_token_records_stop_the_context_at_padding_and_read_per_token_advantages
 
 
 # ------------------------------------------------------------------------------------------- the caps
-def dump_for(directory, **caps):
-    values = {"tokens_per_step": 2, "max_tokens": 3, "context_tokens": 2, "seed": 0, "probability_bound": 0.05}
-    values.update(caps)
-    return SilencedTokenDump(directory, build_char_tokenizer(), **values)
+def dump_for(directory, tokens_per_step=2, max_tokens=3):
+    caps = {"dump_tokens_per_step": tokens_per_step, "dump_max_tokens": max_tokens, "dump_context_tokens": 2}
+    dump = SilencedTokenDumpCallback(TokenDumpArguments(dump_silenced_tokens=True, **caps))
+    dump.start(directory, build_char_tokenizer(), seed=0, probability_bound=0.05)
+    return dump
 
 
 STEP_SILENCED = {1: [(0, 0), (0, 2), (0, 4), (1, 1), (1, 3)], 2: [(0, 1), (0, 5), (1, 0), (1, 2)], 3: [(0, 6)]}
@@ -186,7 +188,7 @@ def test_the_dump_is_off_by_default_and_computes_nothing(tmp_path, monkeypatch):
         raise AssertionError("the dump ran while off")
 
     monkeypatch.setattr(token_dump, "token_density", fail)
-    monkeypatch.setattr(token_dump.SilencedTokenDump, "record_step", fail)
+    monkeypatch.setattr(token_dump.SilencedTokenDumpCallback, "record_step", fail)
     trainer = tiny_trainer(
         STAPOTrainer, tiny_config(STAPOConfig, tmp_path, max_steps=1, **S2T_EVERYWHERE), callbacks=tools()
     )
