@@ -47,8 +47,7 @@ def check_actor_settings(actor: Any) -> None:
 def check_trainer_settings(config: Any) -> None:
     """Refuse a pool trainer mode that this run would not use: verl's v0 trainer (``trainer.use_v1=False``) ignores it,
     and without verl's v1 trainer (a verl without TransferQueue) it cannot be built."""
-    mode = OmegaConf.select(config, "trainer.v1.trainer_mode")
-    if mode not in POOL_TRAINER_MODES:
+    if (mode := OmegaConf.select(config, "trainer.v1.trainer_mode")) not in POOL_TRAINER_MODES:
         return
     alternative = (
         "For S2T on this trainer, use the per-micro-batch loss instead: actor_rollout_ref.actor.policy_loss.loss_mode="

@@ -104,14 +104,11 @@ class S2TPoolTrainer(PPOTrainerSync):
             optimizer_step_rows(len(batch), self._actor_dp_size(), mini_batch_size),
             self.keep_rule,
         )
-        silenced_masks = TensorDict(
-            {
-                name: response_to_nested((padded[name] * mask.keep).to(padded[name].dtype), fields["response_mask"])
-                for name in MASK_FIELDS
-            },
-            batch_size=len(batch),
-        )
-        tq.kv_batch_put(keys=keys, partition_id=partition_id, fields=silenced_masks)
+        silenced = {
+            name: response_to_nested((padded[name] * mask.keep).to(padded[name].dtype), fields["response_mask"])
+            for name in MASK_FIELDS
+        }
+        tq.kv_batch_put(keys=keys, partition_id=partition_id, fields=TensorDict(silenced, batch_size=len(batch)))
         try:
             updated = super()._update_actor(batch, metrics)
         finally:
