@@ -29,12 +29,11 @@ def _presets() -> dict[str, RuleMethod]:
             {**shared, "delta": 10.0, "weight_decay": 0.1},
         ),
     ]
-    for spec in switched_rules():
-        if spec.method is not None:
-            method = spec.method
-            presets.append(
-                RuleMethod(method.name, method.title, method.summary, {**shared, **method.defaults, spec.switch: True})
-            )
+    presets += [
+        RuleMethod(method.name, method.title, method.summary, {**shared, **method.defaults, spec.switch: True})
+        for spec in switched_rules()
+        if (method := spec.method) is not None
+    ]
     order = {"stapo": 0, "grpo": 1, "20-entropy": 2, "justrl": 3}
     return {preset.name: preset for preset in sorted(presets, key=lambda preset: order.get(preset.name, 4))}
 

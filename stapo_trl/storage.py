@@ -18,7 +18,7 @@ from .core.errors import UsageError
 
 logger = logging.getLogger(__name__)
 
-STORAGE_PROBLEMS = {
+STORAGE_PROBLEMS = {  # the OS errors that say the storage failed, not the program, and what each means
     errno.EROFS: "the filesystem is read-only",
     errno.ENOSPC: "the disk is full",
     errno.EDQUOT: "the disk quota is used up",
@@ -27,7 +27,6 @@ STORAGE_PROBLEMS = {
     errno.EPERM: "the operation is not permitted there (permissions)",
     errno.EIO: "the storage reported an input/output error",
 }
-"""The OS errors that say the storage failed, not the program, and what each means."""
 
 
 class DamagedFileError(UsageError, ValueError):

@@ -14,8 +14,7 @@ from datasets import Dataset
 from .prompts import answer_line, build_prompt, check_prompt_style
 from .sources import ROW_FEATURES, dataset_row
 
-ARITHMETIC = "arithmetic"
-"""Pass `dataset_name: arithmetic` in a recipe to train on generated problems."""
+ARITHMETIC = "arithmetic"  # `dataset_name: arithmetic` in a recipe trains on generated problems
 
 NAMES = ("Ava", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hugo", "Iris", "Jonas", "Kira", "Leo", "Mia", "Noah")
 ITEMS = ("apples", "marbles", "stickers", "books", "coins", "pencils", "shells", "cards", "stamps", "cookies")
@@ -75,20 +74,14 @@ SYMBOLS = {add: "+", sub: "-", mul: "*"}
 PLACEHOLDERS = {"name": r"[A-Z][a-z]+", "item": r"[a-z]+", "a": r"\d+", "b": r"\d+"}
 
 
-def _template_pattern(template: str) -> re.Pattern:
-    """`template` as a regular expression in which a placeholder's later occurrences repeat its first."""
-    pattern = re.escape(template)
-    for name, part in PLACEHOLDERS.items():
-        placeholder = re.escape(f"{{{name}}}")
-        pattern = pattern.replace(placeholder, f"(?P<{name}>{part})", 1).replace(placeholder, f"(?P={name})")
-    return re.compile(pattern)
-
-
 def worked_solution(question: str) -> tuple[str, int] | None:
     """``(solution, answer)`` of a problem `arithmetic_problems` wrote (solution as ``"3 + 2 = 5"``), else None."""
     for template, _, _, operation in TEMPLATES:
-        match = _template_pattern(template).fullmatch(question)
-        if match:
+        pattern = re.escape(template)  # a placeholder's later occurrences repeat its first
+        for name, part in PLACEHOLDERS.items():
+            placeholder = re.escape(f"{{{name}}}")
+            pattern = pattern.replace(placeholder, f"(?P<{name}>{part})", 1).replace(placeholder, f"(?P={name})")
+        if match := re.fullmatch(pattern, question):
             a, b = int(match["a"]), int(match["b"])
             answer = operation(a, b)
             return f"{a} {SYMBOLS[operation]} {b} = {answer}", answer

@@ -190,8 +190,7 @@ def load_dapo_math(
         )
     if report.conflicting_problems:
         logger.warning(
-            "%s: %d problems appear with different gold answers; the first answer of each was kept.",
-            label,
-            report.conflicting_problems,
+            f"{label}: {report.conflicting_problems} problems appear with different gold answers; the first answer of "
+            "each was kept."
         )
     return (dataset, report) if return_report else dataset

@@ -15,8 +15,7 @@ from ..core.errors import UsageError
 logger = logging.getLogger(__name__)
 
 SAMPLES_DIR = Path(__file__).with_name("samples")
-SAMPLE = "sample"
-"""Pass `source="sample"` to load the small sample shipped with stapo-trl instead of the Hub dataset."""
+SAMPLE = "sample"  # `source="sample"` loads the small sample shipped with stapo-trl instead of the Hub dataset
 
 ROW_FEATURES = Features(
     {name: Value("string") for name in ("id", "problem", "answer", "solution")}

@@ -34,14 +34,13 @@ class SamplingParameters:
     seed: int = 0
 
 
-DEFAULT_MAX_NEW_TOKENS = 20480
-"""The paper evaluates with up to 20,480 new tokens per sample."""
+DEFAULT_MAX_NEW_TOKENS = 20480  # the paper evaluates with up to 20,480 new tokens per sample
 
 
 @dataclass(frozen=True)
 class SamplingPreset:
     """One of the paper's two evaluation sampling settings (STAPO, arXiv 2602.15620, Table 2): `training-aligned` is
-    training's rollout distribution (the paper's first number), `justrl` JustRL's evaluation setting (in parentheses)."""
+    training's rollout distribution (the paper's first number), `justrl` JustRL's (its number in parentheses)."""
 
     name: str
     temperature: float

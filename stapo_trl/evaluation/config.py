@@ -124,9 +124,8 @@ class EvalConfig:
         self.presets = [self.presets] if isinstance(self.presets, str) else self.presets
         if not self.presets:
             raise EvalConfigError(f"No sampling preset: pass --presets with some of {list(SAMPLING_PRESETS)}.")
-        for preset in self.presets:
-            if preset not in SAMPLING_PRESETS:
-                raise EvalConfigError(f"Unknown preset {preset!r}; choose from {list(SAMPLING_PRESETS)}.")
+        if unknown := [preset for preset in self.presets if preset not in SAMPLING_PRESETS]:
+            raise EvalConfigError(f"Unknown preset {unknown[0]!r}; choose from {list(SAMPLING_PRESETS)}.")
         self.presets = list(dict.fromkeys(self.presets))
         overridden = [name for name in ("temperature", "top_p") if getattr(self, name) is not None]
         if overridden and len(self.presets) > 1:
@@ -157,9 +156,8 @@ class EvalConfig:
         if not self.graders:
             raise EvalConfigError("graders is empty; name at least one, for example boxed.")
         known = available_rewards()
-        for grader in self.graders:
-            if grader not in known and "." not in grader and ":" not in grader:
-                raise EvalConfigError(f"Unknown grader {grader!r}; choose from {sorted(known)} or give a dotted path.")
+        if unknown := [name for name in self.graders if name not in known and "." not in name and ":" not in name]:
+            raise EvalConfigError(f"Unknown grader {unknown[0]!r}; choose from {sorted(known)} or give a dotted path.")
         if self.backend not in ("auto", *BACKENDS):
             raise EvalConfigError(f"Unknown backend {self.backend!r}; choose auto, {', '.join(BACKENDS)}.")
         if self.backend == "transformers" and self.tensor_parallel_size > 1:

@@ -22,8 +22,7 @@ class GreedyAccuracy:
     total: int
     answered: int | None = None
     completions: list[str] = field(default_factory=list, repr=False)
-    problem_correct: list[bool] = field(default_factory=list, repr=False)
-    """Whether each problem, in the dataset's order, was scored correct."""
+    problem_correct: list[bool] = field(default_factory=list, repr=False)  # per problem, in the dataset's order
     problem_answered: list[bool | None] = field(default_factory=list, repr=False)
 
     @property
@@ -103,18 +102,13 @@ def greedy_accuracy(
     scores, extracted = reward_verdicts(reward_func, completions, dataset["solution"])
     problem_correct = [accepts(score) for score in scores]
     problem_answered = [None] * len(completions) if extracted is None else [value is not None for value in extracted]
+    answered = None if extracted is None else sum(problem_answered)
     return GreedyAccuracy(
-        correct=sum(problem_correct),
-        total=len(completions),
-        answered=None if extracted is None else sum(problem_answered),
-        completions=completions,
-        problem_correct=problem_correct,
-        problem_answered=problem_answered,
+        sum(problem_correct), len(completions), answered, completions, problem_correct, problem_answered
     )
 
 
-MIN_SHARED_PREFIX_TOKENS = 16
-"""Below this many shared tokens, `prompt_prefix_cache` leaves the batch to run whole."""
+MIN_SHARED_PREFIX_TOKENS = 16  # below this many shared tokens, `prompt_prefix_cache` leaves the batch to run whole
 
 
 def shared_prefix_length(token_ids: list[list[int]]) -> int:
@@ -146,13 +140,10 @@ def prompt_prefix_cache(model, token_ids: list[list[int]], pad_token_id: int, de
     for layer in layers:
         layer.batch_repeat_interleave(len(token_ids))
     width = max(len(row) for row in token_ids)
-    input_ids = torch.tensor(
-        [[*row[:shared], *[pad_token_id] * (width - len(row)), *row[shared:]] for row in token_ids]
-    )
-    attention_mask = torch.tensor(
-        [[1] * shared + [0] * (width - len(row)) + [1] * (len(row) - shared) for row in token_ids]
-    )
-    return {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device), cache_name: cache}
+    input_ids = [[*row[:shared], *[pad_token_id] * (width - len(row)), *row[shared:]] for row in token_ids]
+    attention_mask = [[1] * shared + [0] * (width - len(row)) + [1] * (len(row) - shared) for row in token_ids]
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    return {key: torch.tensor(value, device=device) for key, value in inputs.items()} | {cache_name: cache}
 
 
 def per_problem_records(dataset, results: dict[str, GreedyAccuracy]) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from ..data.benchmarks import BENCHMARKS, load_benchmark
 from ..data.sources import SAMPLE
+from ..file_and_metric_names import EVAL_SUMMARY_FILE
 from ..storage import write_text_atomically
 from .backends import (
     BackendSpec,
@@ -35,7 +36,6 @@ from .records import SampleStore
 from .results_table import markdown_table, plot_results, summary_rows
 from .scoring import Grader, score_benchmark
 
-SUMMARY_FILE = "summary.json"
 TABLE_FILE = "results.md"
 CHART_FILE = "results.png"
 DEFAULT_BATCH_SIZE = {"transformers": 16, "vllm": 4096}
@@ -57,7 +57,7 @@ class EvalResult:
 
     @property
     def files(self) -> dict[str, Path]:
-        files = {"summary": self.output_dir / SUMMARY_FILE, "table": self.output_dir / TABLE_FILE}
+        files = {"summary": self.output_dir / EVAL_SUMMARY_FILE, "table": self.output_dir / TABLE_FILE}
         if (self.output_dir / CHART_FILE).is_file():
             files["chart"] = self.output_dir / CHART_FILE
         for setting in self.summary["settings"]:
@@ -229,7 +229,7 @@ def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) ->
     rows = list(unique_rows.values())
     table = markdown_table(rows)
     output_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomically(output_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
+    write_text_atomically(output_dir / EVAL_SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
     write_text_atomically(output_dir / TABLE_FILE, table)
     if any(row.values for row in rows):
         plot_results(rows, output_dir / CHART_FILE, title="avg@k by benchmark")
@@ -269,7 +269,7 @@ def load_summary(path: str | Path) -> dict[str, Any]:
     """An evaluation summary, from an eval output directory or its summary.json."""
     path = Path(path).expanduser()
     if path.is_dir():
-        path = path / SUMMARY_FILE
+        path = path / EVAL_SUMMARY_FILE
     if not path.is_file():
         raise FileNotFoundError(f"No evaluation summary at {path}; pass an eval output directory or its summary.json.")
     return json.loads(path.read_text())

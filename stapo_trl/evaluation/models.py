@@ -73,11 +73,9 @@ def trained_on_gguf(run_dir: Path, recorded_base: str | None) -> str | None:
 
 def parameter_size(*names: str | None) -> str | None:
     """The first "<number>B" size in the names, normalized ("qwen3-8b-base" gives "8B")."""
-    for name in names:
-        if name:
-            match = _SIZE.search(Path(str(name)).name) or _SIZE.search(str(name))
-            if match:
-                return f"{float(match.group(1)):g}B"
+    for name in filter(None, names):
+        if match := _SIZE.search(Path(str(name)).name) or _SIZE.search(str(name)):
+            return f"{float(match.group(1)):g}B"
     return None
 
 

@@ -54,7 +54,6 @@ def paper_row(size: str | None, method: str | None, setting: str) -> PaperRow | 
         method = method_preset(method).name
     except ValueError:
         return None
-    values = _TABLE_2.get((size.upper(), method, setting))
-    if values is None:
+    if (values := _TABLE_2.get((size.upper(), method, setting))) is None:
         return None
     return PaperRow(size.upper(), method, setting, dict(zip(PAPER_BENCHMARKS, values[:-1], strict=True)), values[-1])

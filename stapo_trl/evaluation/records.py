@@ -61,8 +61,7 @@ class SampleStore:
         """The finished records; a last line without its newline (a kill mid-write) is cut from the file."""
         if not self.path.is_file():
             return []
-        data = self.path.read_bytes()
-        complete, _, tail = data.rpartition(b"\n")
+        complete, _, tail = self.path.read_bytes().rpartition(b"\n")
         if tail:
             logger.warning(
                 "%s: dropping an unfinished last line (%d bytes) left by an interrupted run.", self.path, len(tail)

@@ -11,8 +11,7 @@ from typing import Any
 
 from ..rewards import get_reward_func
 
-DEFAULT_GRADERS = {"boxed": ("boxed", "math_verify"), "dapo": ("dapo", "math_verify")}
-"""Graders per prompt style: the style's own exact-match rule, then math-verify."""
+DEFAULT_GRADERS = {"boxed": ("boxed", "math_verify"), "dapo": ("dapo", "math_verify")}  # per prompt style
 
 
 def accepts(score: float | None) -> bool:

@@ -8,11 +8,8 @@ from .extraction import last_answer_line, last_boxed_content, normalize_final_an
 from .registry import register_reward
 from .text import pair_up
 
-DAPO_WINDOW_CHARS = 300
-"""DAPO grades only the final 300 characters of a response (veRL `math_dapo.compute_score`)."""
-
-BOXED_WINDOW_CHARS = 100
-"""JustRL's strict-box rule grades only the final 100 characters of a response."""
+DAPO_WINDOW_CHARS = 300  # DAPO grades only a response's final 300 characters (veRL `math_dapo.compute_score`)
+BOXED_WINDOW_CHARS = 100  # JustRL's strict-box rule grades only a response's final 100 characters
 
 
 def _grade(completions, solution, reward_name: str, window: int, extract, log_extra) -> list[float | None]:

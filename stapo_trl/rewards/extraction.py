@@ -13,7 +13,7 @@ _SUBSTITUTIONS: tuple[tuple[str, str], ...] = (
     *((",\\text{and}", ","), ("\\text{and}", ","), ("\\text{m}", "\\text{}")),
 )
 
-_REMOVED_EXPRESSIONS: tuple[str, ...] = (
+_REMOVED_EXPRESSIONS: tuple[str, ...] = (  # removed in this order, as in DAPO's verifier
     *("square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units"),
     "\\ldots",
     *("sue", "points", "feet", "minutes", "digits", "cents", "degrees", "cm"),
@@ -21,7 +21,6 @@ _REMOVED_EXPRESSIONS: tuple[str, ...] = (
     *("\\text{s}", "\\text{.}", "\\text{\ns}", "\\text{}^2", "\\text{}^3", "\\text{\n}", "\\text{}", "\\mathrm{th}"),
     *("^\\circ", "^{\\circ}", "\\;", ",\\!", "{,}", '"', "\\dots"),
 )
-"""Removed in this order, as in DAPO's verifier."""
 
 _FIRST_INLINE_MATH = re.compile(r".*?\$(.*?)\$.*")
 _UNWRAP_COMMANDS = tuple(re.compile(rf"\\{name}\{{(.*?)\}}") for name in ("text", "textbf", "overline"))

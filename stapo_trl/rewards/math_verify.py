@@ -77,9 +77,8 @@ class _VerifierProcess:
         if self._process.poll() is None:
             self._process.kill()
         self._process.wait()
-        for stream in (self._process.stdin, self._process.stdout):
-            if stream is not None:
-                stream.close()
+        self._process.stdin.close()
+        self._process.stdout.close()
 
     def _read_line(self, timeout: float) -> bytes | None:
         deadline = time.monotonic() + timeout
@@ -237,5 +236,4 @@ class MathVerifyReward:
         return scores
 
 
-math_verify_reward = MathVerifyReward()
-"""The registered `math_verify` reward: `MathVerifyReward` with a 5 s bound per completion."""
+math_verify_reward = MathVerifyReward()  # the registered `math_verify` reward: a 5 s bound per completion

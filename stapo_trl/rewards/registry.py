@@ -26,17 +26,14 @@ def register_reward(name: str, *, description: str = "", factory: bool = False):
     def decorator(obj: Callable) -> Callable:
         if name in REWARD_REGISTRY:
             raise ValueError(f"A reward named {name!r} is already registered.")
-        if factory:
-            build = obj
-        else:
 
-            def build(**options: Any) -> Callable:
-                if options:
-                    raise TypeError(f"The {name!r} reward takes no options, got {sorted(options)}.")
-                return obj
+        def build(**options: Any) -> Callable:
+            if options:
+                raise TypeError(f"The {name!r} reward takes no options, got {sorted(options)}.")
+            return obj
 
         summary = description or (obj.__doc__ or "").strip().split("\n")[0]
-        REWARD_REGISTRY[name] = RegisteredReward(build=build, description=summary)
+        REWARD_REGISTRY[name] = RegisteredReward(build=obj if factory else build, description=summary)
         return obj
 
     return decorator
