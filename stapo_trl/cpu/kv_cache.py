@@ -1,6 +1,5 @@
-"""A key/value cache for `generate()` whose full-attention layers grow in place, in buffers with room for the positions
-to come, instead of by ``torch.cat`` at every step (docs/training.md). On the CPU the logits are bit-identical, so a
-seed samples the same tokens."""
+"""A key/value cache for `generate()` whose full-attention layers grow in place, in buffers with room to spare, not by
+``torch.cat`` at each step (docs/training.md). On the CPU the logits, so a seed's tokens, are bit-identical."""
 
 from __future__ import annotations
 

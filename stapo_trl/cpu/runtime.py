@@ -36,7 +36,6 @@ class CPURuntime:
     inplace_kv_cache: bool = False
     """Attached trainers get the frozen-layer replay (where their model allows) and the in-place key/value cache."""
     environment_not_in_effect: dict[str, str] = field(default_factory=dict)
-    """The CPU environment defaults missing from this process's environment."""
     replays: dict[int, FrozenPrefixReplay | None] = field(default_factory=dict)
     """The frozen-layer replay of each attached policy model, by ``id`` (None where the model does not allow it)."""
     _stack: ExitStack = field(default_factory=ExitStack, repr=False)
