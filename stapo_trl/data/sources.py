@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from datasets import Dataset, DatasetDict, Features, List, Value, load_dataset, load_from_disk
+from datasets import Dataset, Features, List, Value, load_dataset, load_from_disk
 from datasets.exceptions import DatasetGenerationError
 
 from ..core.errors import UsageError
@@ -57,21 +57,6 @@ def sample_path(name: str) -> Path:
     return path
 
 
-def _pick_split(loaded: Dataset | DatasetDict, split: str, label: str) -> Dataset:
-    """`split` of local data, or its only split."""
-    if isinstance(loaded, Dataset):
-        return loaded
-    if split in loaded:
-        return loaded[split]
-    if len(loaded) == 1:
-        only = next(iter(loaded))
-        logger.info("%s: the local data has only the split %r; using it for %r.", label, only, split)
-        return loaded[only]
-    raise DatasetSchemaError(
-        f"{label}: no split {split!r}; the data has splits {sorted(loaded)}. Pass split=... to choose."
-    )
-
-
 def load_source(
     source: str | Path, *, split: str, label: str, config_name: str | None = None, sample: str | None = None
 ) -> Dataset:
@@ -99,7 +84,16 @@ def load_source(
     if path.is_dir():
         saved = (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
         loaded = load_from_disk(str(path)) if saved else load_dataset(str(path), name=config_name)
-        return _pick_split(loaded, split, label)
+        if isinstance(loaded, Dataset):
+            return loaded
+        if split not in loaded and len(loaded) == 1:
+            logger.info("%s: the local data has only the split %r; using it for %r.", label, next(iter(loaded)), split)
+            split = next(iter(loaded))
+        if split not in loaded:
+            raise DatasetSchemaError(
+                f"{label}: no split {split!r}; the data has splits {sorted(loaded)}. Pass split=... to choose."
+            )
+        return loaded[split]
     if str(source).startswith((".", "/", "~")) or path.suffix.lower() in _FILE_BUILDERS:
         raise FileNotFoundError(f"{label}: no such file or directory: {path}")
     return load_dataset(str(source), name=config_name, split=split)

@@ -188,8 +188,7 @@ def evaluate(config: EvalConfig, *, backend: GenerationBackend | None = None) ->
     chunk *= max(1, config.data_parallel_size)
     expected = sum(len(rows) * config.samples_for(name) for name, rows in problems.items())
     compared = [load_summary(other) for other in config.compare]
-    owned_backend = None
-    settings_summary = []
+    owned_backend, settings_summary = None, []
     try:
         for name, temperature, top_p in config.sampling_settings():
             fingerprint = _settings_fingerprint(config, model, temperature, top_p)
