@@ -1,5 +1,6 @@
-"""The whole model card of a STAPOTrainer run (what each section holds: docs/diagnostics.md, "The model card"): TRL
-writes its card, then `ModelCardCallback` rebuilds it with `huggingface_hub`'s `ModelCardData` and `ModelCard`."""
+"""The whole model card of a STAPOTrainer run and its ``model-index`` results (what each section and result holds:
+docs/model-card.md): TRL writes its card, then `ModelCardCallback` rebuilds it with `huggingface_hub`'s `ModelCardData`,
+`ModelCard` and `EvalResult`."""
 
 from __future__ import annotations
 
@@ -14,19 +15,19 @@ from typing import Any
 import torch
 import yaml
 from accelerate.utils import is_peft_model
-from huggingface_hub import ModelCard, ModelCardData, try_to_load_from_cache
+from huggingface_hub import EvalResult, ModelCard, ModelCardData, try_to_load_from_cache
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from ..core.names import TRAINER_STATE_FILE
 from ..core.paper import PAPER_ID, PAPER_TITLE, PAPER_URL, STAPO_CITATION
 from ..core.token_rules import get_token_rule
 from ..core.trl_seams import StepEventCallback, get_config_model_id
+from ..data.benchmarks import BENCHMARKS
 from ..diagnostics.run_record import RunRecord, build_run_record, fill_first, read_run_record, trend_sentences
 from ..evaluation.results_table import markdown_table, summary_rows
 from ..file_and_metric_names import EVAL_SUMMARY_FILE, RECIPE_FILE
 from ..methods import describe_token_rule, infer_method, method_preset, method_title
 from ..version import __version__
-from .model_index import CardResults, card_results
 
 TRL_TRAINING_HEADING = "## Training procedure"
 TRL_CITATIONS_HEADING = "## Citations"
@@ -218,22 +219,82 @@ def statistics_section(config: Any, record: RunRecord) -> list[str]:
     return lines
 
 
-def eval_summaries(output_dir: str | Path) -> list[tuple[str, dict[str, Any]]]:
-    """``(relative path, summary)`` of the `stapo-trl eval` summaries in ``output_dir`` or one level below."""
-    output_dir, found = Path(output_dir), []
-    candidates = [output_dir / EVAL_SUMMARY_FILE, *sorted(output_dir.glob(f"*/{EVAL_SUMMARY_FILE}"))]
-    for path in filter(Path.is_file, candidates):
-        with contextlib.suppress(json.JSONDecodeError, UnicodeDecodeError):
-            summary = json.loads(path.read_text())
-            if isinstance(summary, dict) and "settings" in summary:
-                found.append((path.relative_to(output_dir).as_posix(), summary))
-    return found
+TASK = {"task_type": "text-generation", "task_name": "Text Generation"}
+
+
+def _left_out_because(data: dict[str, Any], score: dict[str, Any]) -> str | None:
+    """Why a benchmark's avg@k stays out of ``model-index``, or None."""
+    if not data:
+        return "the summary does not record where its data came from"
+    if data.get("source") == "sample":
+        return "measured on the few problems shipped with stapo-trl"
+    if not data.get("hub"):
+        return f"measured on a local copy ({Path(str(data.get('source'))).name})"
+    if score.get("partial"):
+        return "measured on part of the benchmark"
+    if not score.get("complete", True):
+        return "samples are missing"
+    return None
+
+
+def card_results(
+    accuracy_after: dict[str, Any] | None,
+    heldout_dataset: tuple[str, str] | None,
+    summaries: list[tuple[str, dict[str, Any]]],
+) -> tuple[list[EvalResult], list[str]]:
+    """The ``model-index`` results: the held-out accuracy (when ``heldout_dataset``, its data's id and description, is
+    known) and the avg@k of each ``(location, summary)`` on a whole Hub benchmark with every sample; and the results
+    left out (the others and repeats), each with the reason."""
+    eval_results, left_out = [], []
+    if accuracy_after and heldout_dataset is not None:
+        dataset, title = heldout_dataset
+        eval_results.append(
+            EvalResult(
+                **TASK,
+                dataset_type=dataset,
+                dataset_name=f"{title}: {accuracy_after['total']} problems held out from training",
+                metric_type="accuracy",
+                metric_name="held-out greedy accuracy",
+                metric_value=round(float(accuracy_after["accuracy"]), 4),
+                metric_config="greedy",
+            )
+        )
+    seen = set()
+    for location, summary in summaries:
+        datasets, repeated = summary.get("datasets") or {}, []
+        for setting in summary.get("settings", []):
+            for name, score in setting.get("benchmarks", {}).items():
+                data, title = datasets.get(name) or {}, BENCHMARKS[name].title if name in BENCHMARKS else name
+                where = f"{title} ({setting['label']}) in {location}"
+                if (reason := _left_out_because(data, score)) is not None:
+                    left_out.append(f"{where}: {reason}")
+                    continue
+                k = score["samples_per_problem"]
+                sampling = {"temperature": setting.get("temperature"), "top_p": setting.get("top_p")}
+                result = EvalResult(
+                    **TASK,
+                    dataset_type=data["source"],
+                    dataset_name=title,
+                    dataset_split=data.get("split"),
+                    metric_type=f"avg@{k}",
+                    metric_name=f"avg@{k} (%)",
+                    metric_value=round(float(score["avg_at_k"]), 2),
+                    metric_config=setting["label"],
+                    metric_args={**sampling, "max_new_tokens": summary.get("max_new_tokens")},
+                )
+                if (key := (result.unique_identifier, result.metric_type, result.metric_config)) in seen:
+                    repeated.append(f"{where}: an earlier summary has it")
+                else:
+                    seen.add(key)
+                    eval_results.append(result)
+        left_out += repeated
+    return eval_results, left_out
 
 
 def evaluation_section(
-    record: RunRecord, summaries: list[tuple[str, dict[str, Any]]], results: CardResults
+    record: RunRecord, summaries: list[tuple[str, dict[str, Any]]], eval_results: list[EvalResult], left_out: list[str]
 ) -> list[str]:
-    """The held-out accuracy, the tables of the `eval_summaries`, and which results the ``model-index`` holds."""
+    """The held-out accuracy, the tables of the eval ``summaries``, and which results the ``model-index`` holds."""
     lines: list[str] = []
     before, after = record.accuracy_before, record.accuracy_after
     if before and after:
@@ -246,13 +307,13 @@ def evaluation_section(
     for location, summary in summaries:
         table = markdown_table(summary_rows(summary)).rstrip()
         lines += [f"`stapo-trl eval` ({location}; avg@k in %):", "", table, ""]
-    if results.eval_results or results.left_out:
+    if eval_results or left_out:
         lines.append(
-            f"The metadata's `model-index`, which the Hub shows on the model's page, holds {len(results.eval_results)} "
+            f"The metadata's `model-index`, which the Hub shows on the model's page, holds {len(eval_results)} "
             "of these results: it takes the held-out accuracy after training, and avg@k only where it was measured on "
-            "a whole benchmark from its Hub dataset, with every sample." + (" Left out:" if results.left_out else "")
+            "a whole benchmark from its Hub dataset, with every sample." + (" Left out:" if left_out else "")
         )
-        lines += ["", *(f"- {reason}." for reason in results.left_out)] if results.left_out else []
+        lines += ["", *(f"- {reason}." for reason in left_out)] if left_out else []
     while lines and not lines[-1]:
         lines.pop()
     return ["### Evaluation", "", *lines] if lines else []
@@ -318,13 +379,19 @@ def build_model_card(config: Any, record: RunRecord, output_dir: str | Path, fac
         citations += f"\n\nCite STAPO as:\n\n```bibtex\n{STAPO_CITATION}\n```"
     dataset = facts.dataset or facts.dataset_reference  # how model-index names the held-out problems' data
     heldout = (dataset, facts.dataset or facts.dataset_description or dataset) if dataset is not None else None
-    summaries = eval_summaries(output_dir)
-    results = card_results(record.accuracy_after, heldout, summaries)
+    output_dir, summaries = Path(output_dir), []  # the `stapo-trl eval` summaries in output_dir or one level below
+    for path in filter(
+        Path.is_file, [output_dir / EVAL_SUMMARY_FILE, *sorted(output_dir.glob(f"*/{EVAL_SUMMARY_FILE}"))]
+    ):
+        with contextlib.suppress(json.JSONDecodeError, UnicodeDecodeError):
+            if isinstance(summary := json.loads(path.read_text()), dict) and "settings" in summary:
+                summaries.append((path.relative_to(output_dir).as_posix(), summary))
+    eval_results, left_out = card_results(record.accuracy_after, heldout, summaries)
     stapo_sections = (
         method_section(config),
         base_weights_section(facts),
         statistics_section(config, record),
-        evaluation_section(record, summaries, results),
+        evaluation_section(record, summaries, eval_results, left_out),
         recipe_section(config, output_dir),
     )
     tags = ["generated_from_trainer", *facts.tags]
@@ -340,7 +407,7 @@ def build_model_card(config: Any, record: RunRecord, output_dir: str | Path, fac
         model_name=facts.model_name,
         pipeline_tag="text-generation",
         tags=list(dict.fromkeys(tags)),
-        eval_results=results.eval_results or None,
+        eval_results=eval_results or None,
     )
     body = [
         f"# Model Card for {facts.model_name}",
@@ -353,56 +420,59 @@ def build_model_card(config: Any, record: RunRecord, output_dir: str | Path, fac
     return ModelCard(f"---\n{metadata.to_yaml()}\n---\n\n" + "\n\n".join(body))
 
 
-def run_facts(data: dict[str, Any], output_dir: str | Path, hub_model_id: str | None, **known: Any) -> CardFacts:
-    """The `CardFacts` of a run from its card's metadata (``data``), its record and ``known``."""
-    written = read_run_record(output_dir) or RunRecord()  # the model and data `stapo-trl train` was given
-    source, path = written.model_source, Path(output_dir)
-    return CardFacts(
+def rewrite_card(card: ModelCard, card_path, config, log_history, output_dir, hub_model_id, model_name=None, **known):
+    """Save at ``card_path`` `build_model_card`'s card of the run in ``output_dir``: its name, base model and TRL's
+    sections from ``card`` (TRL's, or one written before), the model and data `stapo-trl train` was given from the run's
+    record, its statistics from ``log_history``, and the other `CardFacts` from ``known``."""
+    written, path = read_run_record(output_dir) or RunRecord(), Path(output_dir)
+    source = written.model_source
+    facts = CardFacts(
+        model_name=model_name or card.data.model_name or path.name,  # in model-index when the card has results
         location=hub_model_id or (path.name if path.is_absolute() else path.as_posix()),
         on_hub=bool(hub_model_id),
-        base_model=data.get("base_model"),
+        base_model=card.data.base_model,
         gguf_source=source if isinstance(source, str) and source.lower().endswith(".gguf") else None,
         dataset_description=written.dataset_description,
         dataset_reference=written.dataset_reference,
         **known,
     )
+    build_model_card(config, build_run_record(log_history), output_dir, facts, card.text).save(card_path)
 
 
 def refresh_model_card(output_dir: str | Path) -> Path:
     """Rebuild the STAPO sections and ``model-index`` of the card in ``output_dir`` from its files (after `stapo-trl
     eval --output_dir OUTPUT_DIR/eval`, say); the rest of the metadata, TRL's training procedure and citations stay."""
     output_dir = Path(output_dir)
-    card, args, state = (output_dir / name for name in ("README.md", "training_args.bin", TRAINER_STATE_FILE))
-    missing = [path.name for path in (card, args) if not path.is_file()]
-    if missing:
+    card_path, args, state = (output_dir / name for name in ("README.md", "training_args.bin", TRAINER_STATE_FILE))
+    if missing := [path.name for path in (card_path, args) if not path.is_file()]:
         raise FileNotFoundError(
             f"{output_dir} has no {' or '.join(missing)}: refresh_model_card needs a directory written by "
             "STAPOTrainer.save_model() and create_model_card() (stapo-trl train writes both)."
         )
     config = torch.load(args, weights_only=False)
     history = json.loads(state.read_text()).get("log_history", []) if state.is_file() else []
-    card_data = ModelCard.load(card).data
-    data = card_data.to_dict()
-    datasets, tags = data.get("datasets") or [], data.get("tags") or []
+    card = ModelCard.load(card_path)
+    tags = card.data.tags or []
     generated = {"generated_from_trainer", "lora", "transformers"}  # added again by build_model_card
-    facts = run_facts(
-        data,
+    rewrite_card(
+        card,
+        card_path,
+        config,
+        history,
         output_dir,
-        getattr(config, "hub_model_id", None),
-        model_name=card_data.model_name or output_dir.name,  # in model-index when the card has results
-        adapter=data.get("library_name") == "peft",
+        hub_model_id=getattr(config, "hub_model_id", None),
+        adapter=card.data.library_name == "peft",
         adapter_type="LORA" if "lora" in tags else None,
-        dataset=datasets[0] if datasets else None,
+        dataset=(card.data.datasets or [None])[0],
         tags=[tag for tag in tags if tag not in generated and not tag.startswith("base_model:")],
-        license=data.get("license"),
+        license=card.data.license,
     )
-    build_model_card(config, build_run_record(history), output_dir, facts, card.read_text(encoding="utf-8")).save(card)
-    return card
+    return card_path
 
 
 def check_model_card(card_path: str | Path) -> list[str]:
     """What would stop the card from passing the Hub's metadata validation or from being portable, as far as can be
-    told offline (docs/diagnostics.md, "The model card"); empty when nothing was found."""
+    told offline (docs/model-card.md); empty when nothing was found."""
     try:
         card = ModelCard.load(card_path)
     except Exception as error:  # huggingface_hub raises ValueError, yaml errors, ...
@@ -432,21 +502,20 @@ class ModelCardCallback(StepEventCallback):
     from the log history and the evaluation summaries in ``output_dir``; ``stapo-trl train`` adds it to every run."""
 
     def on_model_card(self, trainer, card_path, *, model_name=None, dataset_name=None) -> None:
-        trl_card = ModelCard.load(card_path)
-        trl_data = trl_card.data.to_dict()
-        adapter = is_peft_model(trainer.model)
-        peft_config = next(iter(getattr(trainer.model, "peft_config", {}).values()), None) if adapter else None
+        card, model, args = ModelCard.load(card_path), trainer.model, trainer.args
+        peft_config = next(iter(getattr(model, "peft_config", {}).values()), None) if is_peft_model(model) else None
         peft_type = getattr(peft_config, "peft_type", None)
-        facts = run_facts(
-            trl_data,
-            trainer.args.output_dir,
-            trainer.hub_model_id,
-            model_name=model_name or trl_data.get("model_name") or Path(trainer.args.output_dir).name,
-            adapter=adapter,
+        rewrite_card(
+            card,
+            card_path,
+            args,
+            trainer.state.log_history,
+            args.output_dir,
+            hub_model_id=trainer.hub_model_id,
+            model_name=model_name,
+            adapter=is_peft_model(model),
             adapter_type=str(getattr(peft_type, "value", peft_type)) if peft_type is not None else None,
             dataset=dataset_name,
-            tags=[tag for tag in trl_data.get("tags") or [] if tag != "generated_from_trainer"],
-            license=base_model_license(trl_data.get("base_model") or get_config_model_id(trainer.model.config)),
+            tags=[tag for tag in card.data.tags or [] if tag != "generated_from_trainer"],
+            license=base_model_license(card.data.base_model or get_config_model_id(model.config)),
         )
-        record = build_run_record(trainer.state.log_history)
-        build_model_card(trainer.args, record, trainer.args.output_dir, facts, trl_card.text).save(card_path)
