@@ -1,13 +1,17 @@
-"""`stapo-trl train`: resolve a recipe, then print its plan, hand it to `accelerate launch`, or train in this process."""
+"""`stapo-trl train`: resolve a recipe, then print its plan, hand it to `accelerate launch`, or train in this process
+with its callbacks (a JSON-lines metrics file, one line per logged step, a Ctrl-C that stops at a checkpoint), and write
+what a finished run leaves beside its weights (held-out results, training curves, ``run_summary.json``)."""
 
 from __future__ import annotations
 
 import functools
 import json
 import logging
+import math
 import os
 import shlex
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -18,30 +22,48 @@ from pathlib import Path
 from typing import Any
 
 import accelerate.commands.launch as accelerate_launch
+import torch
 from accelerate import PartialState
 from accelerate.utils import patch_environment
 from peft import PeftModel
 from transformers import ProgressCallback, Trainer, TrainerCallback
 from trl import get_peft_config, get_quantization_config
 
+from ..core.distributed import all_reduce_max, world_size
 from ..core.errors import UserCodeError
+from ..core.names import TRAINER_STATE_FILE
 from ..core.resume import last_complete_checkpoint, resolve_resume_checkpoint
 from ..data import load_dapo_math
 from ..data.arithmetic import ARITHMETIC, load_arithmetic
 from ..data.selection import drop_long_prompts, random_subset, split_heldout
-from ..diagnostics.run_record import HELDOUT_METRICS, RunRecord
-from ..file_and_metric_names import METRICS_FILE, RECIPE_FILE
+from ..diagnostics.report_figures import plot_training_curves
+from ..diagnostics.run_record import (
+    HELDOUT_METRICS,
+    RunRecord,
+    build_run_record,
+    rule_summary_lines,
+    step_line_parts,
+    trend_sentences,
+    write_run_record,
+)
+from ..diagnostics.token_dump import read_dump
+from ..file_and_metric_names import (
+    HELDOUT_RESULTS_FILE,
+    METRICS_FILE,
+    RECIPE_FILE,
+    RUN_SUMMARY_FILE,
+    SILENCED_TOKENS_FILE,
+    TRAINING_CURVES_FILE,
+)
 from ..gguf import gguf_checkpoint, hub_source, is_gguf_reference, local_model_problem
 from ..rewards import get_reward_func
 from ..rewards.blame import reward_function_error
-from ..storage import storage_problem, sync_directory, sync_tree, write_text_atomically
+from ..storage import append_text, read_json_lines, storage_problem, sync_directory, sync_tree, write_text_atomically
 from ..trl_boundary.helpers import save_model_without_push, set_model_name_or_path
-from .callbacks import EXIT_CODES, MetricsFileCallback, StepSummaryProgressCallback, StopAtCheckpointOnSignal
 from .config_file import split_flags
 from .plan import format_plan
 from .preflight import OutputDirLock, check_output_dir, check_vllm, load_checked_tokenizer_and_config
 from .recipe import RecipeError, TrainRequest, is_launched, parse_train_args
-from .run_summary import console_summary, record_finished_run
 
 # The trainer, the evaluation package and the CPU runtime are imported where used: `--dry_run` loads none of them.
 
@@ -217,6 +239,189 @@ def log_at_train_begin(trainer, metrics: dict[str, float]):
                 Trainer.log(trainer, dict(metrics))
 
     return LogAtTrainBegin()
+
+
+class MetricsFileCallback(TrainerCallback):
+    """Appends every log record of the main process, with its step and wall time, to ``path`` as it is logged (the
+    log history of ``trainer_state.json``, live). A fresh run starts the file over; a resumed run first drops the
+    records after its checkpoint and a line cut off mid-write, so that each step is there once."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.start = time.perf_counter()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = time.perf_counter()
+        if state.is_world_process_zero:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if state.global_step == 0:
+                self.path.write_text("")
+            elif self.path.is_file():
+                kept = [record for record in read_json_lines(self.path) if record.get("step", 0) <= state.global_step]
+                write_text_atomically(self.path, "".join(json.dumps(record) + "\n" for record in kept))
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        record = {"step": state.global_step, "epoch": state.epoch, "wall_seconds": time.perf_counter() - self.start}
+        for key, value in logs.items():  # NaN and infinity as null: JSON has neither
+            record[key] = None if isinstance(value, float) and not math.isfinite(value) else value
+        append_text(self.path, json.dumps(record) + "\n")
+
+
+def step_summary(logs: dict, step: int, max_steps: int) -> str:
+    """One line for one logged training step: reward, entropy, what each token rule logged, length and loss."""
+
+    def shown(*formats: tuple[str, str]) -> list[str]:
+        return [pattern.format(logs[key]) for key, pattern in formats if key in logs]
+
+    before = shown(("reward", "reward {:+.3f}"), ("entropy", "entropy {:.3f}"))
+    after = shown(("completions/mean_length", "len {:.0f}"), ("loss", "loss {:+.4f}"))
+    return " | ".join([f"step {step}/{max_steps}", *before, *step_line_parts(logs), *after])
+
+
+class StepSummaryProgressCallback(ProgressCallback):
+    """TRL's progress bar, with one readable line per logged step instead of the raw metrics dict."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or self.training_bar is None or not logs:
+            return
+        if "train_runtime" in logs:
+            self.training_bar.write(
+                f"trained {state.global_step} steps in {logs['train_runtime']:.0f} s "
+                f"({logs['train_runtime'] / max(state.global_step, 1):.1f} s/step)"
+            )
+        elif "loss" in logs or "reward" in logs:  # not an evaluation record, such as the held-out accuracy
+            self.training_bar.write(step_summary(logs, state.global_step, state.max_steps))
+
+
+STOPPING_SIGNALS = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+"""The signals that stop training at a checkpoint (Slurm, Kubernetes and spot preemption send SIGTERM first)."""
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}  # 128 + the signal number, as a shell reports a killed process
+
+
+class StopAtCheckpointOnSignal(TrainerCallback):
+    """The first Ctrl-C or SIGTERM ends training after the current optimizer step with a checkpoint (even with
+    ``save_strategy: "no"``); a second raises ``KeyboardInterrupt`` at once. With several processes, all stop after the
+    same step, whichever was signalled. ``signal_received``: the signal that stopped training, or None."""
+
+    def __init__(self) -> None:
+        self.signal_received: int | None = None
+        self._local_signal: int | None = None
+        self._previous_handlers: dict[int, object] = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self._local_signal is not None:
+            self.restore()
+            raise KeyboardInterrupt
+        self._local_signal = signum
+        print(
+            f"\n{STOPPING_SIGNALS.get(signum, signum)}: training stops after this optimizer step and saves a checkpoint "
+            "to resume from. Send it again to stop at once, without one.",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def restore(self) -> None:
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers = {}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if threading.current_thread() is threading.main_thread():
+            for signum in STOPPING_SIGNALS:
+                self._previous_handlers[signum] = signal.signal(signum, self._handle)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        agreed = self._local_signal
+        if world_size() > 1:
+            agreed = int(all_reduce_max(torch.tensor([self._local_signal or 0]))[0]) or None
+        if agreed is not None:
+            self.signal_received = agreed
+            control.should_save = True
+            control.should_training_stop = True
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.restore()
+
+
+DATASET_DESCRIPTIONS = {
+    "arithmetic": "arithmetic word problems generated by stapo-trl (`stapo_trl.data.arithmetic`)",
+    "sample": "the DAPO-Math-17K rows shipped with stapo-trl",
+}
+"""How the model card names the datasets that have no Hub page."""
+
+
+def record_finished_run(
+    request, log_history: list[dict], base_model: str, heldout, heldout_results: dict, started: float, seconds_training
+) -> RunRecord:
+    """Write the training curves, the held-out results (each held-out problem's greedy result before and after
+    training) and the run's record into the output directory, and return the record. ``started``: the run's
+    `time.perf_counter`."""
+    script, training, model = request.script, request.training, request.model.model_name_or_path
+    directory = Path(training.output_dir)
+    log = f"{TRAINER_STATE_FILE} (log_history; {METRICS_FILE} is its live copy)"
+    files = {"checkpoint": ".", "model card": "README.md", "log": log}  # relative to the output directory
+    if log_history:
+        # Plots name the model by its Hub id, else by the local directory's or file's name (never its path).
+        shown = base_model if not Path(base_model).expanduser().exists() else Path(model).name
+        label, title = f"{script.method}, seed {training.seed}", f"{script.method} on {shown}"
+        plot_training_curves(log_history, directory / TRAINING_CURVES_FILE, label=label, title=title)
+        files["plot"] = TRAINING_CURVES_FILE
+    silenced_tokens = dump_stats = None
+    if request.tools[0].dump_silenced_tokens:
+        files["silenced tokens"] = SILENCED_TOKENS_FILE
+        silenced_tokens, dump_stats = read_dump(directory)
+    if heldout_results:
+        from ..evaluation.greedy import per_problem_records  # here: `--dry_run` loads no evaluation package
+
+        records = per_problem_records(heldout, heldout_results)
+        write_text_atomically(directory / HELDOUT_RESULTS_FILE, "".join(json.dumps(r) + "\n" for r in records))
+        files["held-out results"] = HELDOUT_RESULTS_FILE
+    files["summary"] = RUN_SUMMARY_FILE
+    dataset = Path(script.dataset_name).expanduser()  # a local file or directory is named without its path
+    record = build_run_record(
+        log_history,
+        silenced_tokens=silenced_tokens,
+        dump_stats=dump_stats,
+        files=files,
+        output_dir=str(training.output_dir),
+        seconds_total=time.perf_counter() - started,
+        seconds_training=seconds_training,
+        method=script.method,
+        model=model,
+        base_model=base_model,
+        model_source=model,
+        dataset_description=DATASET_DESCRIPTIONS.get(script.dataset_name),
+        dataset_reference=dataset.name if dataset.exists() else script.dataset_name,
+    )
+    write_run_record(record, directory)
+    return record
+
+
+def column(label: str, value: Any) -> str:
+    return f"  {label + ':':<25} {value}"
+
+
+def console_summary(record: RunRecord) -> list[str]:
+    """What `stapo-trl train` prints at the end of a run: its record, line by line."""
+    lines = [f"stapo-trl train: {record.method} on {record.model}, {record.steps} optimizer steps"]
+    before, after = record.accuracy_before, record.accuracy_after
+    if before and after:
+        spread = f"± {after['standard_error']:.3f} standard error, {after['total']} problems"
+        accuracy = f"{before['accuracy']:.3f} -> {after['accuracy']:.3f} ({spread})"
+        lines.append(column("held-out greedy accuracy", accuracy))
+        if before.get("format_rate") is not None and after.get("format_rate") is not None:
+            lines.append(column("answer format rate", f"{before['format_rate']:.2f} -> {after['format_rate']:.2f}"))
+    lines += [f"  {sentence}" for sentence in trend_sentences(record)]
+    lines += [column(label, text) for label, text in rule_summary_lines(record)]
+    if record.silenced_examples:
+        lines.append("  silenced tokens in context ([[token]]; p and H under the training temperature):")
+        lines += [f"    {example}" for example in record.silenced_examples]
+    lines.append(column("time", f"{record.seconds_total:.0f} s in all, {record.seconds_training:.0f} s training"))
+    lines.append(column("output_dir", record.output_dir))
+    lines += [column(label, path) for label, path in record.files.items() if label != "checkpoint"]
+    return lines
 
 
 def run_training(request: TrainRequest) -> RunRecord | None:

@@ -517,7 +517,7 @@ def test_traceback_adds_the_traceback_to_a_usage_error_and_a_bug_keeps_its_trace
     err = capsys.readouterr().err
     assert "Traceback" in err and err.rstrip().splitlines()[-1].startswith("stapo-trl train: error: Recipe not found")
 
-    import stapo_trl.cli.report as report_cli
+    import stapo_trl.cli as report_cli
 
     def broken(argv):
         raise RuntimeError("something no check anticipated")

@@ -12,8 +12,7 @@ from datasets import Dataset
 from safetensors.torch import save_file
 from tiny import build_char_tokenizer, build_tiny_qwen3
 
-from stapo_trl.cli.callbacks import MetricsFileCallback, StepSummaryProgressCallback, step_summary
-from stapo_trl.cli.run_summary import console_summary
+from stapo_trl.cli.train import MetricsFileCallback, StepSummaryProgressCallback, console_summary, step_summary
 from stapo_trl.data import ROW_FEATURES
 from stapo_trl.data.arithmetic import WORKED_EXAMPLES, arithmetic_problems, load_arithmetic
 from stapo_trl.data.selection import drop_long_prompts, random_subset, split_heldout
