@@ -1,13 +1,6 @@
-"""What makes a resumed run continue exactly where it stopped.
-
-**Which checkpoint.** transformers writes ``trainer_state.json`` last, so a run killed while saving leaves a
-``checkpoint-N`` without it, which transformers' ``get_last_checkpoint`` would pick (restarting the step count at 0 on
-the saved weights). Here a checkpoint counts only when its ``trainer_state.json`` exists; STAPO's own state is written
-before it.
-
-**The data order.** TRL's ``RepeatSampler`` draws epoch ``e``'s shuffle from a generator seeded once, so a run resumed
-at an epoch boundary would see the first permutation again. `EpochSeededSampler` moves the generator to epoch ``e`` on
-``set_epoch(e)``: every epoch gets the order it has in a straight run.
+"""What makes a resumed run continue exactly where it stopped: a checkpoint counts only when its ``trainer_state.json``
+(written last) exists, and `EpochSeededSampler` gives every epoch the order it has in a straight run (TRL's
+``RepeatSampler`` would repeat the first epoch's shuffle after a resume at an epoch boundary).
 """
 
 from __future__ import annotations

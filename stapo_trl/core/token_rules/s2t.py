@@ -113,31 +113,18 @@ def spurious_token_mask(
 
     The candidates are :func:`spurious_token_candidates` (``log p < log(prob_threshold)``, strict). ``tau_h`` is the
     ``entropy_quantile``-th quantile (linear interpolation) of their entropies, pooled over every row given here and
-    over all ranks when ``torch.distributed`` is initialized; candidates whose entropy is strictly below ``tau_h`` are
-    *spurious*, silenced. An empty pool silences nothing. Pass every micro-batch that feeds one optimizer step at once
-    (concatenated along B): the paper pools over the mini-batch, not the micro-batch.
+    over all ranks when ``torch.distributed`` is initialized; candidates strictly below ``tau_h`` are *spurious*,
+    silenced. An empty pool silences nothing. Pass every micro-batch of one optimizer step at once: the paper pools
+    over the mini-batch. A token with a non-finite entropy or a NaN log-probability is never a candidate but counts in
+    ``num_tokens`` (docs/semantics.md).
 
-    Non-finite statistics (from degenerate or overflowing logits) are a defined case. A token whose entropy is NaN or
-    infinite, or whose log-probability is NaN, is never a candidate (never silenced, never in the ``tau_h`` pool), but
-    counts in ``num_tokens``. Non-finite entropies are left out of the entropy percentiles, and tokens whose factor
-    ``A**2 (1 - 2p + sum_v pi_v**2)`` is not finite out of ``spurious_logit_grad_sq_share_estimate``. ``log p = -inf``
-    is ``p = 0``, an ordinary value.
-
-    Args:
-        log_probs: ``[B, T]`` natural-log probability of each sampled token.
-        entropies: ``[B, T]`` Shannon entropy, in nats, of each position's next-token distribution.
-        advantages: ``[B]`` or ``[B, T]`` advantages.
-        loss_mask: ``[B, T]``, bool or 0/1: the tokens that count in the loss.
-        prob_threshold: ``tau_p``, an absolute probability in (0, 1].
-        entropy_quantile: ``q`` in [0, 1]; the paper's "tau_h = 80%" is 0.8.
-
-    Returns:
-        ``(spurious, stats)``: a bool ``[B, T]`` tensor, True where the token is silenced, and global statistics:
-        ``num_tokens``, ``num_candidates``, ``num_spurious``, ``spurious_fraction``, ``entropy_threshold`` (NaN when
-        the pool is empty), ``entropy_p50``/``p80``/``p99`` over all loss tokens, and
-        ``spurious_logit_grad_sq_share_estimate``: the share of ``sum_t A_t**2 (1 - 2p_t + sum_v pi_v**2)`` (the
-        squared logit-gradient norm at ratio 1) that the silenced tokens carry, with ``sum_v pi_v**2`` estimated by
-        :func:`logit_grad_sq_norm_lower_bound`: a formula at the logits, not a measured gradient of the weights.
+    ``log_probs`` (natural log), ``entropies`` (nats) and ``loss_mask`` are ``[B, T]``; ``advantages`` is ``[B]`` or
+    ``[B, T]``; ``prob_threshold`` is ``tau_p`` in (0, 1], ``entropy_quantile`` is ``q`` in [0, 1] (the paper's
+    "tau_h = 80%" is 0.8). Returns ``(spurious, stats)``: a bool ``[B, T]`` mask, True where silenced, and global statistics:
+    ``num_tokens``, ``num_candidates``, ``num_spurious``, ``spurious_fraction``, ``entropy_threshold`` (NaN for an
+    empty pool), ``entropy_p50``/``p80``/``p99`` over all loss tokens, and ``spurious_logit_grad_sq_share_estimate``,
+    the silenced tokens' share of ``sum_t A_t**2 (1 - 2p_t + sum_v pi_v**2)`` (a formula at the logits,
+    :func:`logit_grad_sq_norm_lower_bound`, not a measured gradient).
     """
     check_s2t_thresholds(prob_threshold, entropy_quantile)
     validate_token_inputs(log_probs, entropies, advantages, loss_mask)
