@@ -20,6 +20,7 @@ COMMANDS = {
     "report": "Plots and a summary of training runs: entropy, reward, the mask, p-H density, silenced tokens.",
     "counterfactual": "Apply a run's saved updates again with other tokens silenced, and read what each did.",
 }
+EVAL = "stapo-trl eval"
 TRACEBACK_FLAG = "--traceback"
 TRACEBACK_ENVIRONMENT = "STAPO_TRL_TRACEBACK"
 """Print an error's traceback as well as its message (`--debug` is a transformers training argument)."""
@@ -75,6 +76,70 @@ def report_command(argv: list[str]) -> int:
     return 0
 
 
+def parse_eval_args(argv: list[str]):
+    """An `EvalConfig` from the command line; a ``--config FILE.yaml``'s keys are checked and set the defaults."""
+    from trl import TrlParser
+
+    from ..evaluation import EvalConfig, EvalConfigError
+    from .config_file import ConfigFileKind, apply_config, parser_actions, read_config_flag, suggest
+
+    kind = ConfigFileKind(EVAL, "config file", "whose keys are the options of `stapo-trl eval -h`", EvalConfigError)
+    path, values, cli_args = read_config_flag(argv, kind)
+    parser = TrlParser(dataclass_types=[EvalConfig], prog=EVAL)
+    parser.set_defaults_with_config(**apply_config(parser, values, str(path), kind))
+    config, remaining = parser.parse_args_into_dataclasses(args=cli_args, return_remaining_strings=True)
+    if remaining:
+        unknown = next((token for token in remaining if token.startswith("--")), remaining[0])
+        raise EvalConfigError(
+            f"Unknown arguments: {' '.join(remaining)}."
+            + suggest(unknown.lstrip("-").split("=", 1)[0], parser_actions(parser))
+            + f" Run `{EVAL} -h` for every option."
+        )
+    return config
+
+
+def eval_command(argv: list[str]) -> int:
+    """`stapo-trl eval`: avg@k of a model on the paper's benchmarks, with the paper's numbers beside ours."""
+    from .. import evaluation
+    from .help import eval_help
+
+    if eval_help(argv):
+        return 0
+    try:
+        config = parse_eval_args(argv)
+        result = evaluation.evaluate(config)
+    except FileNotFoundError as error:
+        if isinstance(error, UsageError):
+            raise
+        raise evaluation.EvalConfigError(str(error)) from error
+    except KeyboardInterrupt:
+        print(
+            f"\n{EVAL}: interrupted. Every finished batch of samples is saved in the output directory; run the same "
+            "command again to resume.",
+            file=sys.stderr,
+        )
+        return 130
+    print()
+    graders = result.summary["graders"]
+    for setting in result.summary["settings"]:  # per benchmark: avg@k, the samples, each grader's count, truncations
+        print(f"{result.summary['model']['label']} [{setting['name']}: {setting['label']}]")
+        for name, score in setting["benchmarks"].items():
+            per_grader = ", ".join(f"{grader} {score['grader_correct'][grader]}" for grader in graders)
+            answered = ", ".join(f"{grader} {score['grader_answered'][grader]}" for grader in graders)
+            status = "" if score["complete"] else f"  (unfinished: {score['samples']}/{score['expected_samples']})"
+            print(
+                f"  {name:<14} avg@{score['samples_per_problem']:<3} {score['avg_at_k']:6.2f} ± "
+                f"{score['standard_error']:.2f}  correct {score['correct']}/{score['samples']} ({per_grader})"
+                f"  answer found ({answered})  truncated {score['truncated']}"
+                f"  mean length {score['mean_completion_tokens']:.0f} tokens{status}"
+            )
+    print()
+    print(result.table)
+    for what, path in result.files.items():
+        print(f"{what:<28} {path}")
+    return 0
+
+
 def _version(package: str) -> str:
     try:
         return f"{package} {version(package)}"
@@ -83,7 +148,7 @@ def _version(package: str) -> str:
 
 
 def _run(command: str, argv: list[str]) -> int:
-    """Run ``<command>_command(argv)`` of the command's module, imported now (`stapo-trl -h` loads no torch)."""
+    """Run ``<command>_command(argv)``, here or in the command's module, imported now (`stapo-trl -h` loads no torch)."""
     if command == "train":
         from ..cpu.environment import set_cpu_environment
 
@@ -92,10 +157,9 @@ def _run(command: str, argv: list[str]) -> int:
 
         if train_help(argv):
             return 0
-    if command == "report":
-        return report_command(argv)
-    module = importlib.import_module(".evaluate" if command == "eval" else f".{command}", __name__)
-    return getattr(module, f"{command}_command")(argv)
+    if command in ("eval", "report"):
+        return (eval_command if command == "eval" else report_command)(argv)
+    return getattr(importlib.import_module(f".{command}", __name__), f"{command}_command")(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

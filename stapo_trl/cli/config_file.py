@@ -1,6 +1,5 @@
-"""The YAML config file of `stapo-trl train` (the recipe) and `stapo-trl eval`, checked before anything is loaded: a
-repeated or unknown key, a value of the wrong type or an ``env`` that is not a mapping is refused, naming the file, the
-key and what to write instead. The checked values become the `TrlParser`'s defaults; flags override them."""
+"""The YAML config file of `stapo-trl train` (the recipe) and `stapo-trl eval`, checked before anything is loaded (a
+bad key or value is refused, saying what to write instead); its values become the `TrlParser`'s defaults."""
 
 from __future__ import annotations
 

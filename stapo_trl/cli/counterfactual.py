@@ -1,6 +1,5 @@
 """`stapo-trl counterfactual RUN_DIR`: apply a run's saved generations again under each arm, read what each update did
-to the policy (`stapo_trl.research.counterfactual.study`), then write a table, a summary and a figure of the paired
-differences (docs/diagnostics.md)."""
+to the policy (`stapo_trl.research.counterfactual.study`) and write the paired differences (docs/counterfactual.md)."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ SUMMARY_FILE = "summary.json"
 TABLE_FILE = "table.md"
 
 
-def _parser() -> argparse.ArgumentParser:
+def counterfactual_command(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="stapo-trl counterfactual",
         description="Apply every saved generation of a run again, once per arm (which tokens each step silences), on "
@@ -29,7 +28,35 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--probe_problems", type=int, default=32, help="held-out problems in each probe set")
     parser.add_argument("--max_generations", type=int, help="only the first this many saved ones")
     parser.add_argument("--seed", type=int, default=0, help="seeds the sampled responses and the random arm")
-    return parser
+    args = parser.parse_args(argv)
+    from ..research.counterfactual.study import CounterfactualError, CounterfactualOptions
+
+    given = {name: getattr(args, name) for name in ("probe_problems", "max_generations", "seed")}
+    for flag in ("probe_problems", "max_generations"):
+        if given[flag] is not None and given[flag] < 1:
+            raise CounterfactualError(f"--{flag} is {given[flag]}; it must be at least 1.")
+    run_dir = Path(args.run_dir)
+    output_dir = Path(args.output_dir) if args.output_dir else run_dir / "counterfactual"
+    options = CounterfactualOptions(arms=tuple(args.arms or CounterfactualOptions.arms), **given)
+    records = run_counterfactual(run_dir, output_dir, options)
+    summary = write_summary(records, output_dir, f"Counterfactual updates of {run_dir.name}, after each generation")
+    primary = summary["primary"]
+    print(
+        f"{summary['generations']} generations replayed, {summary['generations_with_silenced_tokens']} where "
+        f"{summary['reference_arm']} silenced tokens ({summary['silenced_tokens']} in all); replaying the recorded "
+        f"updates: largest difference {summary['reproduction_max_abs_difference']}"
+    )
+    if primary["n"]:
+        print(
+            f"{primary['measure']}, {primary['comparison']}, after each generation: mean {primary['mean']:+.3g}"
+            + (f", 95% interval [{primary['low']:+.3g}, {primary['high']:+.3g}]" if primary["low"] is not None else "")
+            + f" over {primary['n']} generations"
+        )
+        own = summary["none_over_the_same_generations"][primary["point"]][primary["measure"]]
+        print(f"  beside none's own {primary['measure']} over the same generations: mean {own['mean']:+.3g}")
+    for name in (TABLE_FILE, SUMMARY_FILE, FIGURE_FILE, RECORDS_FILE):
+        print(f"{name}: {output_dir / name}")
+    return 0
 
 
 def write_summary(records_path: Path, output_dir: Path, title: str) -> dict:
@@ -125,35 +152,3 @@ def run_counterfactual(run_dir: Path, output_dir: Path, options) -> Path:
     settings = {"run_dir": str(run_dir), **asdict(options), "arms": list(options.arms)}
     (output_dir / "settings.json").write_text(json.dumps(settings, indent=2) + "\n")
     return records_path
-
-
-def counterfactual_command(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
-    from ..research.counterfactual.study import CounterfactualError, CounterfactualOptions
-
-    given = {name: getattr(args, name) for name in ("probe_problems", "max_generations", "seed")}
-    for flag in ("probe_problems", "max_generations"):
-        if given[flag] is not None and given[flag] < 1:
-            raise CounterfactualError(f"--{flag} is {given[flag]}; it must be at least 1.")
-    run_dir = Path(args.run_dir)
-    output_dir = Path(args.output_dir) if args.output_dir else run_dir / "counterfactual"
-    options = CounterfactualOptions(arms=tuple(args.arms or CounterfactualOptions.arms), **given)
-    records = run_counterfactual(run_dir, output_dir, options)
-    summary = write_summary(records, output_dir, f"Counterfactual updates of {run_dir.name}, after each generation")
-    primary = summary["primary"]
-    print(
-        f"{summary['generations']} generations replayed, {summary['generations_with_silenced_tokens']} where "
-        f"{summary['reference_arm']} silenced tokens ({summary['silenced_tokens']} in all); replaying the recorded "
-        f"updates: largest difference {summary['reproduction_max_abs_difference']}"
-    )
-    if primary["n"]:
-        print(
-            f"{primary['measure']}, {primary['comparison']}, after each generation: mean {primary['mean']:+.3g}"
-            + (f", 95% interval [{primary['low']:+.3g}, {primary['high']:+.3g}]" if primary["low"] is not None else "")
-            + f" over {primary['n']} generations"
-        )
-        own = summary["none_over_the_same_generations"][primary["point"]][primary["measure"]]
-        print(f"  beside none's own {primary['measure']} over the same generations: mean {own['mean']:+.3g}")
-    for name in (TABLE_FILE, SUMMARY_FILE, FIGURE_FILE, RECORDS_FILE):
-        print(f"{name}: {output_dir / name}")
-    return 0

@@ -1,6 +1,5 @@
 """What `stapo-trl train` checks before it loads a model: the output directory (no earlier run overwritten, no other run
-holding it), vLLM, and the policy (found, offline too; every weight shard on disk; a decoder-only model that generates;
-a tokenizer with a chat template)."""
+holding it), vLLM, and the policy (found; its weight shards; a decoder-only model that generates; a chat template)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """`stapo-trl train`: resolve a recipe, then print its plan, hand it to `accelerate launch`, or train in this process
-with its callbacks (a JSON-lines metrics file, one line per logged step, a Ctrl-C that stops at a checkpoint), and write
-what a finished run leaves beside its weights (held-out results, training curves, ``run_summary.json``)."""
+(with a metrics file, a line per logged step and a checkpoint on Ctrl-C), then write the run's record and files."""
 
 from __future__ import annotations
 
@@ -355,9 +354,8 @@ DATASET_DESCRIPTIONS = {
 def record_finished_run(
     request, log_history: list[dict], base_model: str, heldout, heldout_results: dict, started: float, seconds_training
 ) -> RunRecord:
-    """Write the training curves, the held-out results (each held-out problem's greedy result before and after
-    training) and the run's record into the output directory, and return the record. ``started``: the run's
-    `time.perf_counter`."""
+    """Write the training curves, the held-out results (each problem's greedy result before and after training) and
+    the run's record into the output directory, and return the record. ``started``: the run's `time.perf_counter`."""
     script, training, model = request.script, request.training, request.model.model_name_or_path
     directory = Path(training.output_dir)
     log = f"{TRAINER_STATE_FILE} (log_history; {METRICS_FILE} is its live copy)"
@@ -534,8 +532,7 @@ def train_and_summarize(request: TrainRequest) -> RunRecord | None:
         trainer.add_callback(StepSummaryProgressCallback)
     heldout_results = {}
 
-    def heldout_metrics(label: str) -> dict[str, float]:
-        """The held-out greedy evaluation, under `HELDOUT_METRICS`' names."""
+    def heldout_metrics(label: str) -> dict[str, float]:  # the held-out greedy evaluation, as `HELDOUT_METRICS`
         result = heldout_results[label] = greedy_accuracy(
             trainer.model,
             tokenizer,

@@ -776,7 +776,7 @@ def test_smollm2_generations_are_graded_for_real(tmp_path, capsys):
 
 
 def test_a_yaml_config_file_and_flags_combine_as_in_train(tmp_path):
-    from stapo_trl.cli.evaluate import parse_eval_args
+    from stapo_trl.cli import parse_eval_args
 
     config_file = tmp_path / "eval.yaml"
     config_file.write_text("model: Qwen/Qwen3-8B-Base\nbenchmarks: [aime24, minerva]\npresets: [justrl]\nseed: 3\n")
