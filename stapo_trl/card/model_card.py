@@ -1,6 +1,6 @@
-"""The whole model card of a STAPOTrainer run and its ``model-index`` results (what each section and result holds:
-docs/model-card.md): TRL writes its card, then `ModelCardCallback` rebuilds it with `huggingface_hub`'s `ModelCardData`,
-`ModelCard` and `EvalResult`."""
+"""The whole model card of a STAPOTrainer run and its ``model-index`` results (what each holds: docs/model-card.md):
+TRL writes its card, then `ModelCardCallback` rebuilds it with `huggingface_hub`'s `ModelCard`, `ModelCardData` and
+`EvalResult`."""
 
 from __future__ import annotations
 
@@ -243,8 +243,7 @@ def card_results(
     summaries: list[tuple[str, dict[str, Any]]],
 ) -> tuple[list[EvalResult], list[str]]:
     """The ``model-index`` results: the held-out accuracy (when ``heldout_dataset``, its data's id and description, is
-    known) and the avg@k of each ``(location, summary)`` on a whole Hub benchmark with every sample; and the results
-    left out (the others and repeats), each with the reason."""
+    known) and each avg@k on a whole Hub benchmark with every sample; and the others and repeats, each with why."""
     eval_results, left_out = [], []
     if accuracy_after and heldout_dataset is not None:
         dataset, title = heldout_dataset
@@ -319,26 +318,20 @@ def evaluation_section(
     return ["### Evaluation", "", *lines] if lines else []
 
 
-def _non_default_config(config: Any) -> dict[str, Any]:
-    """The values that differ from the fields' defaults (a default config, once built, would reset accelerate)."""
-    values, changed = config.to_dict(), {}
-    empty = (None, "", "none", [], {}, ["none"])
-    for name, spec in type(config).__dataclass_fields__.items():
-        if name in NOT_IN_RECIPE or name not in values or not spec.init:
-            continue
-        default = spec.default_factory() if callable(spec.default_factory) else spec.default
-        if (value := values[name]) != default and not (value in empty and default in empty):
-            changed[name] = value
-    return changed
-
-
 def recipe_section(config: Any, output_dir: str | Path) -> list[str]:
     """The recipe the run used (``recipe.yaml``), or the config values that differ from the defaults."""
     recipe = Path(output_dir) / RECIPE_FILE
     if recipe.is_file():
         text, intro = recipe.read_text().rstrip(), "The recipe this model was trained with"
-    else:
-        text = yaml.safe_dump(_non_default_config(config), sort_keys=True).rstrip()
+    else:  # from the fields' defaults: a default config, once built, would reset accelerate
+        values, changed, empty = config.to_dict(), {}, (None, "", "none", [], {}, ["none"])
+        for name, spec in type(config).__dataclass_fields__.items():
+            if name in NOT_IN_RECIPE or name not in values or not spec.init:
+                continue
+            default = spec.default_factory() if callable(spec.default_factory) else spec.default
+            if (value := values[name]) != default and not (value in empty and default in empty):
+                changed[name] = value
+        text = yaml.safe_dump(changed, sort_keys=True).rstrip()
         intro = "Trained from Python; the `STAPOConfig` values that differ from its defaults"
     text, shortened = shorten_local_paths(text)
     if shortened:
@@ -421,9 +414,8 @@ def build_model_card(config: Any, record: RunRecord, output_dir: str | Path, fac
 
 
 def rewrite_card(card: ModelCard, card_path, config, log_history, output_dir, hub_model_id, model_name=None, **known):
-    """Save at ``card_path`` `build_model_card`'s card of the run in ``output_dir``: its name, base model and TRL's
-    sections from ``card`` (TRL's, or one written before), the model and data `stapo-trl train` was given from the run's
-    record, its statistics from ``log_history``, and the other `CardFacts` from ``known``."""
+    """Save at ``card_path`` `build_model_card`'s card of the run in ``output_dir``, from ``card`` (TRL's, or one written
+    before), the run's record, ``log_history`` and the other `CardFacts` (``known``)."""
     written, path = read_run_record(output_dir) or RunRecord(), Path(output_dir)
     source = written.model_source
     facts = CardFacts(

@@ -129,15 +129,9 @@ def draw_line_panel(axis, panel: LinePanel) -> None:
                 low = np.maximum(low, panel.y_floor)
             axis.fill_between(series.steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
         if undefined := series.undefined_steps:
-            cross = {
-                "linestyle": "none",
-                "marker": "x",
-                "markersize": 7,
-                "markeredgewidth": 1.5,
-                "color": line.get_color(),
-            }
-            on_axis = axis.get_xaxis_transform()
-            axis.plot(undefined, [0.04] * len(undefined), transform=on_axis, label=undefined_label, **cross)
+            cross = {"linestyle": "none", "marker": "x", "markersize": 7, "markeredgewidth": 1.5}
+            on_axis = {"transform": axis.get_xaxis_transform(), "color": line.get_color()}
+            axis.plot(undefined, [0.04] * len(undefined), label=undefined_label, **cross, **on_axis)
             undefined_label = None
     if panel.y_floor is not None:
         axis.set_ylim(panel.y_floor, max(axis.get_ylim()[1], panel.y_floor + 1e-3))
@@ -182,13 +176,9 @@ def plot_token_bars(bars: Sequence[TokenBars], path: str | Path, limit: int = 15
             continue
         if run_bars.rows:
             axis.set_frame_on(False)
-            table = axis.table(
-                cellText=[list(row) for row in run_bars.rows],
-                colLabels=["step", "token in context", "p", "H", "A"],
-                colWidths=[0.06, 0.70, 0.08, 0.07, 0.09],
-                cellLoc="left",
-                bbox=[0.0, 0.0, 1.0, 1.0],
-            )
+            labels, widths = ["step", "token in context", "p", "H", "A"], [0.06, 0.70, 0.08, 0.07, 0.09]
+            placement = {"cellLoc": "left", "bbox": [0.0, 0.0, 1.0, 1.0]}
+            table = axis.table(cellText=run_bars.rows, colLabels=labels, colWidths=widths, **placement)
             table.auto_set_font_size(False)
             table.set_fontsize(7.5)
             for cell in table.get_celld().values():

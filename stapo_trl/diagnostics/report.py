@@ -1,5 +1,5 @@
-"""`stapo-trl report`: what it reads of each run directory (its log, which one: docs/diagnostics.md; its dump and record)
-and the ``report.md`` (and ``report.html``) it writes, with :mod:`.report_figures`' figures."""
+"""`stapo-trl report`: what it reads of each run directory (its log, which one: docs/diagnostics.md; its dump and
+record) and the ``report.md`` (and ``report.html``) it writes, with :mod:`.report_figures`' figures."""
 
 from __future__ import annotations
 

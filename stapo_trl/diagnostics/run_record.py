@@ -1,6 +1,5 @@
-"""The record of a training run: its facts, built once from the log by `build_run_record`, written to
-``run_summary.json``, and rendered, never recomputed, by the end-of-run summary, the model card and `stapo-trl report`,
-in each token rule's own words (`RulePresentation`); its trends: docs/diagnostics.md, "Trends, the same everywhere"."""
+"""The record of a training run (``run_summary.json``), built once from the log by `build_run_record` and rendered,
+never recomputed, by the end-of-run summary, the card and `stapo-trl report` (docs/diagnostics.md, "Trends")."""
 
 from __future__ import annotations
 
