@@ -148,7 +148,7 @@ def _version(package: str) -> str:
 
 
 def _run(command: str, argv: list[str]) -> int:
-    """Run ``<command>_command(argv)``, here or in the command's module, imported now (`stapo-trl -h` loads no torch)."""
+    """Run ``<command>_command(argv)``, here or in its module, imported now (`stapo-trl -h` loads no torch)."""
     if command == "train":
         from ..cpu.environment import set_cpu_environment
 

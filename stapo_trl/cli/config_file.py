@@ -77,8 +77,8 @@ def read_config_file(path: str | os.PathLike, kind: ConfigFileKind) -> dict[str,
 
 
 def split_flags(argv: list[str], names) -> tuple[dict[str, str | None], list[str]]:
-    """The last value of each of the flags ``names`` in ``argv`` (``--name value`` or ``--name=value``; None for a
-    flag that ends ``argv``), and the other tokens."""
+    """The last value of each flag in ``names`` (``--name value`` or ``--name=value``; None if it ends ``argv``)
+    and the other tokens."""
     values, rest, tokens = {}, [], iter(argv)
     for token in tokens:
         name, has_value, value = token.partition("=")

@@ -43,9 +43,7 @@ GROUPS: dict[str, dict[str, str]] = {
     "token rules": {
         "shadow_token_rules": "rules to compute and log without applying them, e.g. [s2t] with method grpo",
         "token_stats_source": "generation (the sampling policy) or loss (the policy being optimized)",
-        "dump_silenced_tokens": (
-            "write sampled silenced tokens in context (at most dump_tokens_per_step a step) to a file"
-        ),
+        "dump_silenced_tokens": "write a sample of silenced tokens in context (dump_tokens_per_step a step) to a file",
     },
     "batch and optimization": {
         "per_device_train_batch_size": "completions per device per micro-batch",
@@ -146,8 +144,7 @@ def _metavar(item) -> str:
 
 
 def eval_help(argv: list[str]) -> bool:
-    """Print ``eval -h`` (every option once, a boolean as ``--name true|false``, with its help and default) or
-    ``--help-all`` if ``argv`` asks for it."""
+    """Print ``eval -h`` (each option once, with its help and default) or ``--help-all`` if ``argv`` asks for it."""
     from ..evaluation import EvalConfig
 
     if HELP_ALL_FLAG in argv:

@@ -12,8 +12,7 @@ from ..methods import describe_token_rule, method_preset
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """How completions flow through one generation and its optimizer steps, across all processes (TRL reuses a
-    generation `num_iterations` times)."""
+    """How completions flow through one generation (used `num_iterations` times) and its optimizer steps, all ranks."""
 
     world_size: int
     per_device_train_batch_size: int

@@ -8,8 +8,8 @@ import pytest
 from tiny import build_char_tokenizer, build_tiny_qwen3, save_tiny_chat_model
 
 from stapo_trl.cli import main
-from stapo_trl.cli.preflight import load_checked_tokenizer_and_config
 from stapo_trl.cli.recipe import RecipeError
+from stapo_trl.cli.train import load_checked_tokenizer_and_config
 
 
 def check(path, name=None):

@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
-from stapo_trl.cli.preflight import LOCK_FILE, OutputDirLock
 from stapo_trl.cli.recipe import RecipeError
+from stapo_trl.cli.train import LOCK_FILE, OutputDirLock
 
 
 def test_a_second_run_on_a_held_output_dir_is_refused_with_the_first_ones_pid(tmp_path):
@@ -30,7 +30,7 @@ def test_a_killed_run_leaves_no_stale_lock(tmp_path):
             textwrap.dedent(
                 f"""
                 import sys, time
-                from stapo_trl.cli.preflight import OutputDirLock
+                from stapo_trl.cli.train import OutputDirLock
                 lock = OutputDirLock({str(tmp_path / "run")!r})
                 print("locked", flush=True)
                 time.sleep(600)

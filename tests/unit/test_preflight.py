@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from stapo_trl.cli.preflight import check_output_dir, earlier_run
 from stapo_trl.cli.recipe import RecipeError
+from stapo_trl.cli.train import check_output_dir, earlier_run
 
 
 def make_run(directory):
