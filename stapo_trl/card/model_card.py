@@ -238,9 +238,7 @@ def _left_out_because(data: dict[str, Any], score: dict[str, Any]) -> str | None
 
 
 def card_results(
-    accuracy_after: dict[str, Any] | None,
-    heldout_dataset: tuple[str, str] | None,
-    summaries: list[tuple[str, dict[str, Any]]],
+    accuracy_after: dict[str, Any] | None, heldout_dataset: tuple[str, str] | None, summaries: list[tuple[str, dict]]
 ) -> tuple[list[EvalResult], list[str]]:
     """The ``model-index`` results: the held-out accuracy (when ``heldout_dataset``, its data's id and description, is
     known) and each avg@k on a whole Hub benchmark with every sample; and the others and repeats, each with why."""
@@ -414,8 +412,8 @@ def build_model_card(config: Any, record: RunRecord, output_dir: str | Path, fac
 
 
 def rewrite_card(card: ModelCard, card_path, config, log_history, output_dir, hub_model_id, model_name=None, **known):
-    """Save at ``card_path`` `build_model_card`'s card of the run in ``output_dir``, from ``card`` (TRL's, or one written
-    before), the run's record, ``log_history`` and the other `CardFacts` (``known``)."""
+    """Save at ``card_path`` `build_model_card`'s card of the run in ``output_dir``, from ``card`` (TRL's, or one
+    written before), the run's record, ``log_history`` and the other `CardFacts` (``known``)."""
     written, path = read_run_record(output_dir) or RunRecord(), Path(output_dir)
     source = written.model_source
     facts = CardFacts(

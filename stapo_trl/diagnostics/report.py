@@ -84,8 +84,7 @@ def read_history(source: Path) -> list[dict[str, Any]]:
 
 
 def load_run(directory: str | Path, label: str | None = None) -> RunLogs:
-    """Read one run directory, or raise :class:`ReportError` saying what is missing (a damaged dump file raises
-    `stapo_trl.storage.DamagedFileError`, naming it)."""
+    """Read one run directory, or raise `ReportError` saying what is missing (`DamagedFileError`: a damaged dump)."""
     directory = Path(directory)
     if not directory.is_dir():
         raise ReportError(f"{directory}: no such directory.")

@@ -60,8 +60,7 @@ def training_records(records: list[dict]) -> list[dict]:
 
 
 def finite_series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
-    """``(steps, values)`` of ``key`` over training records where it is finite; a record without a ``step`` counts as
-    the step after the one before it."""
+    """``(steps, values)`` of ``key`` where finite; a record without a ``step`` is the step after the one before."""
     points = [(r.get("step", i + 1), float(r[key])) for i, r in enumerate(records) if is_finite_number(r.get(key))]
     return [step for step, _ in points], [value for _, value in points]
 
@@ -189,8 +188,7 @@ class RunRecord:
     output_dir: str | None = None
 
     def silencing_rule(self, shadow: bool = False) -> str | None:
-        """The first rule, in apply order, whose summary has a silenced fraction (among those in shadow for
-        ``shadow``): the rule whose silenced tokens the report shows."""
+        """The first rule in apply order whose summary (of those in shadow, for ``shadow``) has a silenced fraction."""
         summaries = self.shadow_token_rules if shadow else self.token_rules
         return next(
             (spec.name for spec in registered_rules() if "silenced_fraction" in summaries.get(spec.name, {})), None
@@ -202,11 +200,7 @@ class RunRecord:
 
 
 def build_run_record(
-    log_history: list[dict[str, Any]],
-    *,
-    silenced_tokens: list[dict[str, Any]] | None = None,
-    dump_stats: dict[str, Any] | None = None,
-    **given: Any,
+    log_history: list[dict], *, silenced_tokens: list[dict] | None = None, dump_stats: dict | None = None, **given: Any
 ) -> RunRecord:
     """The record of a run from its log history (``trainer_state.json``'s, or the records of ``metrics.jsonl``), its
     silenced-token dump when it has one, and ``given``, the fields only the caller knows (``method``, timings, ...)."""
