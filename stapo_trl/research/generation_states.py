@@ -1,6 +1,6 @@
 """Saved generation states (`GenerationStatesCallback`): what replays a generation's optimizer steps exactly, for
 `stapo_trl.research.counterfactual`, under ``output_dir/generation_states/generation-<index>/`` (``start.pt``,
-``step-<k>.pt``, and last ``generation.json``; docs/diagnostics.md). One process only."""
+``step-<k>.pt``, and last ``generation.json``; docs/counterfactual.md). One process only."""
 
 from __future__ import annotations
 

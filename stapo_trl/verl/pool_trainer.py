@@ -1,6 +1,7 @@
 """The trainer mode ``stapo_sync``: verl's v1 sync trainer whose driver's ``_update_actor`` removes the tokens S2T
 silences, with ``tau_h`` over each whole optimizer step (:mod:`.mini_batch_pool`), from ``response_mask`` and
-``loss_mask`` for the update; verl's sync trainer in every other branch (docs/verl.md, "The whole mini-batch ...")."""
+``loss_mask`` for the update; verl's sync trainer in every other branch (docs/verl-internals.md, "The whole
+mini-batch as the pool")."""
 
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ class S2TPoolTrainer(PPOTrainerSync):
     @property
     def trainer_mode(self) -> str:
         """``"sync"``: verl's v1 trainer compares this attribute with ``"sync"`` to take its sync branches
-        (``verl/trainer/ppo/v1/trainer_base.py`` lines 129 to 1499, listed in docs/verl.md)."""
+        (``verl/trainer/ppo/v1/trainer_base.py`` lines 129 to 1499, listed in docs/verl-internals.md)."""
         return "sync"
 
     @trainer_mode.setter

@@ -1,6 +1,6 @@
 """The arms of a counterfactual update (`stapo-trl counterfactual`): which loss tokens of an optimizer step are
 silenced before it is applied again from the same saved state, one function per arm over the step's pooled ``[N, T]``
-tensors (docs/diagnostics.md describes each; ``p_only`` is the "w/o entropy" ablation of the STAPO paper, §5)."""
+tensors (docs/counterfactual.md describes each; ``p_only`` selects by probability alone)."""
 
 from __future__ import annotations
 

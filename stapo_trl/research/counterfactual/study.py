@@ -1,6 +1,6 @@
 """`stapo-trl counterfactual RUN_DIR`: each saved generation's optimizer steps applied again from its saved state
 under each arm, and the policy read teacher-forced after the first and the last step on the run's held-out prompts
-(`measure`; docs/diagnostics.md describes the records)."""
+(`measure`; docs/counterfactual.md describes the records)."""
 
 from __future__ import annotations
 
