@@ -97,6 +97,7 @@ def test_the_cost_ratio_is_measured_but_its_target_is_not_claimed_on_the_cpu(cpu
 # ---------------------------------------------------------------- the parts that decide, without a run
 @pytest.fixture(scope="module")
 def gpu_modules():
+    saved_path = list(sys.path)  # restored whole: whatever the imports add would reach later tests' processes
     sys.path.insert(0, str(BENCHMARKS))
     try:
         import gpu_check
@@ -104,7 +105,7 @@ def gpu_modules():
 
         yield gpu_check, kernels, equivalence
     finally:
-        sys.path.remove(str(BENCHMARKS))
+        sys.path[:] = saved_path
 
 
 @pytest.fixture(scope="module")

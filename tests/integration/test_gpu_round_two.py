@@ -23,6 +23,10 @@ GPU = BENCHMARKS / "gpu"
 
 @pytest.fixture(scope="module")
 def modules():
+    # device_run and prepare_round_two put benchmarks/gpu on sys.path themselves when imported: the whole path is
+    # restored afterwards, or later tests' spawned processes (which inherit it) would import gpu/kernels.py as the
+    # `kernels` package that transformers imports.
+    saved_path = list(sys.path)
     for folder in (str(BENCHMARKS), str(GPU)):
         sys.path.insert(0, folder)
     try:
@@ -44,8 +48,7 @@ def modules():
             "plan": plan,
         }
     finally:
-        for folder in (str(BENCHMARKS), str(GPU)):
-            sys.path.remove(folder)
+        sys.path[:] = saved_path
 
 
 # ---------------------------------------------------------------- parts: split here, receive and join there
