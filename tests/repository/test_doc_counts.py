@@ -174,3 +174,30 @@ def test_the_counterfactual_result_recomputes_from_its_records_and_the_docs_quot
     assert "**−0.0063 nats per token, 95% interval [−0.0092, −0.0034]**" in record
     assert f"over the {primary['n']} generations" in record
     assert result["summary"]["reproduction_max_abs_difference"] == 0.0
+
+
+def test_the_eight_seed_counterfactual_holds_every_arm_of_every_run_and_recomputes_from_its_records():
+    from stapo_trl.research.counterfactual.arms import ARMS
+    from stapo_trl.research.counterfactual.summary import summarize
+
+    result = json.loads((DOCS / "benchmarks" / "counterfactual_2e-3_eight_seeds.json").read_text())
+    records = result["records"]
+    assert result["seeds"] == list(range(8)) and result["seeds_missing"] == []
+    by_state = Counter((record["run"], record["generation"]) for record in records)
+    assert len({run for run, _ in by_state}) == 8 and len(by_state) == 80
+    arms_by_state = {state: {r["arm"] for r in records if (r["run"], r["generation"]) == state} for state in by_state}
+    assert all(arms == set(ARMS) for arms in arms_by_state.values())
+    assert {"p_only", "low_p_high_h", "s2t_as_many_as_low_p_high_h"} <= set(ARMS)
+    # Which code replayed each record: the commit that adds the second plan to the record, with no local changes.
+    plan_commit = {record["replayed_with"]["commit"] for record in records}
+    assert len(plan_commit) == 1 and not any(record["replayed_with"]["uncommitted_changes"] for record in records)
+    assert summarize(records) == result["summary"]
+    summary = result["summary"]
+    assert summary["reproduction_max_abs_difference"] == 0.0
+    primary = summary["primary"]
+    assert primary["comparison"] == "s2t_as_many_as_low_p_high_h - low_p_high_h"
+    seeds = primary["seed_level"]
+    quoted = f"{seeds['mean']:.4f} [{seeds['low']:.4f}, {seeds['high']:+.5f}]".replace("-", "−")
+    assert seeds["n"] == 8 and seeds["low"] < 0 < seeds["high"] and quoted == "−0.0012 [−0.0024, +0.00004]"
+    for page in ((DOCS / "studies.md").read_text(), (RECORDS / "counterfactual-updates.md").read_text()):
+        assert f"{quoted} over the 8 seed means" in " ".join(page.replace("**", "").split())
