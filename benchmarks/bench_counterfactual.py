@@ -86,13 +86,14 @@ def write_results(records: list[dict], results: Path, figure: Path, title: str, 
     sys.path.insert(0, str(REPO))
     from stapo_trl.cli.counterfactual import write_summary
 
+    analyzed_with = provenance()  # before the figure is written, whose new file would read as a local change
     with tempfile.TemporaryDirectory() as scratch:
         combined = Path(scratch)
         (combined / "records.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
         summary = write_summary(combined / "records.jsonl", combined, title)
         figure.write_bytes((combined / "counterfactual.png").read_bytes())
         print((combined / "table.md").read_text())
-    result = {"provenance": provenance(), **extra, "summary": summary, "records": records}
+    result = {"provenance": analyzed_with, **extra, "summary": summary, "records": records}
     results.write_text(json.dumps(result, indent=1) + "\n")
     print(f"results: {results}\nfigure:  {figure}")
     return result
