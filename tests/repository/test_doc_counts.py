@@ -188,9 +188,9 @@ def test_the_eight_seed_counterfactual_holds_every_arm_of_every_run_and_recomput
     arms_by_state = {state: {r["arm"] for r in records if (r["run"], r["generation"]) == state} for state in by_state}
     assert all(arms == set(ARMS) for arms in arms_by_state.values())
     assert {"p_only", "low_p_high_h", "s2t_as_many_as_low_p_high_h"} <= set(ARMS)
-    # Which code replayed each record: the commit that adds the second plan to the record, with no local changes.
-    plan_commit = {record["replayed_with"]["commit"] for record in records}
-    assert len(plan_commit) == 1 and not any(record["replayed_with"]["uncommitted_changes"] for record in records)
+    # Which code replayed each record: b9f9bb9, the commit that adds the second plan to the record, unchanged.
+    assert {record["replayed_with"]["commit"] for record in records} == {"b9f9bb9b82d6b5cccb7472d60d043ada26707c73"}
+    assert not any(record["replayed_with"]["uncommitted_changes"] for record in records)
     assert summarize(records) == result["summary"]
     summary = result["summary"]
     assert summary["reproduction_max_abs_difference"] == 0.0
