@@ -212,6 +212,32 @@ def test_grad_norm_ratios_count_the_steps_in_which_the_arm_silenced_a_token():
     assert ratios == {"steps": 2, "geometric_mean": pytest.approx(1.0), "median": 1.25, "min": 0.5, "max": 2.0}
 
 
+def test_count_matching_reports_the_steps_where_a_count_matched_arm_had_fewer_tokens_to_silence():
+    # Generation 0: low_p_high_h silences 2 then 1; its partner, short of S2T tokens in the first step, 1 then 1.
+    # Generation 1: low_p_high_h silences 3 in its second step; the partner has none. Generation 2: neither silences.
+    records = [
+        record(0, "low_p_high_h", [2, 1], -0.5),
+        record(0, "s2t_as_many_as_low_p_high_h", [1, 1], -0.25),
+        record(1, "low_p_high_h", [0, 3], -0.75),
+        record(1, "s2t_as_many_as_low_p_high_h", [0, 0], 0.0),
+        record(2, "low_p_high_h", [0, 0], 0.0),
+        record(2, "s2t_as_many_as_low_p_high_h", [0, 0], 0.0),
+    ]
+    summary = summarize(records)
+    assert summary["count_matching"]["s2t_as_many_as_low_p_high_h"] == {
+        "steps": 3,
+        "steps_with_fewer": 2,
+        "tokens": 2,
+        "matched_arm_tokens": 6,
+        "generations_with_none": 1,
+    }
+    # The primary counts generation 0 only (its first arm silenced nothing in generation 1); read over the
+    # generations where the second arm silenced a token, it counts generation 1 too.
+    assert (summary["primary"]["n"], summary["primary"]["mean"]) == (1, 0.25)
+    where_second = summary["primary_where_the_second_arm_silenced"]
+    assert (where_second["n"], where_second["mean"]) == (2, 0.5)
+
+
 def test_the_silenced_token_profile_is_the_median_of_the_steps_medians():
     profile = [{"log_prob_median": math.log(0.001), "entropy_median": 1.0}, {"log_prob_median": None}]
     records = [
