@@ -201,3 +201,12 @@ def test_the_eight_seed_counterfactual_holds_every_arm_of_every_run_and_recomput
     assert seeds["n"] == 8 and seeds["low"] < 0 < seeds["high"] and quoted == "−0.0012 [−0.0024, +0.00004]"
     for page in ((DOCS / "studies.md").read_text(), (RECORDS / "counterfactual-updates.md").read_text()):
         assert f"{quoted} over the 8 seed means" in " ".join(page.replace("**", "").split())
+    record = " ".join((RECORDS / "counterfactual-updates.md").read_text().split())
+    matching = summary["count_matching"]["s2t_as_many_as_low_p_high_h"]
+    assert f"in {matching['steps_with_fewer']} of the {matching['steps']} steps with `low_p_high_h` tokens" in record
+    assert f"({matching['tokens']} tokens against {matching['matched_arm_tokens']} in all)" in record
+    assert f"in {matching['generations_with_none']} generations S2T had none" in record
+    where_second = summary["primary_where_the_second_arm_silenced"]
+    seeds = where_second["seed_level"]
+    quoted = f"{seeds['mean']:.4f} [{seeds['low']:.4f}, {seeds['high']:+.4f}]".replace("-", "−")
+    assert f"Over the {where_second['n']}, the difference is {quoted}" in record and seeds["n"] == 8
