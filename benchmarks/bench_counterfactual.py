@@ -81,6 +81,53 @@ def replay(root: Path, seed: int, resume_from: Path | None = None) -> Path:
     return records
 
 
+COUNT_MATCHED = {
+    "random_positive": "s2t",
+    "lowest_p_outside_s2t": "s2t",
+    "s2t_as_many_as_low_p_high_h": "low_p_high_h",
+}
+"""Each count-matched arm and the arm whose count it takes in each step (fewer where its own pool is smaller)."""
+
+
+def count_matching(records: list[dict], arm: str, matched_arm: str) -> dict:
+    """Over the steps in which ``matched_arm`` silenced a token: how many, in how many ``arm`` silenced fewer, each
+    arm's tokens there, and the generations in which ``arm`` silenced none of them."""
+    by_state: dict[tuple, dict[str, list[int]]] = {}
+    for record in records:
+        by_state.setdefault((record["run"], record["generation"]), {})[record["arm"]] = record["silenced_per_step"]
+    steps = [
+        [(theirs, own) for theirs, own in zip(arms[matched_arm], arms[arm], strict=True) if theirs]
+        for arms in by_state.values()
+        if matched_arm in arms and arm in arms
+    ]
+    pairs = [pair for generation in steps for pair in generation]
+    return {
+        "steps": len(pairs),
+        "steps_with_fewer": sum(own < theirs for theirs, own in pairs),
+        "tokens": sum(own for _, own in pairs),
+        "matched_arm_tokens": sum(theirs for theirs, _ in pairs),
+        "generations_with_none": sum(
+            bool(generation) and not any(own for _, own in generation) for generation in steps
+        ),
+    }
+
+
+def plan_readings(records: list[dict]) -> dict:
+    """What the plans' texts read beyond the summary: each count-matched arm's `count_matching`, and the second plan's
+    primary over the generations its text names (those in which ``low_p_high_h`` silenced a token, where the summary
+    takes those in which the count-matched arm did)."""
+    sys.path.insert(0, str(REPO))
+    from stapo_trl.research.counterfactual.arms import PRIMARY_COMPARISON
+    from stapo_trl.research.counterfactual.summary import PRIMARY_MEASURE, PRIMARY_POINT, comparison_cell
+
+    first, second = PRIMARY_COMPARISON
+    primary = comparison_cell(records, first, second, PRIMARY_POINT, PRIMARY_MEASURE, selected_by=second)
+    return {
+        "count_matching": {arm: count_matching(records, arm, matched) for arm, matched in COUNT_MATCHED.items()},
+        "primary_where_the_second_arm_silenced": {"comparison": f"{first} - {second}", **primary},
+    }
+
+
 def write_results(records: list[dict], results: Path, figure: Path, title: str, extra: dict) -> dict:
     """Summarize ``records`` into ``results`` (with ``extra`` and the provenance of this analysis) and ``figure``."""
     sys.path.insert(0, str(REPO))
@@ -93,7 +140,7 @@ def write_results(records: list[dict], results: Path, figure: Path, title: str, 
         summary = write_summary(combined / "records.jsonl", combined, title)
         figure.write_bytes((combined / "counterfactual.png").read_bytes())
         print((combined / "table.md").read_text())
-    result = {"provenance": analyzed_with, **extra, "summary": summary, "records": records}
+    result = {"provenance": analyzed_with, **extra, "summary": summary, **plan_readings(records), "records": records}
     results.write_text(json.dumps(result, indent=1) + "\n")
     print(f"results: {results}\nfigure:  {figure}")
     return result

@@ -201,12 +201,51 @@ def test_the_eight_seed_counterfactual_holds_every_arm_of_every_run_and_recomput
     assert seeds["n"] == 8 and seeds["low"] < 0 < seeds["high"] and quoted == "−0.0012 [−0.0024, +0.00004]"
     for page in ((DOCS / "studies.md").read_text(), (RECORDS / "counterfactual-updates.md").read_text()):
         assert f"{quoted} over the 8 seed means" in " ".join(page.replace("**", "").split())
+    readings = bench_counterfactual().plan_readings(records)
+    assert {key: result[key] for key in readings} == readings
     record = " ".join((RECORDS / "counterfactual-updates.md").read_text().split())
-    matching = summary["count_matching"]["s2t_as_many_as_low_p_high_h"]
+    matching = readings["count_matching"]["s2t_as_many_as_low_p_high_h"]
     assert f"in {matching['steps_with_fewer']} of the {matching['steps']} steps with `low_p_high_h` tokens" in record
     assert f"({matching['tokens']} tokens against {matching['matched_arm_tokens']} in all)" in record
     assert f"in {matching['generations_with_none']} generations S2T had none" in record
-    where_second = summary["primary_where_the_second_arm_silenced"]
+    assert all(
+        readings["count_matching"][arm]["steps_with_fewer"] == 0 for arm in ("random_positive", "lowest_p_outside_s2t")
+    )
+    where_second = readings["primary_where_the_second_arm_silenced"]
     seeds = where_second["seed_level"]
     quoted = f"{seeds['mean']:.4f} [{seeds['low']:.4f}, {seeds['high']:+.4f}]".replace("-", "−")
     assert f"Over the {where_second['n']}, the difference is {quoted}" in record and seeds["n"] == 8
+
+
+def bench_counterfactual() -> ModuleType:
+    """benchmarks/bench_counterfactual.py, which imports its neighbours provenance.py and resumable_runs.py."""
+    saved_path = list(sys.path)
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "bench_counterfactual", REPO / "benchmarks" / "bench_counterfactual.py"
+        )
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = saved_path
+    return module
+
+
+def test_count_matching_counts_the_steps_where_a_count_matched_arm_had_fewer_tokens_to_draw():
+    # Generation 0: low_p_high_h silences 2 then 1; its partner, short of S2T tokens in the first step, 1 then 1.
+    # Generation 1: low_p_high_h silences 3 in its second step, the partner none. Generation 2: neither silences.
+    silenced = {0: ([2, 1], [1, 1]), 1: ([0, 3], [0, 0]), 2: ([0, 0], [0, 0])}
+    records = [
+        {"run": "r", "generation": generation, "arm": arm, "silenced_per_step": steps}
+        for generation, pair in silenced.items()
+        for arm, steps in zip(("low_p_high_h", "s2t_as_many_as_low_p_high_h"), pair, strict=True)
+    ]
+    matching = bench_counterfactual().count_matching(records, "s2t_as_many_as_low_p_high_h", "low_p_high_h")
+    assert matching == {
+        "steps": 3,
+        "steps_with_fewer": 2,
+        "tokens": 2,
+        "matched_arm_tokens": 6,
+        "generations_with_none": 1,
+    }

@@ -19,8 +19,10 @@ from stapo_trl.research.counterfactual.replay import replay_step, restore_start
 from stapo_trl.research.counterfactual.study import CounterfactualOptions, arm_selections, reference_text, step_tokens
 from stapo_trl.research.counterfactual.summary import (
     arm_values,
+    comparison_cell,
     mean_interval,
     paired_differences,
+    paired_differences_by_run,
     student_t_quantile,
     summarize,
     summary_table,
@@ -165,6 +167,20 @@ def test_paired_differences_count_only_generations_where_the_first_arm_silenced_
     assert paired_differences(records, "s2t", "none", "first_step", "entropy_change") == [0.25]
 
 
+def test_a_comparison_can_be_read_over_the_generations_where_its_second_arm_silenced_a_token():
+    # Generation 1: low_p_high_h silenced 3 tokens, its count-matched partner none (S2T had none to draw).
+    records = [
+        record(0, "low_p_high_h", [2, 1], -0.5),
+        record(0, "s2t_as_many_as_low_p_high_h", [1, 1], -0.25),
+        record(1, "low_p_high_h", [0, 3], -0.75),
+        record(1, "s2t_as_many_as_low_p_high_h", [0, 0], 0.0),
+    ]
+    pair = ("s2t_as_many_as_low_p_high_h", "low_p_high_h", "generation", "entropy_change")
+    assert paired_differences(records, *pair) == [0.25]
+    assert paired_differences_by_run(records, *pair, selected_by="low_p_high_h") == {"r": [0.25, 0.75]}
+    assert comparison_cell(records, *pair, selected_by="low_p_high_h")["mean"] == 0.5
+
+
 def test_the_none_arms_own_change_is_read_over_the_generations_where_s2t_silenced_a_token():
     records = [
         record(0, "s2t", [1, 0], -0.5),
@@ -210,32 +226,6 @@ def test_grad_norm_ratios_count_the_steps_in_which_the_arm_silenced_a_token():
     ratios = summarize(records)["grad_norm_ratio_vs_none"]["s2t"]
     # Steps 1 and 2 of generation 0: ratios 0.5 and 2.0, geometric mean 1.
     assert ratios == {"steps": 2, "geometric_mean": pytest.approx(1.0), "median": 1.25, "min": 0.5, "max": 2.0}
-
-
-def test_count_matching_reports_the_steps_where_a_count_matched_arm_had_fewer_tokens_to_silence():
-    # Generation 0: low_p_high_h silences 2 then 1; its partner, short of S2T tokens in the first step, 1 then 1.
-    # Generation 1: low_p_high_h silences 3 in its second step; the partner has none. Generation 2: neither silences.
-    records = [
-        record(0, "low_p_high_h", [2, 1], -0.5),
-        record(0, "s2t_as_many_as_low_p_high_h", [1, 1], -0.25),
-        record(1, "low_p_high_h", [0, 3], -0.75),
-        record(1, "s2t_as_many_as_low_p_high_h", [0, 0], 0.0),
-        record(2, "low_p_high_h", [0, 0], 0.0),
-        record(2, "s2t_as_many_as_low_p_high_h", [0, 0], 0.0),
-    ]
-    summary = summarize(records)
-    assert summary["count_matching"]["s2t_as_many_as_low_p_high_h"] == {
-        "steps": 3,
-        "steps_with_fewer": 2,
-        "tokens": 2,
-        "matched_arm_tokens": 6,
-        "generations_with_none": 1,
-    }
-    # The primary counts generation 0 only (its first arm silenced nothing in generation 1); read over the
-    # generations where the second arm silenced a token, it counts generation 1 too.
-    assert (summary["primary"]["n"], summary["primary"]["mean"]) == (1, 0.25)
-    where_second = summary["primary_where_the_second_arm_silenced"]
-    assert (where_second["n"], where_second["mean"]) == (2, 0.5)
 
 
 def test_the_silenced_token_profile_is_the_median_of_the_steps_medians():

@@ -92,12 +92,6 @@ COMPARISONS = (
 """The comparisons `stapo-trl counterfactual` reports, first arm minus second. The first is the primary comparison of
 the study's second plan, the second that of its first (docs/records/counterfactual-updates.md)."""
 PRIMARY_COMPARISON, FIRST_PLAN_PRIMARY_COMPARISON = COMPARISONS[:2]
-COUNT_MATCHED = {
-    "random_positive": "s2t",
-    "lowest_p_outside_s2t": "s2t",
-    "s2t_as_many_as_low_p_high_h": "low_p_high_h",
-}
-"""Each count-matched arm and the arm whose count it takes in each step: it silences fewer where its pool is smaller."""
 REFERENCE_ARM = "s2t"  # the arm whose selection a summary's counts describe
 
 

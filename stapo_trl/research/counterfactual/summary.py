@@ -9,15 +9,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from .arms import (
-    ARMS,
-    COMPARISONS,
-    COUNT_MATCHED,
-    FIRST_PLAN_PRIMARY_COMPARISON,
-    NONE_ARM,
-    PRIMARY_COMPARISON,
-    REFERENCE_ARM,
-)
+from .arms import ARMS, COMPARISONS, FIRST_PLAN_PRIMARY_COMPARISON, NONE_ARM, PRIMARY_COMPARISON, REFERENCE_ARM
 
 MEASURES = {  # each measure of `stapo_trl.research.counterfactual.study.measure`, with a short title
     "entropy_change": "entropy change (nats/token)",
@@ -97,19 +89,13 @@ def _value(record: dict, point: str, measure: str) -> float | None:
 
 
 def paired_differences_by_run(
-    records: list[dict],
-    first: str,
-    second: str,
-    point: str,
-    measure: str,
-    per_silenced_token: bool = False,
-    selecting_arm: str | None = None,
+    records: list[dict], first: str, second: str, point: str, measure: str, per_silenced_token=False, selected_by=None
 ) -> dict[str, list[float]]:
-    """``first`` minus ``second`` per (run, generation) where ``selecting_arm`` (by default ``first``) silenced a token
-    up to ``point``, divided by ``first``'s count with ``per_silenced_token``, grouped by run in the order runs first
-    appear."""
+    """``first`` minus ``second`` per (run, generation) where ``selected_by`` (by default ``first``) silenced a token up
+    to ``point`` (a count-matched arm silences fewer than the arm it matches where its pool is smaller), divided by
+    ``first``'s count with ``per_silenced_token``, grouped by run in the order runs first appear."""
     differences: dict[str, list[float]] = {}
-    for arms in _states_where_silenced(records, selecting_arm or first, point):
+    for arms in _states_where_silenced(records, selected_by or first, point):
         values = [_value(arms[arm], point, measure) for arm in (first, second) if arm in arms]
         if len(values) == 2 and None not in values:
             difference = values[0] - values[1]
@@ -125,18 +111,10 @@ def paired_differences(records: list[dict], first: str, second: str, point: str,
     return [value for values in by_run.values() for value in values]
 
 
-def comparison_cell(
-    records: list[dict],
-    first: str,
-    second: str,
-    point: str,
-    measure: str,
-    per_silenced_token: bool = False,
-    selecting_arm: str | None = None,
-) -> dict:
-    """The mean `paired_differences_by_run` with two 95% t-intervals: over generations, and at the seed level (each
-    run's mean one draw), which does not assume that successive generations of one run are independent."""
-    by_run = paired_differences_by_run(records, first, second, point, measure, per_silenced_token, selecting_arm)
+def comparison_cell(records: list[dict], first: str, second: str, point: str, measure: str, **options) -> dict:
+    """The mean `paired_differences_by_run` (with its ``options``) and two 95% t-intervals: over generations, and at
+    the seed level (each run's mean one draw), which does not assume successive generations of a run independent."""
+    by_run = paired_differences_by_run(records, first, second, point, measure, **options)
     cell = mean_interval([value for values in by_run.values() for value in values]).__dict__
     seed_level = mean_interval([statistics.fmean(values) for values in by_run.values()]).__dict__
     return cell | {"seed_level": seed_level | {"runs": list(by_run)}}
@@ -187,35 +165,6 @@ def silenced_profile(records: list[dict], arm: str) -> dict:
     }
 
 
-def count_matching(records: list[dict], arm: str, matched_arm: str) -> dict:
-    """How closely ``arm`` took ``matched_arm``'s count: over the steps in which ``matched_arm`` silenced a token, how
-    many, in how many ``arm`` silenced fewer, each arm's tokens in those steps, and the generations in which
-    ``matched_arm`` silenced a token and ``arm`` none."""
-    steps = fewer = matched_tokens = own_tokens = generations_without = 0
-    for arms in _states_where_silenced(records, matched_arm, "generation"):
-        if arm not in arms:
-            continue
-        pairs = [
-            (theirs, own)
-            for theirs, own in zip(
-                arms[matched_arm].get("silenced_per_step") or [], arms[arm].get("silenced_per_step") or [], strict=True
-            )
-            if theirs
-        ]
-        steps += len(pairs)
-        fewer += sum(own < theirs for theirs, own in pairs)
-        matched_tokens += sum(theirs for theirs, _ in pairs)
-        own_tokens += sum(own for _, own in pairs)
-        generations_without += not any(own for _, own in pairs)
-    return {
-        "steps": steps,
-        "steps_with_fewer": fewer,
-        "tokens": own_tokens,
-        "matched_arm_tokens": matched_tokens,
-        "generations_with_none": generations_without,
-    }
-
-
 def summarize(records: list[dict]) -> dict:
     """Counts, the reproduction check and every comparison's interval, by point and measure."""
     nones = [record for record in records if record["arm"] == NONE_ARM]
@@ -240,13 +189,6 @@ def summarize(records: list[dict]) -> dict:
         "reproduction_max_abs_difference": max(reproduction) if reproduction else None,
         "primary": primary | comparisons[primary["comparison"]][PRIMARY_POINT][PRIMARY_MEASURE],
         "first_plan_primary": first_plan | comparisons[first_plan["comparison"]][PRIMARY_POINT][PRIMARY_MEASURE],
-        # The primary over the generations in which its second arm (the one the first is count-matched to) silenced a
-        # token: the generations the second plan's text names, where the first arm may have had nothing to silence.
-        "primary_where_the_second_arm_silenced": primary
-        | comparison_cell(
-            records, *PRIMARY_COMPARISON, PRIMARY_POINT, PRIMARY_MEASURE, selecting_arm=PRIMARY_COMPARISON[1]
-        ),
-        "count_matching": {arm: count_matching(records, arm, matched) for arm, matched in COUNT_MATCHED.items()},
         "comparisons": comparisons,
         "none_over_the_same_generations": {
             point: {
