@@ -747,6 +747,8 @@ def train_and_summarize(request: TrainRequest) -> RunRecord | None:
     finally:
         interrupt.restore()
     if interrupt.signal_received is not None:
+        if hasattr(trainer, "end"):  # the trackers finished and the process group destroyed, as after a finished run
+            trainer.end()
         raise TrainingInterrupted(trainer.state.global_step, interrupt.signal_received)
     seconds_training = time.perf_counter() - training_started
     if heldout is not None:
@@ -812,7 +814,12 @@ def train_command(argv: list[str]) -> int:
     except (TrainingInterrupted, KeyboardInterrupt) as stopped:
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"\nstapo-trl train: interrupted. {continue_hint(request)}", file=sys.stderr, flush=True)
-        return EXIT_CODES.get(getattr(stopped, "signum", None), 130)
+        code = EXIT_CODES.get(getattr(stopped, "signum", None), 130)
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # one of several processes, its checkpoint saved: skip the
+            # interpreter's teardown, where torch's C++ threads abort it about one time in six (SIGABRT, not 143)
+            sys.stdout.flush()  # stderr is line-buffered, and the hint above was flushed
+            os._exit(code)
+        return code
     except UserCodeError as error:  # its traceback (the user's frames), what failed, and how to continue
         if int(os.environ.get("RANK", "0")) == 0:
             cause = error.__cause__ or error
